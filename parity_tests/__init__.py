@@ -1,0 +1,1 @@
+"""The parity harness: NumPy reference and PyTorch mirror, held against each other."""

@@ -1,0 +1,1 @@
+"""The chapter's attention modules in PyTorch, on any device."""
