@@ -1,0 +1,90 @@
+"""Argument checks shared by every module of ``torch_impl``.
+
+The chapter's code fails on bad input with whatever PyTorch happens to say
+(``The size of tensor a (7) must match the size of tensor b (6)`` for one token
+too many).  These helpers refuse it first, with a message that names the
+argument and says what was expected: ``TypeError`` for a wrong type,
+``ValueError`` for a wrong value.  They only read their arguments, so a refused
+call leaves every module exactly as it was.
+"""
+
+import numbers
+import operator
+
+import torch
+
+# What each input rank means, for the messages.
+_LAYOUTS = {2: "(num_tokens, d_in)", 3: "(batch, num_tokens, d_in)"}
+
+
+def check_size(name, value):
+    """``value`` as a positive ``int``; bools and floats are refused."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be a positive integer, got the bool {value!r}")
+    try:
+        size = operator.index(value)
+    except TypeError:
+        raise TypeError(
+            f"{name} must be a positive integer, got {type(value).__name__} {value!r}"
+        ) from None
+    if size <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {size}")
+    return size
+
+
+def check_dropout(dropout):
+    """``dropout`` as a float in ``[0, 1)``: p = 1 would drop every weight."""
+    if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real):
+        raise TypeError(
+            f"dropout must be a number in [0, 1), got {type(dropout).__name__} {dropout!r}"
+        )
+    p = float(dropout)
+    if not 0.0 <= p < 1.0:  # also refuses NaN
+        raise ValueError(f"dropout must be in [0, 1), got {p}")
+    return p
+
+
+def check_flag(name, value):
+    """``value`` as a bool: catches ``num_heads`` passed by position into ``qkv_bias``."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
+    return value
+
+
+def check_heads(d_out, num_heads):
+    """``d_out`` splits evenly into ``num_heads`` heads of ``head_dim = d_out // num_heads``."""
+    d_out = check_size("d_out", d_out)
+    num_heads = check_size("num_heads", num_heads)
+    if d_out % num_heads != 0:
+        raise ValueError(
+            f"d_out must be divisible by num_heads, got d_out={d_out} and num_heads={num_heads}"
+        )
+    return d_out, num_heads
+
+
+def check_input(x, ndim, d_in=None, context_length=None):
+    """Refuse an ``x`` the forward pass cannot mean.
+
+    ``x`` must be a floating-point ``torch.Tensor`` with ``ndim`` dimensions,
+    a last dimension of ``d_in`` (when given) and at most ``context_length``
+    tokens (when given: the causal mask is built for that many).  Values are
+    not inspected: NaN and infinity propagate, as in PyTorch.
+    """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"x must hold floating-point numbers, got dtype {x.dtype}")
+    if x.dim() != ndim:
+        raise ValueError(
+            f"x must be {ndim}-D {_LAYOUTS[ndim]}, got {x.dim()}-D with shape {tuple(x.shape)}"
+        )
+    if d_in is not None and x.shape[-1] != d_in:
+        raise ValueError(
+            f"x's last dimension must be d_in={d_in}, got {x.shape[-1]} (shape {tuple(x.shape)})"
+        )
+    num_tokens = x.shape[-2]
+    if context_length is not None and num_tokens > context_length:
+        raise ValueError(
+            f"x has {num_tokens} tokens but context_length={context_length}: "
+            f"the causal mask covers at most context_length tokens"
+        )
