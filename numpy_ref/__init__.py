@@ -11,3 +11,20 @@ from numpy_ref.softmax import (
     sum_normalize,
     sum_normalize_jacobian,
 )
+from numpy_ref import ops
+from numpy_ref.module import Module
+from numpy_ref.attention import (
+    SimplifiedSelfAttention,
+    SelfAttention_v1,
+    SelfAttention_v2,
+    CausalAttention,
+    MultiHeadAttentionWrapper,
+    MultiHeadAttention,
+)
+
+__all__ = [
+    "softmax", "softmax_naive", "softmax_jacobian", "softmax_backward",
+    "sum_normalize", "sum_normalize_jacobian", "ops", "Module",
+    "SimplifiedSelfAttention", "SelfAttention_v1", "SelfAttention_v2",
+    "CausalAttention", "MultiHeadAttentionWrapper", "MultiHeadAttention",
+]
