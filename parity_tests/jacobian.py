@@ -1,0 +1,266 @@
+"""``attention-parity jacobian [--scores 0.95,1.50,...] [--plot DIR]``
+
+The chapter derives, with the quotient rule on ``w_i = exp(x_i) / Z``::
+
+    dw_i/dx_j = w_i (delta_ij - w_j)          J = diag(w) - w w^T
+
+This verb computes that J for the given scores (default: the chapter's
+``attn_scores_2``), checks it against two independent oracles (PyTorch's
+autograd and centred finite differences) and measures its properties: rows and
+columns sum to 0, symmetric, positive semi-definite, eigenvalues in [0, 1/2],
+rank n - 1 (its null space is the all-ones vector: adding a constant to every
+score changes nothing).
+
+Then the same for the sum normalisation ``w_i = x_i / S`` and the chapter's two
+objections to it: its Jacobian ``(delta_ij S - x_i) / S^2`` scales with 1/S, and
+it breaks for scores that are not positive.
+"""
+
+import argparse
+import math
+
+import numpy as np
+import torch
+
+from numpy_ref.softmax import (softmax, softmax_jacobian, sum_normalize,
+                               sum_normalize_jacobian)
+from parity_tests import chapter_values as cv
+from parity_tests import plots
+from parity_tests.verdicts import (FAIL, fmt, loose, print_section, sci, summary,
+                                   exit_status, verdict)
+
+ROUNDING = 1e-12        # float64: sums/symmetry of n ~ 10 terms of size <= 1
+FD_STEP = 1e-6          # centred differences: error ~ h^2 + eps/h ~ 1e-10
+FD_TOL = 1e-8
+SCALES = (0.5, 1.0, 2.0, 10.0, 100.0)
+SHIFTS = (1.0, 10.0, 100.0)
+
+
+def parse_scores(text):
+    """``"0.95,1.50,..."`` -> float64 array; argparse reports the message."""
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    try:
+        x = np.array([float(p) for p in parts], dtype=np.float64)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--scores must be comma-separated numbers, e.g. 0.95,1.50,1.48; got {text!r}")
+    if x.size < 2:
+        raise argparse.ArgumentTypeError(
+            f"--scores needs at least 2 numbers (a softmax over one score is always 1), "
+            f"got {x.size}")
+    if not np.all(np.isfinite(x)):
+        raise argparse.ArgumentTypeError(f"--scores must be finite numbers, got {text!r}")
+    return x
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="attention-parity jacobian", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--scores", type=parse_scores, default=None,
+                   help="comma-separated attention scores; write --scores=-1,2 when the first "
+                        "is negative (default: the chapter's "
+                        "attn_scores_2 = " + ",".join(map(str, cv.SIMPLE_ATTN_SCORES_2)) + ")")
+    p.add_argument("--plot", metavar="DIR", default=None,
+                   help="write PNG heatmaps of both Jacobians into DIR (needs matplotlib)")
+    return p.parse_args(argv)
+
+
+# --- oracles ---------------------------------------------------------------------
+
+def autograd_jacobian(fn, x):
+    """PyTorch's Jacobian of ``fn`` at ``x`` (float64), as a NumPy array."""
+    xt = torch.tensor(x, dtype=torch.float64)
+    return torch.autograd.functional.jacobian(fn, xt).numpy()
+
+
+def fd_jacobian(f, x, h=FD_STEP):
+    """Centred finite differences, one column per perturbed score:
+    ``J[:, j] = (f(x + h e_j) - f(x - h e_j)) / 2h``."""
+    n = x.size
+    J = np.empty((n, n))
+    for j in range(n):
+        e = np.zeros(n)
+        e[j] = h
+        J[:, j] = (f(x + e) - f(x - e)) / (2 * h)
+    return J
+
+
+def max_abs(a):
+    return float(np.max(np.abs(a)))
+
+
+# --- sections ----------------------------------------------------------------------
+
+def oracle_rows(name, J, J_torch, J_fd):
+    return [
+        (f"{name}: explicit J == torch.autograd.functional.jacobian",
+         f"max |diff| {sci(max_abs(J - J_torch))}", f"<= {sci(ROUNDING)}",
+         verdict(max_abs(J - J_torch) <= ROUNDING)),
+        (f"{name}: explicit J == finite differences (h={FD_STEP:g})",
+         f"max |diff| {sci(max_abs(J - J_fd))}", f"<= {sci(FD_TOL)}",
+         verdict(max_abs(J - J_fd) <= FD_TOL)),
+    ]
+
+
+def softmax_property_rows(J):
+    n = J.shape[0]
+    eig = np.linalg.eigvalsh(J)                       # J symmetric: real, ascending
+    rank = int(np.linalg.matrix_rank(J))
+    return [
+        ("rows sum to 0 (J 1 = 0: a shift of all scores changes nothing)",
+         f"max |row sum| {sci(max_abs(J.sum(axis=1)))}", "0", verdict(max_abs(J.sum(axis=1)) <= ROUNDING)),
+        ("columns sum to 0 (the weights always sum to 1)",
+         f"max |col sum| {sci(max_abs(J.sum(axis=0)))}", "0", verdict(max_abs(J.sum(axis=0)) <= ROUNDING)),
+        ("symmetric: J = diag(w) - w w^T",
+         f"max |J - J^T| {sci(max_abs(J - J.T))}", "0", verdict(max_abs(J - J.T) <= ROUNDING)),
+        ("positive semi-definite", f"min eigenvalue {sci(eig[0])}", ">= 0",
+         verdict(eig[0] >= -ROUNDING)),
+        ("eigenvalues within [0, 1/2]", f"[{sci(eig[0])}, {fmt(eig[-1])}]", "[0, 0.5]",
+         verdict(eig[0] >= -ROUNDING and eig[-1] <= 0.5 + ROUNDING)),
+        ("rank n - 1 (null space: the all-ones vector)", f"{rank} (n = {n})", f"{n - 1}",
+         verdict(rank == n - 1)),
+    ]
+
+
+def softmax_section(x, default):
+    w = softmax(x)
+    J = softmax_jacobian(w)
+    J_torch = autograd_jacobian(lambda t: torch.softmax(t, dim=0), x)
+    J_fd = fd_jacobian(softmax, x)
+    w_row = ("softmax weights w", fmt(w),
+             fmt(cv.SIMPLE_ATTN_WEIGHTS_2) if default else "-",
+             verdict(np.allclose(w, cv.SIMPLE_ATTN_WEIGHTS_2, rtol=0, atol=cv.PRINTED_ATOL))
+             if default else verdict(abs(w.sum() - 1) <= ROUNDING))
+    diag = np.diag(J)
+    rows = [w_row,
+            ("diagonal w_i (1 - w_i) > 0", fmt(diag), "> 0", verdict(np.all(diag > 0)))]
+    rows += oracle_rows("softmax", J, J_torch, J_fd)
+    rows += softmax_property_rows(J)
+    return rows, J
+
+
+def scale_rows(x):
+    """Objection 1: the sum normalisation's Jacobian scales with 1/S.  Softmax's
+    depends on w alone, so it is exactly invariant when every score is shifted
+    (S grows, w does not change); it is *not* invariant when the scores are
+    multiplied (w sharpens: the scaled dot-product section's point)."""
+    rows = []
+    base = np.linalg.norm(sum_normalize_jacobian(x))
+    for c in SCALES:
+        n_sum = np.linalg.norm(sum_normalize_jacobian(c * x))
+        n_soft = np.linalg.norm(softmax_jacobian(softmax(c * x)))
+        rows.append((f"x * {c:g}: ||J_sum||_F = ||J_sum(x)||_F / {c:g} ; ||J_softmax||_F",
+                     f"{fmt(n_sum)} ; {fmt(n_soft)}", f"{fmt(base / c)} (1/S)",
+                     verdict(abs(n_sum * c - base) <= ROUNDING * base * 10)))
+    J0 = softmax_jacobian(softmax(x))
+    for t in SHIFTS:
+        d_soft = max_abs(softmax_jacobian(softmax(x + t)) - J0)
+        n_sum = np.linalg.norm(sum_normalize_jacobian(x + t))
+        # The chapter: softmax's gradient is "independent of the raw scale".  Exactly
+        # true for shifts; under multiplication (rows above) the norm moves.
+        rows.append((f"x + {t:g}: softmax J unchanged ; ||J_sum||_F shrinks",
+                     f"max |dJ_softmax| {sci(d_soft)} ; {fmt(n_sum)}",
+                     f"0 ; < {fmt(base)}",
+                     verdict(d_soft <= ROUNDING and n_sum < base)))
+    moved = [np.linalg.norm(softmax_jacobian(softmax(c * x))) for c in SCALES]
+    spread = max(moved) / min(moved)
+    rows.append(("softmax J 'independent of the raw scale' (x * c, c in "
+                 + ",".join(f"{c:g}" for c in SCALES) + ")",
+                 f"||J||_F varies x{spread:.1f}", "independent",
+                 loose(spread <= 1 + ROUNDING, precise_holds=True)))
+    return rows
+
+
+def non_positive_scores(x):
+    """The given scores shifted so their sum is ~0 (1e-3) and negative (-1);
+    equal scores have no spread to play with, so fall back on the chapter's."""
+    centred = x - x.mean()
+    if max_abs(centred) < 1e-9:
+        centred = np.asarray(cv.SIMPLE_ATTN_SCORES_2) - np.mean(cv.SIMPLE_ATTN_SCORES_2)
+    n = x.size
+    return {"S = 1e-3": centred + 1e-3 / n, "S = -1": centred - 1.0 / n}
+
+
+def sign_rows(x):
+    """Objection 2: sum normalisation needs positive scores."""
+    rows = []
+    for label, y in non_positive_scores(x).items():
+        w = sum_normalize(y)
+        outside = (w.min() < 0) or (w.max() > 1)
+        rows.append((f"{label}: sum-normalised weights leave [0, 1]",
+                     f"[{fmt(w.min())}, {fmt(w.max())}]", "outside [0, 1]", verdict(outside)))
+        ws = softmax(y)
+        rows.append((f"{label}: softmax weights stay in (0, 1), sum 1",
+                     f"[{fmt(ws.min())}, {fmt(ws.max())}], sum {fmt(ws.sum())}", "(0, 1)",
+                     verdict(ws.min() > 0 and ws.max() < 1 and abs(ws.sum() - 1) <= ROUNDING)))
+        if label.startswith("S = 1e-3"):
+            n_sum = np.linalg.norm(sum_normalize_jacobian(y))
+            rows.append((f"{label}: ||J_sum||_F blows up ; ||J_softmax||_F",
+                         f"{fmt(n_sum)} ; {fmt(np.linalg.norm(softmax_jacobian(ws)))}",
+                         "-> inf as S -> 0 (1/S^2)", verdict(n_sum > 1e3)))
+    return rows
+
+
+def sum_section(x, default):
+    rows = []
+    if np.sum(x) > 0:
+        w = sum_normalize(x)
+        J = sum_normalize_jacobian(x)
+        rows.append(("sum-normalised weights x / S", fmt(w),
+                     fmt(cv.SIMPLE_SUM_NORMALIZED_2) if default else "-",
+                     verdict(np.allclose(w, cv.SIMPLE_SUM_NORMALIZED_2, rtol=0, atol=cv.PRINTED_ATOL))
+                     if default else verdict(abs(w.sum() - 1) <= ROUNDING)))
+        J_torch = autograd_jacobian(lambda t: t / t.sum(), x)
+        rows += oracle_rows("sum", J, J_torch, fd_jacobian(sum_normalize, x))
+        rows += scale_rows(x)
+    rows += sign_rows(x)
+    return rows
+
+
+def print_matrix(name, J):
+    print(f"{name} =")
+    print(np.array2string(J, precision=4, floatmode="fixed", suppress_small=True))
+    print()
+
+
+def write_plots(plot_dir, x, J_soft):
+    path = f"{plot_dir}/softmax_jacobian.png"
+    labels = plots.TOKENS if x.size == len(plots.TOKENS) else None
+    mats, titles = [J_soft], ["softmax: w_i(delta_ij - w_j)"]
+    if np.sum(x) > 0:
+        mats.append(sum_normalize_jacobian(x))
+        titles.append("sum: (delta_ij S - x_i)/S^2")
+    lim = max(max_abs(m) for m in mats)
+    plots.heatmaps(path, mats, titles, suptitle="Jacobians dw_i/dx_j", labels=labels,
+                   vmin=-lim, vmax=lim, cmap="RdBu_r")
+    plots.announce([path])
+
+
+def main(argv=None):
+    try:
+        args = parse_args([] if argv is None else list(argv))
+    except SystemExit as e:           # --help, or a refused argument (status 2)
+        return int(e.code or 0)
+    status = plots.check_available(args.plot)
+    if status is not None:
+        return status
+    default = args.scores is None
+    x = np.asarray(cv.SIMPLE_ATTN_SCORES_2 if default else args.scores, dtype=np.float64)
+    print(f"scores x = {fmt(x)}" + ("  (the chapter's attn_scores_2)" if default else ""))
+    print()
+    soft_rows, J = softmax_section(x, default)
+    print_matrix("softmax Jacobian J = diag(w) - w w^T", J)
+    print_section("softmax: dw_i/dx_j = w_i (delta_ij - w_j)", soft_rows)
+    sum_rows = sum_section(x, default)
+    if np.sum(x) <= 0:
+        print(f"(S = {fmt(np.sum(x))} <= 0: the sum normalisation of these scores is "
+              "meaningless; only the non-positive checks below apply)\n")
+    print_section("sum normalisation: dw_i/dx_j = (delta_ij S - x_i) / S^2", sum_rows)
+    rows = soft_rows + sum_rows
+    print("note: softmax's Jacobian depends on w alone, so it is exactly invariant to a shift "
+          "of all scores (S grows, J does not move), but not to multiplying them: larger "
+          "scores sharpen w and shrink J, which is why the chapter divides by sqrt(d_k).")
+    print(summary(rows))
+    if args.plot:
+        write_plots(args.plot, x, J)
+    return exit_status(rows)

@@ -1,0 +1,83 @@
+"""``--plot DIR``: PNG heatmaps of what the verbs print as numbers.
+
+matplotlib is an optional extra (``pip install "attention-parity[plot]"``).  It is
+imported only when ``--plot`` is given, and drawn through the Agg canvas directly
+(no pyplot, no display, no global backend switch).  Every figure has a fixed
+size in pixels: ``FIGSIZE`` inches times ``DPI``.
+"""
+
+import os
+import sys
+
+import numpy as np
+
+INSTALL_HINT = ("--plot needs matplotlib, an optional extra: "
+                "pip install 'attention-parity[plot]'  (or: pip install matplotlib)")
+FIGSIZE = (5.0, 4.0)      # inches -> 500 x 400 pixels at DPI
+DPI = 100
+TOKENS = ["Your", "journey", "starts", "with", "one", "step"]
+
+
+def _matplotlib():
+    """(Figure, FigureCanvasAgg), or None when matplotlib is not installed."""
+    try:
+        from matplotlib.figure import Figure
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+    except ImportError:
+        return None
+    return Figure, FigureCanvasAgg
+
+
+def check_available(plot_dir):
+    """Exit status 2 with the install hint when ``--plot`` was asked for and
+    matplotlib is missing; ``None`` when plotting can go ahead (or was not asked)."""
+    if plot_dir is None:
+        return None
+    if _matplotlib() is None:
+        print(INSTALL_HINT, file=sys.stderr)
+        return 2
+    os.makedirs(plot_dir, exist_ok=True)
+    return None
+
+
+def _draw(ax, matrix, title, labels, vmin, vmax, cmap):
+    m = np.asarray(matrix, dtype=float)
+    im = ax.imshow(m, cmap=cmap, vmin=vmin, vmax=vmax)
+    ax.set_title(title, fontsize=9)
+    rows, cols = m.shape
+    if labels is not None and len(labels) == cols:
+        ax.set_xticks(range(cols), labels, rotation=45, fontsize=7)
+    if labels is not None and len(labels) == rows:
+        ax.set_yticks(range(rows), labels, fontsize=7)
+    if rows * cols <= 100:             # small enough to read the numbers
+        mid = (np.nanmax(m) + np.nanmin(m)) / 2 if np.isfinite(m).any() else 0
+        for i in range(rows):
+            for j in range(cols):
+                ax.text(j, i, f"{m[i, j]:.2f}", ha="center", va="center", fontsize=6,
+                        color="black" if m[i, j] > mid else "white")
+    return im
+
+
+def heatmaps(path, matrices, titles, suptitle=None, labels=None,
+             vmin=None, vmax=None, cmap="viridis"):
+    """Side-by-side heatmaps in one PNG of FIGSIZE * DPI pixels; returns ``path``."""
+    Figure, FigureCanvasAgg = _matplotlib()
+    fig = Figure(figsize=FIGSIZE, dpi=DPI)
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, len(matrices), squeeze=False)[0]
+    for ax, m, title in zip(axes, matrices, titles):
+        im = _draw(ax, m, title, labels, vmin, vmax, cmap)
+    fig.colorbar(im, ax=list(axes), shrink=0.7)
+    if suptitle:
+        fig.suptitle(suptitle, fontsize=10)
+    fig.savefig(path, dpi=DPI)
+    return path
+
+
+def heatmap(path, matrix, title, labels=None, vmin=None, vmax=None, cmap="viridis"):
+    return heatmaps(path, [matrix], [title], labels=labels, vmin=vmin, vmax=vmax, cmap=cmap)
+
+
+def announce(paths):
+    for p in paths:
+        print(f"wrote {p}")
