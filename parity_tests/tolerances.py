@@ -1,0 +1,119 @@
+"""Every tolerance of the parity suite, in one place, each with its reason.
+
+The error metric
+----------------
+One number per compared tensor, the normwise relative error::
+
+    error(a, ref) = max|a - ref| / max(max|ref|, SCALE_FLOOR * case_scale)
+
+``case_scale`` is the largest magnitude among the reference tensors of the same
+kind in the same case (the output alone; or every gradient: input and
+parameters).  The floor exists for gradients that are zero in exact arithmetic
+and pure rounding noise in practice: the key bias, for instance (adding
+``q . b_k`` to every score of a row leaves its softmax unchanged, so
+``dL/db_k = 0``).  Relative to their own size such tensors would compare noise
+with noise; relative to the case they are held to the accuracy of the gradients
+they are computed from.
+
+float64: the two implementations directly
+-----------------------------------------
+NumPy and PyTorch are compared with each other.  Both are backward-stable chains
+of a few matrix products (reductions of length n <= 64 in the matrix), a softmax
+and a few sums; each step adds a relative error of at most about ``n * eps64``
+(eps64 = 2.2e-16, so ~1.4e-14), and the softmax Jacobian amplifies it by at most
+``max|attn_scores|`` (< 10 for the suite's inputs).  Agreeing code lands at
+1e-16..1e-13; `FLOAT64_BOUND` = 1e-10 leaves three orders of magnitude of margin
+above that, and seven below the 1e-3..1 a real mistake (a missing term, a wrong
+scale, a transposed gradient) produces.
+
+Lower precision: each side against a float64 golden reference
+-------------------------------------------------------------
+In float32, bfloat16 and float16 the two sides legitimately differ by rounding,
+so neither is compared with the other.  Instead the weights and inputs are
+rounded to the low dtype once, and the same rounded numbers are run through the
+NumPy reference in float64: the *golden* result, exact up to 1e-16.  Each side's
+error against the golden result is held to::
+
+    error <= LOW_PRECISION_FACTOR * baseline + FLOOR_ULPS * u_dtype
+
+where ``baseline`` is the error of an *ordinary, independent* computation in
+the same dtype against the same golden result (the approach of PyTorch's SDPA
+tests and FlashAttention's tests: a kernel may be a few times less accurate
+than the plain math in its own dtype, never orders of magnitude):
+
+- PyTorch modules in float32: baseline = the NumPy reference run in float32
+  (different code, different kernels, the same dtype);
+- NumPy reference in float32: baseline = a plain functional PyTorch
+  computation of the chapter's formulas in float32 (``harness.functional``,
+  sharing no code with either implementation);
+- PyTorch modules in bfloat16/float16 (NumPy has no bfloat16): baseline = the
+  same plain functional computation, in that dtype, on the same device.
+
+The ``FLOOR_ULPS * u_dtype`` term covers tensors where the baseline happens to
+be exact (one token: the weight is exactly 1 and the output is exactly the
+values) while the tested side is a few rounding steps off.
+"""
+
+import numpy as np
+
+__all__ = [
+    "FLOAT64_BOUND",
+    "SCALE_FLOOR",
+    "LOW_PRECISION_FACTOR",
+    "FLOOR_ULPS",
+    "BUFFER_BOUND",
+    "UNIT_ROUNDOFF",
+    "LOW_PRECISION_DTYPES",
+    "float64_bound",
+    "low_precision_bound",
+]
+
+# Direct NumPy-vs-PyTorch comparison in float64 (derivation in the docstring).
+FLOAT64_BOUND = 1e-10
+
+# Gradients smaller than this fraction of the case's largest gradient are
+# measured against that fraction instead: zero-by-theory tensors (key bias)
+# are rounding noise of the size of eps * (largest gradient), and 0.1 keeps that
+# noise within a few units of roundoff (measured: <= 9 u in float32 over 5000
+# random rows) while a real mistake still shows at 1e-3..1.
+SCALE_FLOOR = 0.1
+
+# A tested computation may drift from the golden result at most this many times
+# further than the ordinary computation in its dtype does (PyTorch's SDPA tests
+# use 2-4; FlashAttention's tests use 2).
+LOW_PRECISION_FACTOR = 4.0
+
+# Absolute floor, in units of the dtype's unit roundoff, for baselines that
+# happen to be exact: a chain of ~8 rounded operations with reductions of a few
+# terms each.  Measured need over 5000 random float32 rows (factor 4): at most
+# 9 u; 32 u leaves a margin of 3.5 and is still 1e-6 in float32.
+FLOOR_ULPS = 32
+
+# Buffers (the causal mask) hold exact 0/1 entries: any difference is a fault.
+BUFFER_BOUND = 0.0
+
+# Unit roundoff u = 2^-(mantissa bits + 1): the relative error of one rounding.
+UNIT_ROUNDOFF = {
+    "float64": 2.0 ** -53,
+    "float32": 2.0 ** -24,
+    "float16": 2.0 ** -11,
+    "bfloat16": 2.0 ** -8,
+}
+
+# The dtypes checked against a golden float64 reference rather than directly.
+LOW_PRECISION_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def float64_bound():
+    """The fixed bound of a direct float64 comparison."""
+    return FLOAT64_BOUND
+
+
+def low_precision_bound(dtype, baseline):
+    """Bound for a side's error against the golden result, from its ``baseline``."""
+    if dtype not in UNIT_ROUNDOFF or dtype == "float64":
+        raise ValueError(f"dtype must be one of {LOW_PRECISION_DTYPES}, got {dtype!r}")
+    if not np.isfinite(baseline):
+        # A baseline that failed cannot vouch for anything: hold to the floor alone.
+        baseline = 0.0
+    return LOW_PRECISION_FACTOR * float(baseline) + FLOOR_ULPS * UNIT_ROUNDOFF[dtype]
