@@ -324,7 +324,10 @@ class MultiHeadAttentionWrapper(Module):
         grads = {}
         for i, (head, dhead) in enumerate(zip(self.heads, dhead_outputs)):
             dx_head = head.backward(dhead)
-            dx = dx_head if dx is None else dx + dx_head
+            if dx is None:
+                dx = dx_head
+            else:
+                dx += dx_head
             grads.update({f"heads.{i}.{n}": g for n, g in head.grads.items()})
         self.grads = grads
         return dx

@@ -187,5 +187,9 @@ def check_keep_mask(keep_mask, shape, layout):
 
 
 def uniform(rng, shape, low, high):
-    """float32 draws from U[low, high), like PyTorch's default parameters."""
-    return rng.uniform(low, high, size=shape).astype(np.float32)
+    """float32 draws from U[low, high), like PyTorch's default parameters
+    (drawn in float32 so that U[0, 1) never rounds up to 1.0)."""
+    u = rng.random(shape, dtype=np.float32)
+    if (low, high) == (0.0, 1.0):
+        return u
+    return np.float32(low) + np.float32(high - low) * u

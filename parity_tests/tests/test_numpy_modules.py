@@ -166,3 +166,24 @@ def test_simplified_backward_sums_three_paths_into_x():
     np.testing.assert_allclose(dx, sum(paths.values()), rtol=1e-13)
     for name, path in paths.items():
         assert np.max(np.abs(dx - path)) > 1e-3, f"dx equals the {name} path alone"
+
+
+# -- the finite-difference helper itself ----------------------------------------------
+
+
+def test_finite_differences_refuse_a_module_drawing_dropout_masks():
+    m = nr.CausalAttention(3, 2, 4, 0.5, rng=0)                 # training, p > 0, no keep_mask
+    x = np.random.default_rng(0).normal(size=(1, 4, 3))
+    with pytest.raises(ValueError, match="not deterministic"):
+        gradient_errors(m, x, np.ones((1, 4, 2)))
+    assert max(gradient_errors(m.eval(), x, np.ones((1, 4, 2))).values()) <= FD_BOUND
+
+
+def test_finite_differences_leave_the_module_untouched():
+    m = nr.MultiHeadAttention(3, 4, 4, 0.0, 2, True, rng=0)
+    before = m.state_dict()
+    x = np.random.default_rng(0).normal(size=(1, 3, 3))
+    gradient_errors(m, x, np.random.default_rng(1).normal(size=(1, 3, 4)))
+    for key, value in m.state_dict().items():
+        assert value.dtype == np.float32
+        np.testing.assert_array_equal(value, before[key])

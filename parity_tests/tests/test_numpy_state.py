@@ -170,3 +170,31 @@ def test_module_drawn_masks_keep_a_fraction_consistent_with_1_minus_p():
     assert keep_mask.shape == (4, 2, 40, 40)
     result = binomtest(int(keep_mask.sum()), keep_mask.size, 0.7)
     assert result.pvalue > 1e-6, f"kept {keep_mask.mean():.4f}, pvalue {result.pvalue:.1e}"
+
+
+# -- initialisation --------------------------------------------------------------------
+
+
+def test_init_distributions_v1_uniform_01_linear_kaiming_uniform():
+    kstest = pytest.importorskip("scipy.stats").kstest
+    v1 = nr.SelfAttention_v1(40, 50, rng=0)
+    for name, w in v1.named_parameters():
+        assert w.min() >= 0.0 and w.max() < 1.0, name
+        assert kstest(w.ravel(), "uniform", args=(0.0, 1.0)).pvalue > 1e-6, name
+    mha = nr.MultiHeadAttention(64, 48, 4, 0.0, 4, qkv_bias=True, rng=1)
+    for name, w in mha.named_parameters():
+        fan_in = 48 if name.startswith("out_proj") else 64
+        bound = 1 / np.sqrt(fan_in)
+        assert np.abs(w).max() <= bound, name
+        if w.size >= 1000:
+            assert kstest(w.ravel(), "uniform", args=(-bound, 2 * bound)).pvalue > 1e-6, name
+
+
+def test_rng_seed_reproducible_and_generator_accepted():
+    a = nr.MultiHeadAttention(3, 4, 4, 0.1, 2, rng=7).state_dict()
+    b = nr.MultiHeadAttention(3, 4, 4, 0.1, 2, rng=np.random.default_rng(7)).state_dict()
+    c = nr.MultiHeadAttention(3, 4, 4, 0.1, 2, rng=8).state_dict()
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    assert not np.array_equal(a["W_query.weight"], c["W_query.weight"])
+    d = nr.MultiHeadAttention(3, 4, 4, 0.1, 2).state_dict()           # fresh entropy
+    assert not np.array_equal(a["W_query.weight"], d["W_query.weight"])
