@@ -10,6 +10,7 @@ import torch
 from parity_tests import chapter_values as cv
 from torch_impl import (
     CausalAttention,
+    MultiHeadAttention,
     MultiHeadAttentionWrapper,
     SelfAttention_v1,
     SelfAttention_v2,
@@ -152,8 +153,10 @@ def test_dropout_on_causal_weights_seed_123(sa_v2_scores):
 def test_dropout_structure_holds_on_any_system():
     """What no system changes: survivors are exactly 1/(1-p) times their input, the rest 0."""
     attn_weights = torch.tensor(cv.CAUSAL_ATTN_WEIGHTS)
+    torch.manual_seed(0)
     dropped = torch.nn.Dropout(cv.DROPOUT_P)(attn_weights)
     kept = dropped != 0
+    assert kept.any() and not kept[attn_weights != 0].all(), "p=0.5 kept none or all"
     assert torch.equal(dropped[kept], attn_weights[kept] * 2.0)
     assert not kept[attn_weights == 0].any(), "dropout revived a masked (future) position"
 
@@ -164,7 +167,8 @@ def test_causal_attention_module_applies_the_chapters_mask_and_dropout(inputs):
     torch.manual_seed(cv.SEED_V2)
     sa_v2 = SelfAttention_v2(cv.D_IN, cv.D_OUT)
     ca = CausalAttention(cv.D_IN, cv.D_OUT, len(cv.INPUTS), cv.DROPOUT_P)
-    ca.load_state_dict(sa_v2.state_dict(), strict=False)        # all but the mask
+    missing, unexpected = ca.load_state_dict(sa_v2.state_dict(), strict=False)
+    assert missing == ["mask"] and unexpected == []             # every weight, not the mask
     seen = {}
     ca.dropout.register_forward_hook(lambda mod, args, out: seen.update(before=args[0], after=out))
     torch.manual_seed(cv.SEED_DROPOUT)
@@ -211,3 +215,22 @@ def test_exercise_3_2_two_dimensional_context_vectors(batch):
     assert list(context_vecs.shape) == cv.EXERCISE_3_2_SHAPE
     assert torch.equal(context_vecs, run()), "same seed, different output"
     assert_printed(context_vecs, [EXERCISE_3_2_ONE_SEQUENCE] * 2, "exercise 3.2 output")
+
+
+# --- Section 3.6.2: the chapter stops before printing MultiHeadAttention's output -------
+# These are this implementation's numbers with the chapter's seed, pinned so that a
+# change in the order the layers are created (W_query, W_key, W_value, out_proj) shows.
+MHA_SEED_123_ONE_SEQUENCE = [
+    [0.3190, 0.4858],
+    [0.2943, 0.3897],
+    [0.2856, 0.3593],
+    [0.2693, 0.3873],
+    [0.2639, 0.3928],
+    [0.2575, 0.4028],
+]
+
+
+def test_multi_head_attention_seed_123(batch):
+    torch.manual_seed(cv.SEED_WRAPPER)
+    mha = MultiHeadAttention(cv.D_IN, cv.D_OUT, batch.shape[1], 0.0, num_heads=2)
+    assert_printed(mha(batch), [MHA_SEED_123_ONE_SEQUENCE] * 2, "MultiHeadAttention output")
