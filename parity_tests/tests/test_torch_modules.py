@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from parity_tests import chapter_values as cv
+from parity_tests.tolerances import FLOAT64_BOUND
 from torch_impl import (
     CausalAttention,
     FusedMultiHeadAttention,
@@ -16,8 +17,7 @@ from torch_impl import (
 )
 
 # float64, same operations in a different order: agreement to rounding error.
-FLOAT64_RTOL = 1e-12
-FLOAT64_ATOL = 1e-12
+FLOAT64_RTOL = FLOAT64_ATOL = FLOAT64_BOUND
 
 cuda = pytest.mark.cuda
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import torch_impl
+from parity_tests.tolerances import FLOAT64_BOUND
 
 try:
     import numpy_ref
@@ -14,8 +15,7 @@ except ImportError:  # numpy_ref absent: nothing to transfer to
     pytest.skip("numpy_ref's attention modules are not importable", allow_module_level=True)
 
 # float64 on both sides, the same operations: agreement to rounding error.
-FLOAT64_RTOL = 1e-12
-FLOAT64_ATOL = 1e-12
+FLOAT64_RTOL = FLOAT64_ATOL = FLOAT64_BOUND
 
 # name: (constructor arguments, input shape)
 CASES = {
