@@ -17,7 +17,6 @@ it breaks for scores that are not positive.
 """
 
 import argparse
-import math
 
 import numpy as np
 import torch
@@ -26,7 +25,7 @@ from numpy_ref.softmax import (softmax, softmax_jacobian, sum_normalize,
                                sum_normalize_jacobian)
 from parity_tests import chapter_values as cv
 from parity_tests import plots
-from parity_tests.verdicts import (FAIL, fmt, loose, print_section, sci, summary,
+from parity_tests.verdicts import (fmt, loose, print_section, sci, summary,
                                    exit_status, verdict)
 
 ROUNDING = 1e-12        # float64: sums/symmetry of n ~ 10 terms of size <= 1

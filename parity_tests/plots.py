@@ -3,7 +3,7 @@
 matplotlib is an optional extra (``pip install "attention-parity[plot]"``).  It is
 imported only when ``--plot`` is given, and drawn through the Agg canvas directly
 (no pyplot, no display, no global backend switch).  Every figure has a fixed
-size in pixels: ``FIGSIZE`` inches times ``DPI``.
+size in pixels, `pixel_size(panels)`: 500 x 400 for one heatmap, 900 x 400 for two.
 """
 
 import os
@@ -13,7 +13,7 @@ import numpy as np
 
 INSTALL_HINT = ("--plot needs matplotlib, an optional extra: "
                 "pip install 'attention-parity[plot]'  (or: pip install matplotlib)")
-FIGSIZE = (5.0, 4.0)      # inches -> 500 x 400 pixels at DPI
+PANEL_INCHES = 4.0        # each heatmap is 4 x 4 inches, plus 1 inch for the colour bar
 DPI = 100
 TOKENS = ["Your", "journey", "starts", "with", "one", "step"]
 
@@ -40,33 +40,42 @@ def check_available(plot_dir):
     return None
 
 
-def _draw(ax, matrix, title, labels, vmin, vmax, cmap):
+def pixel_size(panels):
+    """(width, height) in pixels of a figure of ``panels`` side-by-side heatmaps."""
+    return (int((PANEL_INCHES * panels + 1) * DPI), int(PANEL_INCHES * DPI))
+
+
+def _draw(ax, matrix, title, labels, vmin, vmax, cmap, first):
     m = np.asarray(matrix, dtype=float)
     im = ax.imshow(m, cmap=cmap, vmin=vmin, vmax=vmax)
     ax.set_title(title, fontsize=9)
     rows, cols = m.shape
     if labels is not None and len(labels) == cols:
         ax.set_xticks(range(cols), labels, rotation=45, fontsize=7)
-    if labels is not None and len(labels) == rows:
+    if labels is not None and len(labels) == rows and first:
         ax.set_yticks(range(rows), labels, fontsize=7)
+    elif not first:
+        ax.set_yticks([])
     if rows * cols <= 100:             # small enough to read the numbers
-        mid = (np.nanmax(m) + np.nanmin(m)) / 2 if np.isfinite(m).any() else 0
         for i in range(rows):
             for j in range(cols):
+                r, g, b, _ = im.cmap(im.norm(m[i, j]))
+                light = 0.299 * r + 0.587 * g + 0.114 * b > 0.5
                 ax.text(j, i, f"{m[i, j]:.2f}", ha="center", va="center", fontsize=6,
-                        color="black" if m[i, j] > mid else "white")
+                        color="black" if light else "white")
     return im
 
 
 def heatmaps(path, matrices, titles, suptitle=None, labels=None,
              vmin=None, vmax=None, cmap="viridis"):
-    """Side-by-side heatmaps in one PNG of FIGSIZE * DPI pixels; returns ``path``."""
+    """Side-by-side heatmaps in one PNG of `pixel_size` pixels; returns ``path``."""
     Figure, FigureCanvasAgg = _matplotlib()
-    fig = Figure(figsize=FIGSIZE, dpi=DPI)
+    width, height = pixel_size(len(matrices))
+    fig = Figure(figsize=(width / DPI, height / DPI), dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, len(matrices), squeeze=False)[0]
-    for ax, m, title in zip(axes, matrices, titles):
-        im = _draw(ax, m, title, labels, vmin, vmax, cmap)
+    for i, (ax, m, title) in enumerate(zip(axes, matrices, titles)):
+        im = _draw(ax, m, title, labels, vmin, vmax, cmap, first=i == 0)
     fig.colorbar(im, ax=list(axes), shrink=0.7)
     if suptitle:
         fig.suptitle(suptitle, fontsize=10)
