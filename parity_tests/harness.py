@@ -37,7 +37,7 @@ from parity_tests.functional import functional_forward
 __all__ = [
     "Config", "ModuleSpec", "Case", "MODULES", "DTYPES", "ROW_KEYS", "DROPOUT_P",
     "KeepMaskDropout", "available_devices", "dtype_supported", "build_cases",
-    "build_numpy", "buffer_rows", "run_case", "run_matrix", "relative_error", "summarize",
+    "build_numpy", "buffer_rows", "run_case", "run_matrix", "relative_error", "tensor_scales", "summarize",
 ]
 
 # Every row has these keys (`baseline` is None for float64 rows).
@@ -305,7 +305,7 @@ def relative_error(tested, ref, scale=0.0):
     return float(diff[where]) / denom, where
 
 
-def _scales(ref):
+def tensor_scales(ref):
     """Per tensor, the floor of its denominator: SCALE_FLOOR x the case's largest of its kind."""
     def peak(v):
         v = np.asarray(v, np.float64)
@@ -367,7 +367,7 @@ def run_case(case):
 
     if case.dtype == "float64":
         numpy_res = run_numpy(case, state, x64, g64, keep)
-        scales = _scales(torch_res)
+        scales = tensor_scales(torch_res)
         for name in _names(torch_res, numpy_res):
             error, where = relative_error(numpy_res.get(name), torch_res.get(name),
                                           scales.get(name, 0.0))
@@ -375,7 +375,7 @@ def run_case(case):
         return rows
 
     golden = run_numpy(case, state, x64, g64, keep)
-    scales = _scales(golden)
+    scales = tensor_scales(golden)
     functional = run_functional(case, module, x_t, g_t, keep_t)
     sides = [("torch vs golden", torch_res, functional)]
     if case.dtype == "float32" and case.device == "cpu":

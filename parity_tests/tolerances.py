@@ -62,6 +62,7 @@ __all__ = [
     "LOW_PRECISION_FACTOR",
     "FLOOR_ULPS",
     "BUFFER_BOUND",
+    "FINITE_DIFF_BOUND",
     "UNIT_ROUNDOFF",
     "LOW_PRECISION_DTYPES",
     "float64_bound",
@@ -88,6 +89,12 @@ LOW_PRECISION_FACTOR = 4.0
 # terms each.  Measured need over 5000 random float32 rows (factor 4): at most
 # 9 u; 32 u leaves a margin of 3.5 and is still 1e-6 in float32.
 FLOOR_ULPS = 32
+
+# Centred finite differences (parity_tests.finite_diff, step h = 1e-5) against
+# either side's gradient, float64: truncation error ~h^2 |f'''| ~ 1e-10 and
+# rounding ~eps |f| / h ~ 1e-11, relative; measured 1e-11..1e-9 here.  1e-7
+# keeps a margin of 100 and is still 1e4 below a real mistake.
+FINITE_DIFF_BOUND = 1e-7
 
 # Buffers (the causal mask) hold exact 0/1 entries: any difference is a fault.
 BUFFER_BOUND = 0.0
