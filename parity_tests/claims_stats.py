@@ -62,7 +62,7 @@ def exp_rows(c):
          f"{under['numpy']:.5f} ; {under['torch']:.5f}  (ln 2^-150 = {np.log(2.0) * -150:.5f})",
          f"~ {c['exp_underflow_near']:g}",
          verdict(all(abs(v - c["exp_underflow_near"]) <= 0.5 for v in under.values()))),
-        ("below this x, exp(x) is subnormal (flushed to 0 under FTZ)",
+        ("smallest float32 x with exp(x) normal (>= FLT_MIN); below: subnormal, 0 under FTZ",
          f"{normal:.5f}  (ln FLT_MIN = {np.log(np.finfo(F32).tiny):.5f})", "-",
          verdict(abs(normal - np.log(np.finfo(F32).tiny)) <= 1e-5)),
     ]
