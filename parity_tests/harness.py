@@ -378,12 +378,14 @@ def run_case(case):
     scales = tensor_scales(golden)
     functional = run_functional(case, module, x_t, g_t, keep_t)
     sides = [("torch vs golden", torch_res, functional)]
-    if case.dtype == "float32" and case.device == "cpu":
-        state32 = {k: v.numpy() for k, v in module.state_dict().items()}
-        numpy_low = run_numpy(case, state32, x_t.numpy(), g_t.numpy(), keep)
-        # NumPy in float32 is the independent ordinary computation for the torch side
-        sides = [("torch vs golden", torch_res, numpy_low),
-                 ("numpy vs golden", numpy_low, functional)]
+    if case.dtype == "float32":
+        # NumPy in float32 is the independent ordinary computation for the torch side;
+        # NumPy's own rows do not depend on the device, so they come with cpu only.
+        state32 = {k: v.detach().cpu().numpy() for k, v in module.state_dict().items()}
+        numpy_low = run_numpy(case, state32, x_t.cpu().numpy(), g_t.cpu().numpy(), keep)
+        sides = [("torch vs golden", torch_res, numpy_low)]
+        if case.device == "cpu":
+            sides.append(("numpy vs golden", numpy_low, functional))
     for check, tested, baseline_res in sides:
         for name in _names(golden, tested):
             s = scales.get(name, 0.0)
