@@ -75,3 +75,14 @@ def test_a_wrong_jacobian_fails_the_verb(capsys, monkeypatch):
     failed = [r for r in rows_of(out) if r.endswith(FAIL)]
     assert any("autograd" in r for r in failed)
     assert any("rows sum to 0" in r for r in failed)
+
+
+def test_reached_through_the_command_line_dispatch(capsys):
+    from parity_tests import cli
+    assert cli.main(["jacobian", "--scores", "1,2"]) == 0
+    assert "scores x = [1.0000, 2.0000]" in capsys.readouterr().out
+
+
+def test_help_exits_0(capsys):
+    assert jacobian.main(["--help"]) == 0
+    assert "w_i (delta_ij - w_j)" in capsys.readouterr().out
