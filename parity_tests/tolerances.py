@@ -25,7 +25,8 @@ softmax Jacobian amplifies it by about ``max|attn_scores|`` (a few units for the
 suite's inputs).  Agreeing code lands at 1e-16..1e-14 (measured maximum over the
 default matrix: 1.4e-14); `FLOAT64_BOUND` = 1e-10 leaves a margin of 1e4 above
 that, and is 1e7 below the 1e-3..1 a real mistake (a missing term, a wrong
-scale, a transposed gradient) produces (measured: >= 5e-3 for every planted fault).
+scale, a transposed gradient) produces (measured: >= 5e-3 on every row a
+planted fault breaks).
 
 Lower precision: each side against a float64 golden reference
 -------------------------------------------------------------
