@@ -170,33 +170,41 @@ def scale_rows(x):
     return rows
 
 
-def non_positive_scores(x):
-    """The given scores shifted so their sum is ~0 (1e-3) and negative (-1);
-    equal scores have no spread to play with, so fall back on the chapter's."""
+def centred_scores(x):
+    """The given scores minus their mean (sum 0); equal scores have no spread to
+    play with, so fall back on the chapter's."""
     centred = x - x.mean()
     if max_abs(centred) < 1e-9:
         centred = np.asarray(cv.SIMPLE_ATTN_SCORES_2) - np.mean(cv.SIMPLE_ATTN_SCORES_2)
-    n = x.size
-    return {"S = 1e-3": centred + 1e-3 / n, "S = -1": centred - 1.0 / n}
+    return centred
 
 
 def sign_rows(x):
-    """Objection 2: sum normalisation needs positive scores."""
+    """Objection 2: sum normalisation needs positive scores.  The scores are
+    shifted so that S = sum is near 0, then negative (S = -spread, spread =
+    max |x_i - mean|): then w_i = x_i / S leaves [0, 1], the ranking flips, and
+    the Jacobian (delta_ij S - x_i) / S^2 blows up as 1/S^2."""
+    c = centred_scores(x)
+    n, spread = c.size, max_abs(c)
+    near0, negative = c + 1e-3 * spread / n, c - spread / n
     rows = []
-    for label, y in non_positive_scores(x).items():
-        w = sum_normalize(y)
-        outside = (w.min() < 0) or (w.max() > 1)
+    for label, y in (("S ~ 0 (1e-3 spread)", near0), ("S < 0 (-spread)", negative)):
+        w, ws = sum_normalize(y), softmax(y)
         rows.append((f"{label}: sum-normalised weights leave [0, 1]",
-                     f"[{fmt(w.min())}, {fmt(w.max())}]", "outside [0, 1]", verdict(outside)))
-        ws = softmax(y)
+                     f"[{fmt(w.min())}, {fmt(w.max())}]", "outside [0, 1]",
+                     verdict(w.min() < 0 or w.max() > 1)))
         rows.append((f"{label}: softmax weights stay in (0, 1), sum 1",
                      f"[{fmt(ws.min())}, {fmt(ws.max())}], sum {fmt(ws.sum())}", "(0, 1)",
                      verdict(ws.min() > 0 and ws.max() < 1 and abs(ws.sum() - 1) <= ROUNDING)))
-        if label.startswith("S = 1e-3"):
-            n_sum = np.linalg.norm(sum_normalize_jacobian(y))
-            rows.append((f"{label}: ||J_sum||_F blows up ; ||J_softmax||_F",
-                         f"{fmt(n_sum)} ; {fmt(np.linalg.norm(softmax_jacobian(ws)))}",
-                         "-> inf as S -> 0 (1/S^2)", verdict(n_sum > 1e3)))
+    rows.append(("S < 0: the highest score gets the lowest sum-normalised weight",
+                 f"argmax x = {int(np.argmax(negative))}, argmin w = "
+                 f"{int(np.argmin(sum_normalize(negative)))}", "ranking reversed",
+                 verdict(np.argmax(negative) == np.argmin(sum_normalize(negative)))))
+    n1 = np.linalg.norm(sum_normalize_jacobian(c + 1e-2 * spread / n))
+    n2 = np.linalg.norm(sum_normalize_jacobian(near0))
+    rows.append(("S -> 0: ||J_sum||_F grows as 1/S^2 (S = 1e-2 -> 1e-3 spread)",
+                 f"{fmt(n1)} -> {fmt(n2)} (x{n2 / n1:.0f})", "x100",
+                 verdict(n2 / n1 >= 50)))
     return rows
 
 

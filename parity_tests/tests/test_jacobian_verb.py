@@ -27,7 +27,7 @@ def test_default_scores_pass_and_print_the_chapter_weights(capsys):
     assert not [r for r in rows_of(out) if r.endswith(FAIL)]
     # the chapter's "independent of the raw scale" is only true for shifts
     assert any("independent of the raw scale" in r and r.endswith(IMPRECISE) for r in rows_of(out))
-    assert "27 checks: 26 pass, 1 imprecise" in out
+    assert "28 checks: 27 pass, 1 imprecise" in out
 
 
 def test_default_eigenvalues_and_rank(capsys):
@@ -49,7 +49,7 @@ def test_non_positive_sum_skips_the_sum_normalisation(capsys):
     status, out, _ = run(capsys, "--scores=-1,-2,0.5")
     assert status == 0
     assert "meaningless" in out
-    assert "S = -1: sum-normalised weights leave [0, 1]" in out
+    assert "S < 0: the highest score gets the lowest sum-normalised weight" in out
 
 
 @pytest.mark.parametrize("bad, message", [
