@@ -42,10 +42,11 @@ def _softmax_backward_no_sum(original):
 
 
 def _scores_backward_unscaled(original):
-    # the 1/sqrt(d_k) of the forward forgotten in the backward
+    # the 1/sqrt(d_k) of the forward forgotten in the backward (undone on the result)
     def scores_backward(dout, cache):
-        queries, keys, _ = cache
-        return original(dout, (queries, keys, False))
+        dqueries, dkeys = original(dout, cache)
+        root = dqueries.shape[-1] ** 0.5
+        return dqueries * root, dkeys * root
     return scores_backward
 
 
@@ -58,10 +59,9 @@ def _causal_mask_off_by_one(original):
 
 
 def _dropout_not_rescaled(original):
-    # survivors kept at their value: the expected weight shrinks by (1 - p)
+    # survivors kept at their value (forward and backward): the weights shrink by (1 - p)
     def dropout_forward(x, keep_mask, p):
-        out, (keep, _) = original(x, keep_mask, p)
-        return out * (1.0 - p), (keep, 1.0)
+        return original(x, keep_mask, 0.0)
     return dropout_forward
 
 
