@@ -183,7 +183,9 @@ def _run(args, cases, dtypes, devices):
     finally:
         torch.set_num_threads(threads)
     summary = harness.summarize(rows, time.perf_counter() - start)
-    summary.update(devices=devices, dtypes=dtypes, fault=args.plant_fault)
+    summary.update(devices=devices, dtypes=dtypes, fault=args.plant_fault, tolerances={
+        "float64_bound": tolerances.FLOAT64_BOUND, "low_precision_factor": tolerances.LOW_PRECISION_FACTOR,
+        "floor_ulps": tolerances.FLOOR_ULPS, "scale_floor": tolerances.SCALE_FLOOR})
     _print(args, rows, summary)
     if args.json:
         _write_json(args.json, rows, summary)
