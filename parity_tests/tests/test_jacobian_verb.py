@@ -86,3 +86,22 @@ def test_reached_through_the_command_line_dispatch(capsys):
 def test_help_exits_0(capsys):
     assert jacobian.main(["--help"]) == 0
     assert "w_i (delta_ij - w_j)" in capsys.readouterr().out
+
+
+def test_saturated_scores_are_imprecise_not_failed(capsys):
+    """A lead of 300 rounds the weights to exactly 0 and 1: the chapter's 'strictly
+    non-zero' gradient and rank n - 1 hold only in exact arithmetic."""
+    status, out, _ = run(capsys, "--scores=300,1,2")
+    assert status == 0
+    rows = rows_of(out)
+    assert next(r for r in rows if r.startswith("diagonal w_i")).endswith(IMPRECISE)
+    assert next(r for r in rows if r.startswith("rank n - 1")).endswith(IMPRECISE)
+    assert "saturate the softmax" in out
+
+
+def test_small_positive_sum_keeps_finite_differences_accurate(capsys):
+    """S = 0.0045: the finite-difference step shrinks with S and the tolerance
+    follows the size of J (~ 1/S), so the oracle still agrees."""
+    status, out, _ = run(capsys, "--scores=0.001,0.002,0.0015")
+    assert status == 0
+    assert next(r for r in rows_of(out) if r.startswith("sum: explicit J == finite")).endswith(PASS)
