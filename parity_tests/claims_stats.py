@@ -13,7 +13,7 @@ import torch
 import numpy_ref
 from numpy_ref import ops
 from parity_tests import chapter_values as cv
-from parity_tests.verdicts import fmt, loose, sci, verdict
+from parity_tests.verdicts import SKIP, fmt, loose, sci, verdict
 
 F32 = np.float32
 
@@ -248,6 +248,16 @@ def dropout_rows(rng, z, n=200_000):
 
 # --- 5. initialisation ---------------------------------------------------------------
 
+def _linear_init_call():
+    """The line of ``nn.Linear.reset_parameters`` that initialises the weight."""
+    import inspect
+    try:
+        src = inspect.getsource(torch.nn.Linear.reset_parameters)
+    except (OSError, TypeError):         # no source shipped
+        return None
+    return next((l.strip() for l in src.splitlines() if "(self.weight" in l), None)
+
+
 def init_rows(c, rng, z, n=90_000):
     rows = []
     for d_in in (3, 64, 768):
@@ -258,6 +268,9 @@ def init_rows(c, rng, z, n=90_000):
                      f"{interval(v, lo, hi)} ; {bound:.4f}",
                      f"{c['linear_var_times_d_in']:.4f} ; <= 1",
                      verdict(lo <= c["linear_var_times_d_in"] <= hi and bound <= 1)))
+    call = _linear_init_call()
+    rows.append(("nn.Linear.reset_parameters: the weight's initialiser", call or "not found",
+                 "Kaiming", SKIP if call is None else verdict("kaiming_uniform_" in call)))
     he = c["he_var_times_d_in"]
     rows.append(("'Kaiming (He, 2015)': He's Var * d_in = 2 (d_in = 768, above)",
                  interval(v, lo, hi), f"{he:g}",
