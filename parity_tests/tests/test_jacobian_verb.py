@@ -89,7 +89,7 @@ def test_help_exits_0(capsys):
 
 
 def test_saturated_scores_are_imprecise_not_failed(capsys):
-    """A lead of 300 rounds the weights to exactly 0 and 1: the chapter's 'strictly
+    """A margin of 300 rounds the weights to exactly 0 and 1: the chapter's 'strictly
     non-zero' gradient and rank n - 1 hold only in exact arithmetic."""
     status, out, _ = run(capsys, "--scores=300,1,2")
     assert status == 0
