@@ -1,7 +1,7 @@
 """``attention-parity`` (the default verb): table, summary, JSON, exit statuses."""
 
 import json
-import subprocess
+import runpy
 import sys
 
 import pytest
@@ -81,12 +81,13 @@ def test_list_faults(capsys):
     assert all(name in out for name in faults.names())
 
 
-def test_python_dash_m_runs_the_matrix():
-    """The contract's entry point, as a user runs it (a subprocess, one small module)."""
-    done = subprocess.run([sys.executable, "-m", "parity_tests", "--module",
-                           "SimplifiedSelfAttention", "-q"], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    assert " passed, 0 failed in " in done.stdout
+def test_python_dash_m_runs_the_matrix(monkeypatch, capsys):
+    """``python -m parity_tests`` (the contract's entry point) exits with main's status."""
+    monkeypatch.setattr(sys, "argv", ["parity_tests", "--module", "SimplifiedSelfAttention", "-q"])
+    with pytest.raises(SystemExit) as done:
+        runpy.run_module("parity_tests", run_name="__main__")
+    assert done.value.code == 0
+    assert " passed, 0 failed in " in capsys.readouterr().out
 
 
 @pytest.mark.cuda
