@@ -81,7 +81,7 @@ NOTES = """notes (what the 'imprecise' rows mean, measured above):
   Var = 1/(3 d_in), 6x smaller than He (2015)'s 2/d_in.  The chapter's variance is right,
   its name is loose, and the signal variance is not kept: one layer maps Var 1 to 1/3.
 - w_i(1 - w_i) > 0 holds in exact arithmetic; in float32 a score margin of more than
-  ln(2^24) ~ 16.6 rounds the top weight to exactly 1, and its w(1 - w) to exactly 0.
+  ln(2^24) = 16.64 rounds the top weight to exactly 1, and its w(1 - w) to exactly 0.
 - exp underflow: with subnormals (CPU default) exp(x) > 0 down to x = -103.972; where
   subnormals are flushed to zero, exp(x) is 0 already below x = -87.337 (ln FLT_MIN)."""
 

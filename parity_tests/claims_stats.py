@@ -155,7 +155,12 @@ def collapse_rows(rng, trials, z, d_k=1024):
                            zero=float((w32 * (1 - w32) == 0).double().mean()))
     u, s = stats["unscaled"], stats["scaled"]
     ratio = u["jn"][0] / s["jn"][0]
+    margin = bisect_float32(lambda g: torch.softmax(torch.tensor([0.0, -float(g)]), dim=0)[0] < 1,
+                            1, 40)
     return [
+        ("largest float32 margin x_1 - x_2 with softmax top weight < 1 exactly",
+         f"{margin:.4f}  (ln 2^24 = {24 * np.log(2):.4f})", "-",
+         verdict(abs(margin - 24 * np.log(2)) < 0.1)),
         ("mean max weight: unscaled ('~ one-hot') ; scaled",
          f"{interval(*u['top'], 3)} ; {interval(*s['top'], 3)}", ">= 0.9 ; <= 0.6",
          verdict(u["top"][1] >= 0.9 and s["top"][2] <= 0.6)),
