@@ -7,6 +7,7 @@ and, in training mode, the same keep-mask.
 """
 
 import pytest
+import torch
 
 from parity_tests import harness
 from parity_tests.finite_diff import numerical_grads
@@ -28,7 +29,7 @@ def _gradients(case):
     module = harness.build_torch(case)
     x_t, _ = harness._rounded(case, x)
     g_t, _ = harness._rounded(case, grad_out)
-    keep_t = None if keep is None else harness.torch.tensor(keep)
+    keep_t = None if keep is None else torch.tensor(keep)
     torch_res = harness.run_torch(module, case, x_t, g_t, keep_t)
     np_res = harness.run_numpy(case, module.state_dict(), x, grad_out, keep)
     np_mod = harness.build_numpy(case)
