@@ -71,12 +71,15 @@ def heatmaps(path, matrices, titles, suptitle=None, labels=None,
     """Side-by-side heatmaps in one PNG of `pixel_size` pixels; returns ``path``."""
     Figure, FigureCanvasAgg = _matplotlib()
     width, height = pixel_size(len(matrices))
-    fig = Figure(figsize=(width / DPI, height / DPI), dpi=DPI, layout="constrained")
+    # fixed margins (in inches, as fractions of the figure): cheaper than a layout engine
+    fig = Figure(figsize=(width / DPI, height / DPI), dpi=DPI)
+    fig.subplots_adjust(left=0.8 * DPI / width, right=1 - 1.0 * DPI / width,
+                        bottom=0.2, top=0.86, wspace=0.15)
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, len(matrices), squeeze=False)[0]
     for i, (ax, m, title) in enumerate(zip(axes, matrices, titles)):
         im = _draw(ax, m, title, labels, vmin, vmax, cmap, first=i == 0)
-    fig.colorbar(im, ax=list(axes), shrink=0.7)
+    fig.colorbar(im, ax=list(axes), shrink=0.7, fraction=0.046 / len(axes), pad=0.03)
     if suptitle:
         fig.suptitle(suptitle, fontsize=10)
     fig.savefig(path, dpi=DPI)
