@@ -293,8 +293,8 @@ def init_rows(c, rng, z, n=90_000):
                  verdict(rlo <= c["rand_var"] <= rhi and r.min() >= 0)))
     for d_in in (3, 768):
         # a fresh x and a fresh column of torch.rand weights per sample: iid draws
-        x = torch.randn(4000, d_in, dtype=torch.float64)
-        w = torch.rand(4000, d_in, dtype=torch.float64)
+        x = torch.randn(2000, d_in, dtype=torch.float64)
+        w = torch.rand(2000, d_in, dtype=torch.float64)
         sv, slo, shi = variance_ci((x * w).sum(dim=1).numpy(), z)
         rows.append((f"Var(x . w), w ~ torch.rand({d_in}): d_in * E[w^2] = d_in/3, grows with d_in",
                      interval(sv, slo, shi), f"'explose' ; {d_in / 3:.4g}",
