@@ -205,10 +205,13 @@ class _Causal(_LinearLayers):
             keep_mask = ops.draw_keep_mask(self.rng, shape, self.dropout)
         return keep_mask
 
-    def _attend(self, queries, keys, values, keep_mask):
-        """Passes 2-6 on (..., T, D) inputs -> (context_vec, caches)."""
-        num_tokens = queries.shape[-2]
-        mask_bool = self._buffers["mask"][:num_tokens, :num_tokens].astype(bool)
+    def _attend(self, queries, keys, values, keep_mask, mask_bool=None):
+        """Passes 2-6 on (..., Tq, D) queries and (..., Tk, D) keys and values
+        -> (context_vec, caches).  ``mask_bool`` (Tq, Tk), True where a key is
+        hidden, defaults to the buffer's top-left (T, T) corner."""
+        if mask_bool is None:
+            num_tokens = queries.shape[-2]
+            mask_bool = self._buffers["mask"][:num_tokens, :num_tokens].astype(bool)
         # pass 2: attn_scores = queries @ keys^T / sqrt(d_k)      (..., T, T)
         attn_scores, scores_cache = ops.scores_forward(queries, keys)
         # pass 3: future tokens -> -inf (masked_fill_, in place)
@@ -234,8 +237,9 @@ class _Causal(_LinearLayers):
             dattn_weights = ops.dropout_backward(dattn_weights, c["drop"])
         # pass 4
         dattn_scores = ops.softmax_backward(c["attn_weights"], dattn_weights)
+        del dattn_weights                  # free a (..., T, T) array before the next
         # pass 3: no gradient flows into a masked (future) score
-        dattn_scores = ops.causal_mask_backward(dattn_scores, c["mask"])
+        dattn_scores = ops.causal_mask_backward(dattn_scores, c["mask"], inplace=True)
         # pass 2
         dqueries, dkeys = ops.scores_backward(dattn_scores, c["scores"])
         return dqueries, dkeys, dvalues

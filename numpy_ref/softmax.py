@@ -85,8 +85,11 @@ def softmax_backward(w, grad_w, axis=-1):
     grad_w = _floating(grad_w, "grad_w")
     if w.shape != grad_w.shape:
         raise ValueError(f"grad_w must have the shape of w {w.shape}, got {grad_w.shape}")
-    dot = np.sum(w * grad_w, axis=axis, keepdims=True)   # <w, g> per row
-    return w * (grad_w - dot)
+    # <w, g> per row; einsum sums the products without storing them
+    dot = np.einsum("...n,...n->...", np.moveaxis(w, axis, -1), np.moveaxis(grad_w, axis, -1))
+    grad_x = grad_w - np.expand_dims(dot, axis)          # the one new array
+    grad_x *= w
+    return grad_x
 
 
 def sum_normalize(x, axis=-1):
