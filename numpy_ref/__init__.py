@@ -21,10 +21,12 @@ from numpy_ref.attention import (
     MultiHeadAttentionWrapper,
     MultiHeadAttention,
 )
+from numpy_ref.fast import FastMultiHeadAttention
 
 __all__ = [
     "softmax", "softmax_naive", "softmax_jacobian", "softmax_backward",
     "sum_normalize", "sum_normalize_jacobian", "ops", "Module",
     "SimplifiedSelfAttention", "SelfAttention_v1", "SelfAttention_v2",
     "CausalAttention", "MultiHeadAttentionWrapper", "MultiHeadAttention",
+    "FastMultiHeadAttention",
 ]

@@ -1,18 +1,20 @@
 """``attention-parity bench``: speed and memory of NumPy's MultiHeadAttention.
 
-One run times forward + backward (with a random upstream gradient) of three
+One run times forward + backward (with a random upstream gradient) of four
 implementations of the chapter's ``MultiHeadAttention``, all holding the same
 weights (moved by the contract's ``state_dict`` transfer), on the CPU:
 
-    numpy   numpy_ref.MultiHeadAttention       m.forward(x); m.backward(dout)
-    eager   torch_impl.MultiHeadAttention      out = m(x); out.backward(dout)
-    fused   torch_impl.FusedMultiHeadAttention  the same, attention by SDPA
+    numpy       numpy_ref.MultiHeadAttention            m.forward(x); m.backward(dout)
+    numpy_fast  numpy_ref.fast.FastMultiHeadAttention   the same, causal query blocks
+    eager       torch_impl.MultiHeadAttention           out = m(x); out.backward(dout)
+    fused       torch_impl.FusedMultiHeadAttention      the same, attention by SDPA
 
-Runs are interleaved (numpy, eager, fused, numpy, eager, ...) so that a burst
-of noise on the machine hits all three alike; each figure is a median.  NumPy's
-peak memory is read by ``tracemalloc`` (NumPy reports its data buffers to it)
-on a separate, untimed run, and also expressed in units of one (B, H, T, T)
-float32 matrix, the size of ``attn_weights``.  The growth exponent is the slope
+Runs are interleaved (numpy, numpy_fast, eager, fused, numpy, ...) so that a
+burst of noise on the machine hits all of them alike; each figure is a median.
+NumPy's peak memory is read by ``tracemalloc`` (NumPy reports its data buffers
+to it) on a separate, untimed run, and also expressed in units of one
+(B, H, T, T) float32 matrix, the size of ``attn_weights``.  The load average
+before and after is printed: on a busy machine the figures are noisy.  The growth exponent is the slope
 of log(time) against log(T) over the largest token counts: 2 means the T x T
 work dominates.
 
@@ -29,7 +31,9 @@ import tracemalloc
 
 import numpy as np
 
-IMPLS = ("numpy", "eager", "fused")
+IMPLS = ("numpy", "numpy_fast", "eager", "fused")
+NUMPY_IMPLS = ("numpy", "numpy_fast")
+RATIOS = [(a, b) for a in NUMPY_IMPLS for b in ("eager", "fused")]
 FIT_POINTS = 3   # the growth exponent is fitted over this many largest T
 BLAS_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")
 
@@ -78,16 +82,19 @@ def _int_list(text):
 def _classes():
     """The benchmarked classes, imported here so ``--help`` needs no torch."""
     import numpy_ref
+    import numpy_ref.fast
     import torch_impl
     return {
         "numpy": numpy_ref.MultiHeadAttention,
+        "numpy_fast": numpy_ref.fast.FastMultiHeadAttention,
         "eager": torch_impl.MultiHeadAttention,
         "fused": torch_impl.FusedMultiHeadAttention,
     }
 
 
 def build_modules(args, context_length):
-    """Eager module seeded by torch; fused and NumPy loaded from its state_dict."""
+    """Eager module seeded by torch; fused and the NumPy ones loaded from its state_dict.
+    NumPy entries are factories (the memory run wants a fresh module)."""
     import torch
     classes = _classes()
     torch.manual_seed(args.seed)
@@ -96,24 +103,30 @@ def build_modules(args, context_length):
     fused = classes["fused"](*shape).eval()
     fused.load_state_dict(eager.state_dict())
 
-    def make_numpy():
-        m = classes["numpy"](*shape, rng=args.seed)
-        m.load_state_dict(eager.state_dict())
-        m.eval()
-        return m
+    def numpy_factory(cls):
+        def make():
+            m = cls(*shape, rng=args.seed)
+            m.load_state_dict(eager.state_dict())
+            m.eval()
+            return m
+        return make
 
-    return {"numpy": make_numpy, "eager": eager, "fused": fused}
+    modules = {name: numpy_factory(classes[name]) for name in NUMPY_IMPLS}
+    modules.update(eager=eager, fused=fused)
+    return modules
 
 
 def make_steps(modules, x, dout):
     """One callable per implementation: forward + backward, returning (out, dx) as arrays."""
     import torch
-    np_mod = modules["numpy"]()
     dout_t = torch.from_numpy(dout)
 
-    def numpy_step():
-        out = np_mod.forward(x)
-        return out, np_mod.backward(dout)
+    def numpy_step(make):
+        m = make()
+        def step():
+            out = m.forward(x)
+            return out, m.backward(dout)
+        return step
 
     def torch_step(m):
         def step():
@@ -124,8 +137,9 @@ def make_steps(modules, x, dout):
             return out.detach().numpy(), x_t.grad.numpy()
         return step
 
-    return {"numpy": numpy_step, "eager": torch_step(modules["eager"]),
-            "fused": torch_step(modules["fused"])}
+    steps = {name: numpy_step(modules[name]) for name in NUMPY_IMPLS}
+    steps.update(eager=torch_step(modules["eager"]), fused=torch_step(modules["fused"]))
+    return {name: steps[name] for name in IMPLS}
 
 
 # --- measurements ----------------------------------------------------------------
@@ -180,20 +194,20 @@ def bench_one(args, modules, T, rng):
     steps = make_steps(modules, x, dout)
     warm = {name: step() for name, step in steps.items()}
     times = time_interleaved(steps, args.repeats)
-    peak = numpy_peak_bytes(modules["numpy"], x, dout)
     matrix_bytes = args.batch * args.heads * T * T * 4     # one (B, H, T, T) float32
     row = {"tokens": T}
     for name in IMPLS:
         row[name] = summarize(times[name])
-    for name in ("numpy", "fused"):
-        row[name]["max_abs_diff_vs_eager"] = {
-            "output": float(np.max(np.abs(warm[name][0] - warm["eager"][0]))),
-            "input_grad": float(np.max(np.abs(warm[name][1] - warm["eager"][1]))),
-        }
-    row["ratio_numpy_eager"] = row["numpy"]["median_s"] / row["eager"]["median_s"]
-    row["ratio_numpy_fused"] = row["numpy"]["median_s"] / row["fused"]["median_s"]
-    row["numpy_peak_mib"] = peak / 2**20
-    row["numpy_peak_matrices"] = peak / matrix_bytes
+        if name != "eager":
+            row[name]["max_abs_diff_vs_eager"] = {
+                "output": float(np.max(np.abs(warm[name][0] - warm["eager"][0]))),
+                "input_grad": float(np.max(np.abs(warm[name][1] - warm["eager"][1]))),
+            }
+    for name in NUMPY_IMPLS:
+        peak = numpy_peak_bytes(modules[name], x, dout)
+        row[name]["peak_mib"] = peak / 2**20
+        row[name]["peak_matrices"] = peak / matrix_bytes
+    row["ratios"] = {f"{a}/{b}": row[a]["median_s"] / row[b]["median_s"] for a, b in RATIOS}
     return row
 
 
@@ -229,7 +243,15 @@ def machine_info():
         "numpy": np.__version__,
         "torch": torch.__version__,
         "env": {k: os.environ.get(k) for k in BLAS_ENV},
+        "load_average_start": _load_average(),
     }
+
+
+def _load_average():
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:                                     # not on every platform
+        return None
 
 
 def run(args):
@@ -244,6 +266,7 @@ def run(args):
             limiter = threadpoolctl.threadpool_limits(limits=args.threads, user_api="blas")
         except ImportError:
             pass
+    machine = machine_info()
     try:
         modules = build_modules(args, context_length=max(args.tokens))
         threads = thread_info()
@@ -253,8 +276,9 @@ def run(args):
         if limiter is not None:
             limiter.restore_original_limits()
     tokens = [r["tokens"] for r in rows]
+    machine["load_average_end"] = _load_average()
     return {
-        "machine": machine_info(),
+        "machine": machine,
         "threads": threads,
         "config": {"batch": args.batch, "d_in": args.d_model, "d_out": args.d_model,
                    "num_heads": args.heads, "dtype": "float32", "dropout": 0.0,
@@ -269,10 +293,9 @@ def run(args):
 
 # --- the report --------------------------------------------------------------------
 
-MAIN_HEADERS = ["T", "numpy ms", "eager ms", "fused ms", "numpy/eager", "numpy/fused",
-                "numpy peak MiB", "peak in (B,H,T,T) f32"]
-DETAIL_HEADERS = ["T", "impl", "median ms", "min ms", "IQR ms", "max|diff| out vs eager",
-                  "max|diff| dx vs eager"]
+TIME_HEADERS = ["T"] + [f"{name} ms" for name in IMPLS] + [f"{a}/{b}" for a, b in RATIOS]
+DETAIL_HEADERS = ["T", "impl", "median ms", "min ms", "IQR ms", "peak MiB",
+                  "peak in (B,H,T,T) f32", "max|diff| out vs eager", "max|diff| dx vs eager"]
 
 
 def _ms(seconds):
@@ -280,11 +303,9 @@ def _ms(seconds):
     return f"{ms:.1f}" if ms >= 10 else f"{ms:.2f}"
 
 
-def main_rows(result):
-    return [[r["tokens"], _ms(r["numpy"]["median_s"]), _ms(r["eager"]["median_s"]),
-             _ms(r["fused"]["median_s"]), f"{r['ratio_numpy_eager']:.2f}",
-             f"{r['ratio_numpy_fused']:.2f}", f"{r['numpy_peak_mib']:.1f}",
-             f"{r['numpy_peak_matrices']:.2f}"] for r in result["rows"]]
+def time_rows(result):
+    return [[r["tokens"]] + [_ms(r[name]["median_s"]) for name in IMPLS]
+            + [f"{r['ratios'][f'{a}/{b}']:.2f}" for a, b in RATIOS] for r in result["rows"]]
 
 
 def detail_rows(result):
@@ -294,6 +315,8 @@ def detail_rows(result):
             s = r[name]
             diff = s.get("max_abs_diff_vs_eager")
             rows.append([r["tokens"], name, _ms(s["median_s"]), _ms(s["min_s"]), _ms(s["iqr_s"]),
+                         f"{s['peak_mib']:.1f}" if "peak_mib" in s else "-",
+                         f"{s['peak_matrices']:.2f}" if "peak_matrices" in s else "-",
                          f"{diff['output']:.1e}" if diff else "-",
                          f"{diff['input_grad']:.1e}" if diff else "-"])
     return rows
@@ -310,7 +333,8 @@ def render(result):
     fit = ", ".join(f"{name} {e:.2f}" if e is not None else f"{name} -"
                     for name, e in result["growth_exponent"].items())
     lines = [
-        f"machine: {m['processor']}, {m['cpu_count']} cores, {m['platform']}",
+        f"machine: {m['processor']}, {m['cpu_count']} cores, {m['platform']}; "
+        f"load average {m.get('load_average_start')} at start, {m.get('load_average_end')} at end",
         f"versions: python {m['python']}, numpy {m['numpy']}, torch {m['torch']}",
         f"threads: torch {t['torch_threads']} (interop {t['torch_interop_threads']}); "
         f"numpy BLAS: {blas}",
@@ -319,7 +343,7 @@ def render(result):
         f"{c['dtype']}, eval mode (dropout 0); forward + backward with a random upstream "
         f"gradient; median of {c['repeats']} interleaved runs",
         "",
-        format_table(MAIN_HEADERS, main_rows(result)),
+        format_table(TIME_HEADERS, time_rows(result)),
         "",
         f"growth exponent of time in T (log-log fit over T = "
         f"{', '.join(map(str, result['fit_tokens']))}): {fit}",
