@@ -235,9 +235,9 @@ class _Causal(_LinearLayers):
         # pass 5
         if c["drop"] is not None:
             dattn_weights = ops.dropout_backward(dattn_weights, c["drop"])
-        # pass 4
-        dattn_scores = ops.softmax_backward(c["attn_weights"], dattn_weights)
-        del dattn_weights                  # free a (..., T, T) array before the next
+        # pass 4: written over dattn_weights, one (..., T, T) array fewer alive
+        dattn_scores = ops.softmax_backward(c["attn_weights"], dattn_weights,
+                                            out=dattn_weights)
         # pass 3: no gradient flows into a masked (future) score
         dattn_scores = ops.causal_mask_backward(dattn_scores, c["mask"], inplace=True)
         # pass 2

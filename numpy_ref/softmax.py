@@ -74,12 +74,15 @@ def softmax_jacobian(w):
     return diag - outer
 
 
-def softmax_backward(w, grad_w, axis=-1):
+def softmax_backward(w, grad_w, axis=-1, out=None):
     """Vector-Jacobian product of the softmax without forming J.
 
     ``w`` is the forward's output, ``grad_w = dL/dw`` the upstream gradient, both
     of the same shape.  Returns ``dL/dx = w * (grad_w - sum(w * grad_w))`` with the
     sum taken along ``axis`` (derivation in the module docstring).
+
+    ``out``, if given, receives the result; it may be ``grad_w`` itself (then
+    overwritten), which saves one array of the scores' size.
     """
     w = _floating(w, "w")
     grad_w = _floating(grad_w, "grad_w")
@@ -87,7 +90,7 @@ def softmax_backward(w, grad_w, axis=-1):
         raise ValueError(f"grad_w must have the shape of w {w.shape}, got {grad_w.shape}")
     # <w, g> per row; einsum sums the products without storing them
     dot = np.einsum("...n,...n->...", np.moveaxis(w, axis, -1), np.moveaxis(grad_w, axis, -1))
-    grad_x = grad_w - np.expand_dims(dot, axis)          # the one new array
+    grad_x = np.subtract(grad_w, np.expand_dims(dot, axis), out=out)  # g - <w, g>
     grad_x *= w
     return grad_x
 

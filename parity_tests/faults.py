@@ -36,7 +36,7 @@ class Fault:
 
 def _softmax_backward_no_sum(original):
     # w * g, forgetting the - w <w, g> term: J taken as diag(w) instead of diag(w) - w w^T
-    def softmax_backward(w, grad_w, axis=-1):
+    def softmax_backward(w, grad_w, axis=-1, out=None):
         return np.asarray(w) * np.asarray(grad_w)
     return softmax_backward
 

@@ -12,7 +12,7 @@ FD_BOUND = 1e-7
 _scores_backward, _linear_backward = ops.scores_backward, ops.linear_backward  # sound ones
 
 
-def softmax_backward_without_sum_term(w, grad_w, axis=-1):
+def softmax_backward_without_sum_term(w, grad_w, axis=-1, out=None):
     return w * grad_w                                    # drops "- sum(w * grad_w)"
 
 
