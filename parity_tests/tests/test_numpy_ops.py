@@ -137,6 +137,18 @@ def test_softmax_backward_is_g_transpose_J():
     np.testing.assert_allclose(ops.softmax_backward(w, g), via_J, rtol=1e-13, atol=1e-15)
 
 
+@pytest.mark.parametrize("axis", [-1, 1])
+def test_softmax_backward_into_its_upstream_gradient(axis):
+    # out=grad_w overwrites grad_w only after <w, g> has been read from it
+    rng = np.random.default_rng(6)
+    w = ops.softmax(rng.normal(size=(2, 5, 4)), axis=axis)
+    g = rng.normal(size=w.shape)
+    expected = ops.softmax_backward(w, g, axis=axis)
+    result = ops.softmax_backward(w, g, axis=axis, out=g)
+    assert result is g
+    np.testing.assert_allclose(result, expected, rtol=1e-14, atol=1e-16)
+
+
 def test_softmax_jacobian_is_diag_w_minus_w_wT():
     w = ops.softmax(np.array([0.1, 1.0, -0.5]))
     np.testing.assert_allclose(ops.softmax_jacobian(w), np.diag(w) - np.outer(w, w),
