@@ -60,8 +60,8 @@ class SelfAttention_v1(Module):
 
     def __init__(self, d_in, d_out, *, rng=None):
         super().__init__()
-        self.d_in = check_size(d_in, "d_in")
-        self.d_out = check_size(d_out, "d_out")
+        self.d_in = check_size("d_in", d_in)
+        self.d_out = check_size("d_out", d_out)
         self.rng = make_rng(rng)
         for name in ("W_query", "W_key", "W_value"):
             self._parameters[name] = uniform(self.rng, (self.d_in, self.d_out), 0.0, 1.0)
@@ -139,8 +139,8 @@ class SelfAttention_v2(_LinearLayers):
 
     def __init__(self, d_in, d_out, qkv_bias=False, *, rng=None):
         super().__init__()
-        self.d_in = check_size(d_in, "d_in")
-        self.d_out = check_size(d_out, "d_out")
+        self.d_in = check_size("d_in", d_in)
+        self.d_out = check_size("d_out", d_out)
         qkv_bias = check_bias(qkv_bias)
         self.rng = make_rng(rng)
         for layer in ("W_query", "W_key", "W_value"):
@@ -185,9 +185,9 @@ class _Causal(_LinearLayers):
     buffer, dropout, and the masked-softmax-dropout-weighted-sum core."""
 
     def _setup(self, d_in, d_out, context_length, dropout, qkv_bias, rng):
-        self.d_in = check_size(d_in, "d_in")
-        self.d_out = check_size(d_out, "d_out")
-        self.context_length = check_size(context_length, "context_length")
+        self.d_in = check_size("d_in", d_in)
+        self.d_out = check_size("d_out", d_out)
+        self.context_length = check_size("context_length", context_length)
         self.dropout = check_dropout(dropout)
         self.qkv_bias = check_bias(qkv_bias)
         self.rng = make_rng(rng)
@@ -196,14 +196,14 @@ class _Causal(_LinearLayers):
         self._buffers["mask"] = np.triu(ones, k=1)
 
     def _keep_mask(self, keep_mask, shape, layout):
-        """The keep-mask this forward uses (None: no dropout), validated first."""
-        if keep_mask is not None:
-            keep_mask = check_keep_mask(keep_mask, shape, layout)
+        """The keep-mask this forward uses: None when dropout is the identity (eval
+        mode or p = 0, where a given keep_mask is ignored), else the given one,
+        validated, or one drawn from the module's rng."""
         if not self.training or self.dropout == 0.0:
-            return None                                  # dropout is the identity
+            return None
         if keep_mask is None:
-            keep_mask = ops.draw_keep_mask(self.rng, shape, self.dropout)
-        return keep_mask
+            return ops.draw_keep_mask(self.rng, shape, self.dropout)
+        return check_keep_mask(keep_mask, shape, layout)
 
     def _attend(self, queries, keys, values, keep_mask, mask_bool=None):
         """Passes 2-6 on (..., Tq, D) queries and (..., Tk, D) keys and values
@@ -296,7 +296,7 @@ class MultiHeadAttentionWrapper(Module):
     def __init__(self, d_in, d_out, context_length, dropout, num_heads,
                  qkv_bias=False, *, rng=None):
         super().__init__()
-        self.num_heads = check_size(num_heads, "num_heads")
+        self.num_heads = check_size("num_heads", num_heads)
         self.rng = make_rng(rng)
         # the heads share one generator: initialised (and dropped out) in head order
         self.heads = [CausalAttention(d_in, d_out, context_length, dropout, qkv_bias,
@@ -308,7 +308,9 @@ class MultiHeadAttentionWrapper(Module):
         # every check before any head runs: a refusal leaves every head's cache as it was
         x = check_input(x, 3, head0.d_in, head0.context_length)       # (B, T, d_in)
         b, num_tokens, _ = x.shape
-        if keep_mask is not None:
+        if not self.training or head0.dropout == 0.0:
+            keep_mask = None                             # ignored: dropout is the identity
+        elif keep_mask is not None:
             keep_mask = check_keep_mask(keep_mask, (self.num_heads, b, num_tokens, num_tokens),
                                         "(num_heads, batch, num_tokens, num_tokens)")
         # pass 1: every head on the same x, (B, T, d_out) each
@@ -348,8 +350,8 @@ class MultiHeadAttention(_Causal):
     def __init__(self, d_in, d_out, context_length, dropout, num_heads,
                  qkv_bias=False, *, rng=None):
         super().__init__()
-        num_heads = check_size(num_heads, "num_heads")
-        d_out_checked = check_size(d_out, "d_out")
+        num_heads = check_size("num_heads", num_heads)
+        d_out_checked = check_size("d_out", d_out)
         if d_out_checked % num_heads != 0:
             raise ValueError(f"d_out must be divisible by num_heads, "
                              f"got d_out={d_out} and num_heads={num_heads}")

@@ -77,7 +77,7 @@ class Module:
                              f"expected {expected}")
         new = {}
         for key, _, store, name in slots:
-            value = np.asarray(state_dict[key])
+            value = _as_array(state_dict[key], key)
             if not np.issubdtype(value.dtype, np.floating):
                 raise TypeError(f"state_dict[{key!r}] must hold floating-point "
                                 f"numbers, got dtype {value.dtype}")
@@ -120,7 +120,20 @@ class Module:
 
 # -- argument checks shared by the constructors and forwards ---------------------
 
-def check_size(value, name):
+def _as_array(value, key):
+    """A state_dict entry as a NumPy array.  A PyTorch tensor (recognised by its
+    ``detach`` method: NumPy is the only import here) is detached and brought to
+    the CPU first, so a CUDA module's or a trained module's state loads too."""
+    if hasattr(value, "detach") and hasattr(value, "cpu"):
+        value = value.detach().cpu()
+    try:
+        return np.asarray(value)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise TypeError(f"state_dict[{key!r}] must be an array of floating-point numbers "
+                        f"(NumPy cannot read {type(value).__name__}: {e})") from None
+
+
+def check_size(name, value):
     """A positive int (bools refused)."""
     if isinstance(value, bool) or not isinstance(value, Integral):
         raise TypeError(f"{name} must be a positive int, got {value!r}")

@@ -198,7 +198,7 @@ def causal_mask_backward(dout, cache, inplace=False):
 
 def draw_keep_mask(rng, shape, p):
     """Boolean keep-mask, each entry kept (True) with probability ``1 - p``."""
-    return rng.random(shape) >= p
+    return rng.random(shape, dtype=np.float32) >= p     # float32 draws: half the memory
 
 
 def dropout_forward(x, keep_mask, p):
@@ -272,9 +272,10 @@ def split_heads_forward(x, num_heads):
 
 def split_heads_backward(dout, cache):
     """A split only re-indexes entries, so its backward re-indexes the gradient the
-    other way: merge the heads of ``dout`` (B, H, T, D) back to (B, T, d_out)."""
-    dx, _ = merge_heads_forward(dout)
-    return dx
+    other way: ``dout`` (B, H, T, D) -> (B, T, H, D) -> (B, T, d_out)."""
+    b, num_heads, num_tokens, head_dim = dout.shape
+    dx = np.ascontiguousarray(dout.transpose(0, 2, 1, 3))   # (B, T, H, D)
+    return dx.reshape(b, num_tokens, num_heads * head_dim)
 
 
 def merge_heads_forward(x):
@@ -291,10 +292,11 @@ def merge_heads_forward(x):
 
 
 def merge_heads_backward(dout, cache):
-    """Inverse re-indexing: split ``dout`` (B, T, d_out) into (B, H, T, D)."""
+    """Inverse re-indexing: ``dout`` (B, T, d_out) -> (B, T, H, D) -> (B, H, T, D)."""
     num_heads = cache
-    dx, _ = split_heads_forward(dout, num_heads)
-    return dx
+    b, num_tokens, d_out = dout.shape
+    dx = dout.reshape(b, num_tokens, num_heads, d_out // num_heads)  # (B, T, H, D)
+    return np.ascontiguousarray(dx.transpose(0, 2, 1, 3))           # (B, H, T, D)
 
 
 # ----------------------------------------------------------------------------

@@ -29,10 +29,12 @@ __all__ = [
 
 
 def _floating(x, name):
-    """``x`` as a floating-point array; TypeError for anything else."""
+    """``x`` as a floating-point array with at least one axis to normalise along."""
     x = np.asarray(x)
     if not np.issubdtype(x.dtype, np.floating):
         raise TypeError(f"{name} must hold floating-point numbers, got dtype {x.dtype}")
+    if x.ndim < 1:
+        raise ValueError(f"{name} must have at least 1 dimension, got a 0-d array")
     return x
 
 
@@ -65,8 +67,6 @@ def softmax_jacobian(w):
     ``diag(w) - w w^T``.  For teaching and tests: modules use `softmax_backward`.
     """
     w = _floating(w, "w")
-    if w.ndim < 1:
-        raise ValueError(f"w must have at least 1 dimension, got shape {w.shape}")
     outer = w[..., :, None] * w[..., None, :]          # w_i w_j, (..., n, n)
     diag = np.zeros_like(outer)
     idx = np.arange(w.shape[-1])
@@ -114,8 +114,6 @@ def sum_normalize_jacobian(x):
     It scales with 1/S: the larger the raw scores, the smaller the gradient.
     """
     x = _floating(x, "x")
-    if x.ndim < 1:
-        raise ValueError(f"x must have at least 1 dimension, got shape {x.shape}")
     s = np.sum(x, axis=-1, keepdims=True)[..., None]     # (..., 1, 1)
     n = x.shape[-1]
     eye = np.eye(n, dtype=x.dtype)

@@ -84,7 +84,7 @@ def good_x(m):
 @pytest.mark.parametrize("name", list(FORWARD_CASES))
 def test_bad_forward_refused_and_last_forward_kept(name):
     key, x, kwargs, exc, match = FORWARD_CASES[name]
-    m = modules()[key].eval()
+    m = modules()[key].train("keep_mask" in kwargs)   # a keep_mask is read in training only
     good = good_x(m)
     out = m(good)
     dout = np.random.default_rng(1).normal(size=out.shape)
@@ -95,6 +95,13 @@ def test_bad_forward_refused_and_last_forward_kept(name):
     np.testing.assert_array_equal(m.backward(dout), dx)        # cache of the good forward
     for k, v in m.grads.items():
         np.testing.assert_array_equal(v, grads[k])
+
+
+@pytest.mark.parametrize("key", ["causal", "wrapper", "mha"])
+def test_keep_mask_ignored_in_eval_mode(key):
+    m = modules()[key].eval()
+    x = good_x(m)
+    np.testing.assert_array_equal(m(x, keep_mask=np.zeros((1, 1), bool)), m(x))
 
 
 @pytest.mark.parametrize("key", list(modules()))

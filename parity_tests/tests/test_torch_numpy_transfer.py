@@ -5,14 +5,9 @@ import numpy as np
 import pytest
 import torch
 
+import numpy_ref
 import torch_impl
 from parity_tests.tolerances import FLOAT64_BOUND
-
-try:
-    import numpy_ref
-    from numpy_ref import MultiHeadAttention  # noqa: F401  (the modules, not only softmax)
-except ImportError:  # numpy_ref absent: nothing to transfer to
-    pytest.skip("numpy_ref's attention modules are not importable", allow_module_level=True)
 
 # float64 on both sides, the same operations: agreement to rounding error.
 FLOAT64_RTOL = FLOAT64_ATOL = FLOAT64_BOUND
@@ -78,3 +73,23 @@ def test_fused_weights_load_into_numpy():
     np_mod.load_state_dict(fused.state_dict())
     x = np.random.default_rng(42).standard_normal((2, 6, 3))
     _assert_same_outputs(fused, np_mod, x, "FusedMultiHeadAttention -> numpy")
+
+
+def test_parameters_that_require_grad_load_into_numpy():
+    # named_parameters() hands out tensors that require grad: NumPy detaches them
+    torch.manual_seed(50)
+    torch_mod = torch_impl.MultiHeadAttention(3, 4, 6, 0.0, 2)
+    np_mod = numpy_ref.MultiHeadAttention(3, 4, 6, 0.0, 2, rng=51)
+    np_mod.load_state_dict({**torch_mod.state_dict(), **dict(torch_mod.named_parameters())})
+    for key, value in torch_mod.state_dict().items():
+        np.testing.assert_array_equal(np_mod.state_dict()[key], value.numpy(), err_msg=key)
+
+
+def test_unreadable_tensor_refused_naming_its_key_and_nothing_changes():
+    torch_mod = torch_impl.MultiHeadAttention(3, 4, 6, 0.0, 2).to(torch.bfloat16)
+    np_mod = numpy_ref.MultiHeadAttention(3, 4, 6, 0.0, 2, rng=52)
+    before = np_mod.state_dict()
+    with pytest.raises(TypeError, match=r"state_dict\['mask'\]"):
+        np_mod.load_state_dict(torch_mod.state_dict())      # NumPy has no bfloat16
+    for key, value in np_mod.state_dict().items():
+        np.testing.assert_array_equal(value, before[key], err_msg=key)
