@@ -11,6 +11,7 @@ call leaves every module exactly as it was.
 import numbers
 import operator
 
+import numpy as np
 import torch
 
 # What each input rank means, for the messages.
@@ -46,9 +47,9 @@ def check_dropout(dropout):
 
 def check_flag(name, value):
     """``value`` as a bool: catches ``num_heads`` passed by position into ``qkv_bias``."""
-    if not isinstance(value, bool):
+    if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
-    return value
+    return bool(value)
 
 
 def check_heads(d_out, num_heads):
@@ -62,13 +63,14 @@ def check_heads(d_out, num_heads):
     return d_out, num_heads
 
 
-def check_input(x, ndim, d_in=None, context_length=None):
+def check_input(x, ndim, d_in=None, context_length=None, weight=None):
     """Refuse an ``x`` the forward pass cannot mean.
 
     ``x`` must be a floating-point ``torch.Tensor`` with ``ndim`` dimensions,
     a last dimension of ``d_in`` (when given) and at most ``context_length``
-    tokens (when given: the causal mask is built for that many).  Values are
-    not inspected: NaN and infinity propagate, as in PyTorch.
+    tokens (when given: the causal mask is built for that many), and on the
+    device and in the dtype of ``weight`` (when given).  Values are not
+    inspected: NaN and infinity propagate, as in PyTorch.
     """
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
@@ -83,8 +85,30 @@ def check_input(x, ndim, d_in=None, context_length=None):
             f"x's last dimension must be d_in={d_in}, got {x.shape[-1]} (shape {tuple(x.shape)})"
         )
     num_tokens = x.shape[-2]
+    if num_tokens == 0:
+        raise ValueError(f"x must hold at least one token, got shape {tuple(x.shape)}")
     if context_length is not None and num_tokens > context_length:
         raise ValueError(
             f"x has {num_tokens} tokens but context_length={context_length}: "
             f"the causal mask covers at most context_length tokens"
         )
+    if weight is not None:
+        _check_like(x, weight)
+
+
+def _check_like(x, weight):
+    """``x`` on the weights' device, in their dtype (unless autocast picks dtypes)."""
+    if x.device != weight.device:
+        raise ValueError(f"x is on {x.device} but the module's weights are on "
+                         f"{weight.device}: move one of them with .to(...)")
+    if x.dtype != weight.dtype and not _autocast_enabled(x.device.type):
+        raise TypeError(f"x has dtype {x.dtype} but the module's weights have "
+                        f"{weight.dtype}: convert x with .to({weight.dtype}) or the "
+                        f"module with .to({x.dtype})")
+
+
+def _autocast_enabled(device_type):
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except TypeError:                    # PyTorch before 2.4 takes no device type
+        return torch.is_autocast_enabled()

@@ -67,7 +67,7 @@ class SelfAttention_v1(nn.Module):
         self.W_value = nn.Parameter(torch.rand(d_in, d_out))
 
     def forward(self, x):
-        _checks.check_input(x, ndim=2, d_in=self.W_query.shape[0])
+        _checks.check_input(x, ndim=2, d_in=self.W_query.shape[0], weight=self.W_query)
         keys    = x @ self.W_key                               # (T, d_out)
         queries = x @ self.W_query
         values  = x @ self.W_value
@@ -92,7 +92,8 @@ class SelfAttention_v2(nn.Module):
         self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
 
     def forward(self, x):
-        _checks.check_input(x, ndim=2, d_in=self.W_query.in_features)
+        _checks.check_input(x, ndim=2, d_in=self.W_query.in_features,
+                            weight=self.W_query.weight)
         keys    = self.W_key(x)                                # (T, d_out)
         queries = self.W_query(x)
         values  = self.W_value(x)
@@ -124,7 +125,7 @@ class CausalAttention(nn.Module):
 
     def forward(self, x):
         _checks.check_input(x, ndim=3, d_in=self.W_query.in_features,
-                            context_length=self.mask.shape[0])
+                            context_length=self.mask.shape[0], weight=self.W_query.weight)
         b, num_tokens, d_in = x.shape
         keys    = self.W_key(x)                                # (b, T, d_out)
         queries = self.W_query(x)
@@ -190,7 +191,7 @@ class MultiHeadAttention(nn.Module):
 
     def _check(self, x):
         _checks.check_input(x, ndim=3, d_in=self.W_query.in_features,
-                            context_length=self.mask.shape[0])
+                            context_length=self.mask.shape[0], weight=self.W_query.weight)
 
     def forward(self, x):
         self._check(x)

@@ -45,6 +45,16 @@ def test_bad_constructor_arguments_are_refused(make, error, message):
         make()
 
 
+def test_numpy_bool_is_a_bool_for_qkv_bias():
+    assert SelfAttention_v2(3, 2, np.bool_(True)).W_query.bias is not None
+
+
+def test_autocast_may_feed_another_dtype():
+    mha = MultiHeadAttention(3, 4, 6, 0.0, 2)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert mha(torch.ones(1, 4, 3, dtype=torch.bfloat16)).dtype == torch.bfloat16
+
+
 def test_integer_like_sizes_are_accepted():
     mha = MultiHeadAttention(np.int64(3), np.int64(4), np.int64(6), 0, np.int64(2))
     assert mha.head_dim == 2 and isinstance(mha.head_dim, int)
@@ -78,6 +88,16 @@ BAD_INPUTS = (
     + [(name, torch.ones(6, 4), ValueError, r"x's last dimension must be d_in=3, got 4") for name in ["v1", "v2"]]
     + [(name, torch.ones(2, 6, 4), ValueError, r"x's last dimension must be d_in=3, got 4") for name in THREE_D]
     + [(name, torch.ones(2, 7, 3), ValueError, r"x has 7 tokens but context_length=6") for name in THREE_D]
+    + [(name, torch.ones(0, 3), ValueError, r"x must hold at least one token") for name in TWO_D]
+    + [(name, torch.ones(2, 0, 3), ValueError, r"x must hold at least one token") for name in THREE_D]
+    # the chapter's code would fail inside the matmul: "expected m1 and m2 to have the same dtype"
+    + [(name, torch.ones(6, 3, dtype=torch.float64), TypeError,
+        r"x has dtype torch.float64 but the module's weights have torch.float32")
+       for name in ["v1", "v2"]]
+    + [(name, torch.ones(2, 6, 3, dtype=torch.float64), TypeError,
+        r"x has dtype torch.float64 but the module's weights have torch.float32") for name in THREE_D]
+    + [(name, torch.ones(2, 6, 3, device="meta"), ValueError,
+        r"x is on meta but the module's weights are on cpu") for name in THREE_D]
 )
 
 
