@@ -15,18 +15,21 @@ import torch_impl.attention as torch_attention
 from parity_tests import faults, harness, run_parity
 
 # What each fault must break (every failing row satisfies it), and where it must show.
+CAUSAL = ("CausalAttention", "MultiHeadAttentionWrapper", "MultiHeadAttention",
+          "FusedMultiHeadAttention")
+SPLIT_HEADS = ("MultiHeadAttention", "FusedMultiHeadAttention")
+
 EXPECTED = {
     "softmax-backward-no-sum": lambda r: r["tensor"] != "output",
     "scores-backward-unscaled": lambda r: r["tensor"] != "output",
-    "causal-mask-off-by-one": lambda r: r["module"] not in (
-        "SimplifiedSelfAttention", "SelfAttention_v1", "SelfAttention_v2"),
+    "causal-mask-off-by-one": lambda r: r["module"] in CAUSAL,
     "dropout-not-rescaled": lambda r: r["mode"] == "train",
     "bias-grad-first-batch": lambda r: r["tensor"].endswith(".bias"),
     "weight-grad-transposed": lambda r: r["tensor"].endswith(".weight"),
     "linear-backward-sign": lambda r: r["tensor"] != "output",
     "weighted-sum-no-transpose": lambda r: r["tensor"] != "output",
-    "heads-merged-wrong-order": lambda r: "MultiHeadAttention" in r["module"],
-    "torch-mask-off-by-one": lambda r: r["module"] != "SimplifiedSelfAttention",
+    "heads-merged-wrong-order": lambda r: r["module"] in SPLIT_HEADS,
+    "torch-mask-off-by-one": lambda r: r["module"] in CAUSAL,
     "torch-heads-reversed": lambda r: r["module"] == "MultiHeadAttentionWrapper",
 }
 

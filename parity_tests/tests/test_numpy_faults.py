@@ -7,8 +7,7 @@ import pytest
 import numpy_ref as nr
 from numpy_ref import ops
 from parity_tests.finite_diff import gradient_errors
-
-FD_BOUND = 1e-7
+from parity_tests.tolerances import FINITE_DIFF_BOUND as FD_BOUND
 _scores_backward, _linear_backward = ops.scores_backward, ops.linear_backward  # sound ones
 
 

@@ -9,8 +9,7 @@ import numpy_ref as nr
 from numpy_ref import ops
 from parity_tests import chapter_values as cv
 from parity_tests.finite_diff import gradient_errors
-
-FD_BOUND = 1e-7
+from parity_tests.tolerances import FINITE_DIFF_BOUND as FD_BOUND, FLOAT64_BOUND
 
 # name -> (factory, x shape, keep_mask shape or None)
 # keep_mask shapes: Causal (B, T, T), MHA (B, H, T, T), Wrapper (H, B, T, T)
@@ -140,8 +139,9 @@ def test_mha_equals_the_wrapper_with_stacked_weights_and_identity_out_proj():
     mha.load_state_dict(sd)
     x = np.random.default_rng(2).normal(size=(2, 4, 3))
     keep = np.random.default_rng(3).random((2, 3, 4, 4)) >= 0.3    # (B, H, T, T)
+    # the same float32 weights, both computed in float64: agreement to rounding
     np.testing.assert_allclose(mha(x, keep), wrapper(x, keep.transpose(1, 0, 2, 3)),
-                               rtol=1e-6, atol=1e-7)   # float32 weights, float64 compute
+                               rtol=FLOAT64_BOUND, atol=FLOAT64_BOUND)
 
 
 def test_causal_output_of_token_i_ignores_later_tokens():

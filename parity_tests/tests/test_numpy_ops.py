@@ -6,8 +6,7 @@ import pytest
 
 from numpy_ref import ops
 from parity_tests.finite_diff import eval_numerical_gradient_array, rel_error
-
-FD_BOUND = 1e-7
+from parity_tests.tolerances import FINITE_DIFF_BOUND as FD_BOUND
 
 
 def rand(rng, *shape):
