@@ -77,7 +77,7 @@ def _int_list(text):
     return sorted(set(values))
 
 
-# --- the three implementations, same weights -------------------------------------
+# --- the four implementations, same weights -------------------------------------
 
 def _classes():
     """The benchmarked classes, imported here so ``--help`` needs no torch."""

@@ -155,7 +155,7 @@ def head_weights(mha_n, x):
     """Each head's causal attention weights, (H, T, T), from the module's weights."""
     sd = mha_n.state_dict()
     b, T, _ = x.shape
-    H = mha_n.num_heads if hasattr(mha_n, "num_heads") else 2
+    H = mha_n.num_heads
     q = (x @ sd["W_query.weight"].T).reshape(b, T, H, -1).transpose(0, 2, 1, 3)  # (b, H, T, d_h)
     k = (x @ sd["W_key.weight"].T).reshape(b, T, H, -1).transpose(0, 2, 1, 3)
     scores, _ = ops.scores_forward(q, k)                                          # (b, H, T, T)

@@ -1,7 +1,7 @@
 """Rows of claim / computed / chapter / verdict, shared by ``chapter``, ``jacobian``
 and ``claims``.
 
-A row is a 4-tuple of strings.  Three verdicts:
+A row is a 4-tuple of strings.  Four verdicts:
 
 - ``pass``       the computed value agrees with what the chapter says or prints;
 - ``imprecise``  it disagrees with the chapter's wording but agrees with the
