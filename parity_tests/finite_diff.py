@@ -20,6 +20,18 @@ import numpy as np
 DEFAULT_STEP = 1e-5
 
 
+def fd_jacobian(f, x, h=1e-6):
+    """Explicit Jacobian ``J[..., i, j] = d f_i / d x_j`` along the last axis of ``x``,
+    one column per perturbed entry: ``J[..., :, j] = (f(x + h e_j) - f(x - h e_j)) / 2h``."""
+    n = x.shape[-1]
+    cols = []
+    for j in range(n):
+        e = np.zeros(n)
+        e[j] = h
+        cols.append((f(x + e) - f(x - e)) / (2 * h))
+    return np.stack(cols, axis=-1)
+
+
 def eval_numerical_gradient_array(f, x, dout, h=DEFAULT_STEP):
     """dL/dx for L = sum(f() * dout), by centred differences.
 

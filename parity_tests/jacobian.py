@@ -25,6 +25,7 @@ from numpy_ref.softmax import (softmax, softmax_jacobian, sum_normalize,
                                sum_normalize_jacobian)
 from parity_tests import chapter_values as cv
 from parity_tests import plots
+from parity_tests.finite_diff import fd_jacobian
 from parity_tests.verdicts import (fmt, loose, print_section, sci, summary,
                                    exit_status, verdict)
 
@@ -73,18 +74,6 @@ def autograd_jacobian(fn, x):
     return torch.autograd.functional.jacobian(fn, xt).numpy()
 
 
-def fd_jacobian(f, x, h=FD_STEP):
-    """Centred finite differences, one column per perturbed score:
-    ``J[:, j] = (f(x + h e_j) - f(x - h e_j)) / 2h``."""
-    n = x.size
-    J = np.empty((n, n))
-    for j in range(n):
-        e = np.zeros(n)
-        e[j] = h
-        J[:, j] = (f(x + e) - f(x - e)) / (2 * h)
-    return J
-
-
 def max_abs(a):
     return float(np.max(np.abs(a)))
 
@@ -130,7 +119,7 @@ def softmax_section(x, default):
     w = softmax(x)
     J = softmax_jacobian(w)
     J_torch = autograd_jacobian(lambda t: torch.softmax(t, dim=0), x)
-    J_fd = fd_jacobian(softmax, x)
+    J_fd = fd_jacobian(softmax, x, FD_STEP)
     w_row = ("softmax weights w", fmt(w),
              fmt(cv.SIMPLE_ATTN_WEIGHTS_2) if default else "-",
              verdict(np.allclose(w, cv.SIMPLE_ATTN_WEIGHTS_2, rtol=0, atol=cv.PRINTED_ATOL))

@@ -12,7 +12,7 @@ import torch
 
 from numpy_ref import softmax, softmax_jacobian
 from parity_tests import chapter_values as cv
-from parity_tests.jacobian import fd_jacobian
+from parity_tests.finite_diff import fd_jacobian
 
 ROUNDING = 1e-12
 

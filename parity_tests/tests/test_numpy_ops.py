@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from numpy_ref import ops
-from parity_tests.finite_diff import eval_numerical_gradient_array, rel_error
+from parity_tests.finite_diff import eval_numerical_gradient_array, fd_jacobian, rel_error
 from parity_tests.tolerances import FINITE_DIFF_BOUND as FD_BOUND
 
 
@@ -103,17 +103,6 @@ def test_split_then_merge_is_the_identity_and_heads_are_contiguous_slices():
 
 
 # -- Explicit Jacobians ---------------------------------------------------------
-
-
-def fd_jacobian(f, x, h=1e-6):
-    """J[..., i, j] = d f_i / d x_j by centred differences along the last axis."""
-    n = x.shape[-1]
-    cols = []
-    for j in range(n):
-        e = np.zeros(n)
-        e[j] = h
-        cols.append((f(x + e) - f(x - e)) / (2 * h))
-    return np.stack(cols, axis=-1)
 
 
 def test_softmax_jacobian_matches_finite_differences():
