@@ -21,7 +21,8 @@ import numpy_ref
 import torch_impl
 from parity_tests import chapter_values
 from parity_tests import plots
-from parity_tests.verdicts import FAIL, fmt, print_section, summary, exit_status, verdict
+from parity_tests.verdicts import (FAIL, fmt, parse_verb_args, print_section, summary,
+                                   exit_status, verdict)
 
 
 # --- comparing with what the chapter prints ------------------------------------------
@@ -193,11 +194,7 @@ def parse_args(argv):
 
 
 def main(argv=None):
-    try:
-        args = parse_args([] if argv is None else list(argv))
-    except SystemExit as e:
-        return int(e.code or 0)
-    status = plots.check_available(args.plot)
+    args, status = parse_verb_args(parse_args, argv)
     if status is not None:
         return status
     return run(plot_dir=args.plot)

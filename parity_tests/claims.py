@@ -26,7 +26,7 @@ import torch
 from parity_tests import plots
 from parity_tests import claims_stats as stats
 from parity_tests.claims_memory import memory_rows
-from parity_tests.verdicts import print_section, summary, exit_status
+from parity_tests.verdicts import parse_verb_args, print_section, summary, exit_status
 
 # What the chapter states, as numbers the checks compare against.
 CHAPTER = {
@@ -87,11 +87,7 @@ NOTES = """notes (what the 'imprecise' rows mean, measured above):
 
 
 def main(argv=None):
-    try:
-        args = parse_args([] if argv is None else list(argv))
-    except SystemExit as e:
-        return int(e.code or 0)
-    status = plots.check_available(args.plot)
+    args, status = parse_verb_args(parse_args, argv)
     if status is not None:
         return status
     rows = []

@@ -26,8 +26,8 @@ from numpy_ref.softmax import (softmax, softmax_jacobian, sum_normalize,
 from parity_tests import chapter_values as cv
 from parity_tests import plots
 from parity_tests.finite_diff import fd_jacobian
-from parity_tests.verdicts import (fmt, loose, print_section, sci, summary,
-                                   exit_status, verdict)
+from parity_tests.verdicts import (fmt, loose, parse_verb_args, print_section, sci,
+                                   summary, exit_status, verdict)
 
 ROUNDING = 1e-12        # float64: sums/symmetry of n ~ 10 terms of size <= 1
 FD_STEP = 1e-6          # centred differences: error ~ h^2 + eps/h ~ 1e-10
@@ -242,11 +242,7 @@ def write_plots(plot_dir, x, J_soft):
 
 
 def main(argv=None):
-    try:
-        args = parse_args([] if argv is None else list(argv))
-    except SystemExit as e:           # --help, or a refused argument (status 2)
-        return int(e.code or 0)
-    status = plots.check_available(args.plot)
+    args, status = parse_verb_args(parse_args, argv)
     if status is not None:
         return status
     default = args.scores is None

@@ -14,6 +14,7 @@ A row is a 4-tuple of strings.  Four verdicts:
 
 import numpy as np
 
+from parity_tests import plots
 from parity_tests.report import format_table
 
 PASS, IMPRECISE, FAIL, SKIP = "pass", "imprecise", "FAIL", "skip"
@@ -67,3 +68,13 @@ def summary(rows):
 
 def exit_status(rows):
     return 1 if any(r[3] == FAIL for r in rows) else 0
+
+
+def parse_verb_args(parse_args, argv):
+    """A verb's ``(args, None)`` when it can run, else ``(None, exit status)``:
+    0 after --help, 2 for a refused argument or --plot without matplotlib."""
+    try:
+        args = parse_args([] if argv is None else list(argv))
+    except SystemExit as e:
+        return None, int(e.code or 0)
+    return args, plots.check_available(args.plot)
