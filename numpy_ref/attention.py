@@ -24,7 +24,13 @@ __all__ = [
 
 
 class SimplifiedSelfAttention(Module):
-    """``softmax(x x^T) x`` with no weights: x is query, key and value at once."""
+    """``softmax(x x^T) x`` with no weights: x is query, key and value at once.
+
+    ``rng`` is accepted, like every module's, and unused: nothing is drawn."""
+
+    def __init__(self, *, rng=None):
+        super().__init__()
+        self.rng = make_rng(rng)
 
     def forward(self, x):
         x = check_input(x, 2)                                           # (T, d)

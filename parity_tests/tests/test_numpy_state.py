@@ -15,7 +15,7 @@ def linear_keys(layers, bias):
 
 # name -> (factory, expected state_dict keys in PyTorch's order, x shape)
 STATE_CASES = {
-    "simplified": (lambda: nr.SimplifiedSelfAttention(), [], (3, 2)),
+    "simplified": (lambda: nr.SimplifiedSelfAttention(rng=0), [], (3, 2)),  # rng unused
     "v1": (lambda: nr.SelfAttention_v1(3, 2, rng=0), QKV, (4, 3)),
     "v2": (lambda: nr.SelfAttention_v2(3, 2, rng=0), linear_keys(QKV, False), (4, 3)),
     "v2_bias": (lambda: nr.SelfAttention_v2(3, 2, True, rng=0), linear_keys(QKV, True), (4, 3)),
