@@ -3,6 +3,7 @@ implementations, and a planted wrong chapter value that must fail the verb."""
 
 import contextlib
 import copy
+import importlib.util
 import io
 import types
 
@@ -20,12 +21,18 @@ def planted(**changes):
     return types.SimpleNamespace(**values)
 
 
+# --plot is optional (matplotlib is the `plot` extra): plot only where it can be drawn.
+HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
+needs_matplotlib = pytest.mark.skipif(not HAVE_MATPLOTLIB, reason="matplotlib is not installed")
+
+
 @pytest.fixture(scope="module")
 def full_run(tmp_path_factory):
     plot_dir = tmp_path_factory.mktemp("chapter_plots")
+    plot_args = ["--plot", str(plot_dir)] if HAVE_MATPLOTLIB else []
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        status = chapter.main(["--plot", str(plot_dir)])
+        status = chapter.main(plot_args)
     return status, out.getvalue(), plot_dir
 
 
@@ -40,6 +47,7 @@ def test_every_printed_number_is_reproduced_by_both_sides(full_run):
     assert "[0.0000, 0.3327, 0.3331, 0.3084, 0.3331, 0.0000]" in out  # dropout row 6
 
 
+@needs_matplotlib
 def test_chapter_plots_have_the_promised_size(full_run):
     _, _, plot_dir = full_run
     expected = {"attention_simplified.png": 1, "attention_causal.png": 1,

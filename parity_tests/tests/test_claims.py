@@ -2,6 +2,7 @@
 wrong chapter values that must flip a verdict to FAIL."""
 
 import contextlib
+import importlib.util
 import io
 
 import numpy as np
@@ -12,12 +13,18 @@ from parity_tests import claims_stats as stats
 from parity_tests.verdicts import FAIL, IMPRECISE, PASS
 
 
+# --plot is optional (matplotlib is the `plot` extra): plot only where it can be drawn.
+HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
+needs_matplotlib = pytest.mark.skipif(not HAVE_MATPLOTLIB, reason="matplotlib is not installed")
+
+
 @pytest.fixture(scope="module")
 def full_run(tmp_path_factory):
     plot_dir = tmp_path_factory.mktemp("claims_plots")
+    plot_args = ["--plot", str(plot_dir)] if HAVE_MATPLOTLIB else []
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        status = claims.main(["--plot", str(plot_dir)])
+        status = claims.main(plot_args)
     return status, out.getvalue(), plot_dir
 
 
@@ -37,6 +44,7 @@ def test_every_claim_holds_or_is_flagged_imprecise(full_run):
     assert verdict_of(out, "torch.exp(torch.tensor(-104.0))") == PASS
 
 
+@needs_matplotlib
 def test_claims_plot_is_written(full_run):
     _, _, plot_dir = full_run
     png = plot_dir / "scaled_vs_unscaled.png"
