@@ -11,10 +11,14 @@
 
 import os
 
-import torch
 from hypothesis import HealthCheck, settings
 
-torch.set_num_threads(1)
+try:
+    import torch
+except ImportError:     # the NumPy-only tests (test_numpy_*.py) run without PyTorch
+    torch = None
+if torch is not None:
+    torch.set_num_threads(1)
 
 settings.register_profile("parity", deadline=None, derandomize=True, max_examples=100,
                           suppress_health_check=[HealthCheck.too_slow])
