@@ -1,16 +1,14 @@
 """``attention-parity chapter``: every worked example replayed by both
 implementations, and a planted wrong chapter value that must fail the verb."""
 
-import contextlib
 import copy
-import importlib.util
-import io
 import types
 
 import pytest
 
 from parity_tests import chapter, chapter_causal, chapter_values, plots
 from parity_tests.verdicts import FAIL, PASS, SKIP
+from verb_run import needs_matplotlib, run_verb
 
 
 def planted(**changes):
@@ -21,19 +19,9 @@ def planted(**changes):
     return types.SimpleNamespace(**values)
 
 
-# --plot is optional (matplotlib is the `plot` extra): plot only where it can be drawn.
-HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
-needs_matplotlib = pytest.mark.skipif(not HAVE_MATPLOTLIB, reason="matplotlib is not installed")
-
-
 @pytest.fixture(scope="module")
 def full_run(tmp_path_factory):
-    plot_dir = tmp_path_factory.mktemp("chapter_plots")
-    plot_args = ["--plot", str(plot_dir)] if HAVE_MATPLOTLIB else []
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        status = chapter.main(plot_args)
-    return status, out.getvalue(), plot_dir
+    return run_verb(chapter.main, tmp_path_factory.mktemp("chapter_plots"))
 
 
 def test_every_printed_number_is_reproduced_by_both_sides(full_run):

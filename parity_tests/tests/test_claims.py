@@ -1,31 +1,18 @@
 """``attention-parity claims``: one full run, exact float32 thresholds, and planted
 wrong chapter values that must flip a verdict to FAIL."""
 
-import contextlib
-import importlib.util
-import io
-
 import numpy as np
 import pytest
 
 from parity_tests import claims
 from parity_tests import claims_stats as stats
 from parity_tests.verdicts import FAIL, IMPRECISE, PASS
-
-
-# --plot is optional (matplotlib is the `plot` extra): plot only where it can be drawn.
-HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
-needs_matplotlib = pytest.mark.skipif(not HAVE_MATPLOTLIB, reason="matplotlib is not installed")
+from verb_run import needs_matplotlib, run_verb
 
 
 @pytest.fixture(scope="module")
 def full_run(tmp_path_factory):
-    plot_dir = tmp_path_factory.mktemp("claims_plots")
-    plot_args = ["--plot", str(plot_dir)] if HAVE_MATPLOTLIB else []
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        status = claims.main(plot_args)
-    return status, out.getvalue(), plot_dir
+    return run_verb(claims.main, tmp_path_factory.mktemp("claims_plots"))
 
 
 def verdict_of(out, claim_start):
