@@ -185,13 +185,13 @@ def forward_head(q, k, v, out, lse, scale, causal, causal_offset, B_r, B_c, keep
         lse[q0:q1] = _log_sum_exp(m, l)
 
 
-def backward_head(dout, q, k, v, out, lse, dq, dk, dv, scale, causal, causal_offset,
+def backward_head(dout, q, k, v, D, lse, dq, dk, dv, scale, causal, causal_offset,
                   B_r, B_c, keep=None):
-    """Backward of one head, written into dq (Tq, D), dk (Tk, D), dv (Tk, Dv)."""
+    """Backward of one head, written into dq (Tq, D), dk (Tk, D), dv (Tk, Dv);
+    ``D = _delta(dout, out)`` (Tq,) is the <w, g> of each row."""
     Tq, Tk = q.shape[0], k.shape[0]
     dtype = q.dtype
     scale = dtype.type(scale)
-    D = _delta(dout, out)                                        # (Tq,) = <w, g> per row
     fully_masked = np.isneginf(lse)
     # P = exp(S - L); a fully masked row gets L = +inf, so P = 0 on it
     L = np.where(fully_masked, np.inf, lse).astype(dtype, copy=False)
@@ -274,7 +274,8 @@ def attention_backward(dout, q, k, v, out, lse, *, scale=None, causal=False, cau
     lse = _same("lse", lse, lead + (Tq,), q.dtype)
     dq, dk, dv = np.empty_like(q), np.empty_like(k), np.empty_like(v)
     for idx in np.ndindex(lead):
-        backward_head(dout[idx], q[idx], k[idx], v[idx], out[idx], lse[idx],
+        D = _delta(dout[idx], out[idx])                          # (Tq,) = rowsum(dO ∘ O)
+        backward_head(dout[idx], q[idx], k[idx], v[idx], D, lse[idx],
                       dq[idx], dk[idx], dv[idx], scale, causal, causal_offset, B_r, B_c)
     return dq, dk, dv
 
