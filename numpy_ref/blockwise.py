@@ -76,6 +76,7 @@ The small helpers below (``_update_max``, ``_rescale``, ``_log_sum_exp``,
 wrong; the tests replace each with a faulty twin and watch a check fail.
 """
 
+from functools import lru_cache
 from numbers import Integral
 
 import numpy as np
@@ -126,10 +127,24 @@ def _key_tile_count(q1, Tk, B_c, causal, causal_offset):
 def _mask_future(S, q0, k0, causal_offset):
     """Scores of keys in the future of their query -> -inf, in place (a tile
     cut by the diagonal).  Returns S."""
-    rows = np.arange(q0, q0 + S.shape[0])[:, None] + causal_offset
-    cols = np.arange(k0, k0 + S.shape[1])[None, :]
-    np.copyto(S, -np.inf, where=cols > rows)
+    np.copyto(S, -np.inf, where=_future(S.shape, q0 + causal_offset - k0))
     return S
+
+
+@lru_cache(maxsize=64)
+def _future(shape, shift):
+    """(rows, cols) bool, True where col > row + shift: a tile's future keys.
+    Tiles on the diagonal repeat a few shifts, so each is built once."""
+    rows, cols = shape
+    return np.arange(cols)[None, :] > np.arange(rows)[:, None] + shift
+
+
+def _key_tile_end(k0, q1, Tk, B_c, causal, causal_offset):
+    """End (exclusive) of the key tile starting at k0 for queries ending at q1:
+    B_c keys, cut at the last key the tile's last query sees (the keys after it
+    would only be masked)."""
+    k1 = min(k0 + B_c, Tk)
+    return min(k1, q1 + causal_offset) if causal else k1
 
 
 def _cut_by_diagonal(q0, k1, causal, causal_offset):
@@ -163,13 +178,15 @@ def forward_head(q, k, v, out, lse, scale, causal, causal_offset, B_r, B_c, keep
         acc = np.zeros((q1 - q0, v.shape[1]), dtype=dtype)       # unnormalised output
         for jt in range(_key_tile_count(q1, Tk, B_c, causal, causal_offset)):
             k0 = jt * B_c
-            k1 = min(k0 + B_c, Tk)
+            k1 = _key_tile_end(k0, q1, Tk, B_c, causal, causal_offset)
             S = q_i @ k[k0:k1].T                                 # (B_r, B_c) scores
             if _cut_by_diagonal(q0, k1, causal, causal_offset):
                 _mask_future(S, q0, k0, causal_offset)
             m_new = _update_max(m, S)
-            # a row with nothing visible yet keeps m = -inf; shift it by 0 instead
-            shift = np.where(np.isneginf(m_new), 0, m_new).astype(dtype, copy=False)
+            shift = m_new
+            if q0 + causal_offset < 0 and causal:
+                # rows that see no key (fully masked) keep m = -inf: shift them by 0
+                shift = np.where(np.isneginf(m_new), 0, m_new).astype(dtype, copy=False)
             alpha = np.exp(m - shift)                            # <= 1; 0 on the first tile
             S -= shift[:, None]
             P = np.exp(S, out=S)                                 # (B_r, B_c), <= 1
@@ -203,32 +220,33 @@ def backward_head(dout, q, k, v, D, lse, dq, dk, dv, scale, causal, causal_offse
     dq[...] = 0
     for jt in range(-(-Tk // B_c)):
         k0 = jt * B_c
-        k1 = min(k0 + B_c, Tk)
-        k_j, v_j = k[k0:k1], v[k0:k1]                            # (B_c, D)
+        k_j, v_j = k[k0:k0 + B_c], v[k0:k0 + B_c]                # (B_c, D)
         dk_j = np.zeros(k_j.shape, dtype=dtype)
         dv_j = np.zeros(v_j.shape, dtype=dtype)
         for q0, count in zip(q_starts, counts):
             if count <= jt:                                      # tile entirely in the future
                 continue
             q1 = min(q0 + B_r, Tq)
-            S = q_scaled[q0:q1] @ k_j.T                          # (B_r, B_c), recomputed
+            k1 = _key_tile_end(k0, q1, Tk, B_c, causal, causal_offset)
+            n = k1 - k0                                          # keys of the tile it sees
+            S = q_scaled[q0:q1] @ k_j[:n].T                      # (B_r, n), recomputed
             if _cut_by_diagonal(q0, k1, causal, causal_offset):
                 _mask_future(S, q0, k0, causal_offset)
             S -= L[q0:q1, None]
             P = np.exp(S, out=S)                                 # the softmax weights w
             dO_i = dout[q0:q1]
-            dP = dO_i @ v_j.T                                    # (B_r, B_c) = dL/dw
+            dP = dO_i @ v_j[:n].T                                # (B_r, n) = dL/dw
             if keep is not None:
                 mask = keep(q0, q1, k0, k1)
-                dv_j += (P * mask).T @ dO_i
+                dv_j[:n] += (P * mask).T @ dO_i
                 dP *= mask
             else:
-                dv_j += P.T @ dO_i
-            dS = _scores_grad(P, dP, D[q0:q1])                   # (B_r, B_c)
-            dq[q0:q1] += dS @ k_j
-            dk_j += dS.T @ q[q0:q1]
-        dk[k0:k1] = dk_j * scale
-        dv[k0:k1] = dv_j
+                dv_j[:n] += P.T @ dO_i
+            dS = _scores_grad(P, dP, D[q0:q1])                   # (B_r, n)
+            dq[q0:q1] += dS @ k_j[:n]
+            dk_j[:n] += dS.T @ q[q0:q1]
+        dk[k0:k0 + B_c] = dk_j * scale
+        dv[k0:k0 + B_c] = dv_j
     dq *= scale
     if fully_masked.any():                                       # NaN weights reach every value
         dv[...] = np.nan

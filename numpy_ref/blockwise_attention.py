@@ -33,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from numpy_ref import ops
-from numpy_ref import blockwise as bw
+from numpy_ref import _blas_threads, blockwise as bw
 from numpy_ref.attention import MultiHeadAttention
 from numpy_ref.module import (
     _as_array, check_bias, check_dropout, check_input, check_keep_mask, check_size, make_rng,
@@ -128,7 +128,7 @@ class BlockwiseMultiHeadAttention(MultiHeadAttention):
 
     def keep_mask_of(self, seed, batch, num_tokens):
         """The (batch, H, T, T) keep-mask that tiles drawn with ``seed`` amount to
-        (True where not in any tile: those weights are causal zeros)."""
+        (True outside the tiles visited: those weights are causal zeros)."""
         B_r, B_c = self._tiles(num_tokens)
         full = np.ones((batch, self.num_heads, num_tokens, num_tokens), dtype=bool)
         for b in range(batch):
@@ -136,8 +136,9 @@ class BlockwiseMultiHeadAttention(MultiHeadAttention):
                 keep = self._tile_keep(dict(seed=seed, keep_mask=None), b, h, np.dtype(np.float64))
                 for q0 in range(0, num_tokens, B_r):
                     q1 = min(q0 + B_r, num_tokens)
-                    for k0 in range(0, num_tokens, B_c):
-                        k1 = min(k0 + B_c, num_tokens)
+                    for jt in range(bw._key_tile_count(q1, num_tokens, B_c, True, 0)):
+                        k0 = jt * B_c
+                        k1 = bw._key_tile_end(k0, q1, num_tokens, B_c, True, 0)
                         full[b, h, q0:q1, k0:k1] = keep(q0, q1, k0, k1) != 0
         return full
 
@@ -152,16 +153,18 @@ class BlockwiseMultiHeadAttention(MultiHeadAttention):
         return self.keep_mask_of(drop["seed"], b, num_tokens)
 
     def _each_head(self, work, batch, num_tokens):
-        """Run work(b, h) for every (batch, head), threaded when worthwhile."""
+        """Run work(b, h) for every (batch, head): one BLAS thread per tile
+        product, the heads spread over ``_workers`` threads (see _blas_threads)."""
         jobs = [(b, h) for b in range(batch) for h in range(self.num_heads)]
-        workers = self._workers(num_tokens)
-        if workers <= 1:
-            for b, h in jobs:
-                work(b, h)
-            return
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            for future in [pool.submit(work, b, h) for b, h in jobs]:
-                future.result()
+        workers = self._workers(num_tokens) if _blas_threads.available() else 1
+        with _blas_threads.blas_threads(1):
+            if workers <= 1:
+                for b, h in jobs:
+                    work(b, h)
+                return
+            with ThreadPoolExecutor(max_workers=workers) as pool:
+                for future in [pool.submit(work, b, h) for b, h in jobs]:
+                    future.result()
 
     # -- forward and backward ----------------------------------------------------
 
