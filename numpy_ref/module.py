@@ -6,8 +6,29 @@ buffers (the causal ``mask``) in ``_buffers``, sub-modules in ``_children``
 gives own parameters then each child's; ``state_dict()`` gives own buffers, own
 parameters, then each child's (the PyTorch modules keep their weights in
 ``nn.Linear`` children, which come after the module's own ``mask`` buffer).
+
+Between ``forward`` and ``backward``
+------------------------------------
+``backward`` differentiates exactly what ``forward`` saw, whatever the caller
+does in between:
+
+- ``x`` is copied by ``forward`` (one array of the input's size), so changing
+  the caller's ``x`` in place changes no gradient;
+- the parameters are copied by ``forward`` too, in the input's dtype (float32
+  and float64 inputs alike), so an in-place change to a parameter (an optimiser
+  step taken too early) changes no gradient either;
+- a ``keep_mask`` given by the caller is *not* copied (it is as large as the
+  attention weights); ``forward`` keeps a CRC-32 fingerprint of it instead and
+  ``backward`` refuses, with a ``ValueError`` naming ``keep_mask``, if it has
+  changed, before any gradient is written.
+
+``backward`` may be called more than once after one ``forward``: each call
+computes from the forward's cache (which it does not consume) and *overwrites*
+``grads`` with a new dict of new arrays.  PyTorch instead accumulates into
+``.grad``; to accumulate here, add the dicts yourself.
 """
 
+import zlib
 from collections.abc import Mapping
 from numbers import Integral, Real
 
@@ -102,11 +123,21 @@ class Module:
 
     # -- shared checks ------------------------------------------------------------
 
-    def _check_grad_out(self, grad_out):
-        """grad_out as an array of the last output's shape and dtype."""
+    def _check_unchanged(self):
+        """Refuse a backward when an array the forward kept by reference (a caller's
+        keep_mask) has changed since: its fingerprint no longer matches."""
         if self._cache is None:
             raise ValueError(f"{type(self).__name__}.backward(grad_out) called before "
                              f"forward: there is no forward pass to differentiate")
+        for name, array, print_ in self._cache.get("guards", ()):
+            if fingerprint(array) != print_:
+                raise ValueError(f"{name} was changed in place between forward and "
+                                 f"backward: the backward would not match the forward; "
+                                 f"run forward again (or pass a copy of {name})")
+
+    def _check_grad_out(self, grad_out):
+        """grad_out as an array of the last output's shape and dtype."""
+        self._check_unchanged()
         out_shape, dtype = self._cache["out_shape"], self._cache["dtype"]
         grad_out = np.asarray(grad_out)
         if not np.issubdtype(grad_out.dtype, np.floating):
@@ -167,9 +198,16 @@ def make_rng(rng):
                     f"got {type(rng).__name__}")
 
 
-def check_input(x, ndim, d_in=None, context_length=None):
+def fingerprint(array):
+    """CRC-32 of an array's bytes: a cheap check that it has not changed since
+    (reads the array once; copies it only if it is not contiguous)."""
+    return zlib.crc32(np.ascontiguousarray(array).view(np.uint8))
+
+
+def check_input(x, ndim, d_in=None, context_length=None, copy=True):
     """x as a floating array of ``ndim`` dimensions, last axis d_in, at most
-    context_length tokens (axis -2)."""
+    context_length tokens (axis -2); a copy of the caller's array unless
+    ``copy=False``, so that changing it after forward changes no gradient."""
     x = np.asarray(x)
     if not np.issubdtype(x.dtype, np.floating):
         raise TypeError(f"x must hold floating-point numbers, got dtype {x.dtype}")
@@ -184,7 +222,7 @@ def check_input(x, ndim, d_in=None, context_length=None):
     if context_length is not None and num_tokens > context_length:
         raise ValueError(f"x has {num_tokens} tokens, more than "
                          f"context_length={context_length}")
-    return x
+    return np.array(x, copy=True) if copy else x
 
 
 def check_keep_mask(keep_mask, shape, layout):

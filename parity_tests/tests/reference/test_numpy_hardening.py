@@ -1,0 +1,114 @@
+"""What the NumPy modules promise beyond the maths: state between forward and
+backward, repeated backwards, softmax edge cases, bad arguments.  NumPy only."""
+
+import numpy as np
+import pytest
+
+import numpy_ref as nr
+
+# name -> (factory taking dropout, x shape, keep_mask shape or None)
+MODULES = {
+    "simplified": (lambda p: nr.SimplifiedSelfAttention(rng=0), (4, 3), None),
+    "v1": (lambda p: nr.SelfAttention_v1(3, 2, rng=0), (4, 3), None),
+    "v2": (lambda p: nr.SelfAttention_v2(3, 2, True, rng=0), (4, 3), None),
+    "causal": (lambda p: nr.CausalAttention(3, 2, 5, p, True, rng=0), (2, 4, 3), (2, 4, 4)),
+    "wrapper": (lambda p: nr.MultiHeadAttentionWrapper(3, 2, 5, p, 2, True, rng=0),
+                (2, 4, 3), (2, 2, 4, 4)),
+    "mha": (lambda p: nr.MultiHeadAttention(3, 4, 5, p, 2, True, rng=0), (2, 4, 3), (2, 2, 4, 4)),
+    "fast": (lambda p: _fast(nr.FastMultiHeadAttention(3, 4, 5, p, 2, True, rng=0)),
+             (2, 4, 3), (2, 2, 4, 4)),
+}
+DTYPES = [np.float32, np.float64]
+
+
+def _fast(m):
+    m.block_size = 2            # two blocks on 4 tokens: the blocked path
+    return m
+
+
+def _inputs(name, dtype, seed=1):
+    """x, a random upstream gradient and a keep-mask (or None) for module ``name``."""
+    factory, x_shape, mask_shape = MODULES[name]
+    rng = np.random.default_rng(seed)
+    m = factory(0.5)
+    x = rng.standard_normal(x_shape).astype(dtype)
+    out_shape = m(x).shape
+    grad_out = rng.standard_normal(out_shape).astype(dtype)
+    keep = None if mask_shape is None else rng.random(mask_shape) >= 0.5
+    return x, grad_out, keep
+
+
+def _run(name, dtype, between=lambda m, x, keep: None):
+    """forward, ``between(m, x, keep)``, backward -> (dx, grads)."""
+    x, grad_out, keep = _inputs(name, dtype)
+    m = MODULES[name][0](0.5)
+    m(x) if keep is None else m(x, keep)
+    between(m, x, keep)
+    dx = m.backward(grad_out)
+    return dx, {k: g.copy() for k, g in m.grads.items()}
+
+
+def _assert_same(a, b):
+    (dx_a, grads_a), (dx_b, grads_b) = a, b
+    np.testing.assert_array_equal(dx_a, dx_b)
+    assert grads_a.keys() == grads_b.keys()
+    for k in grads_a:
+        np.testing.assert_array_equal(grads_a[k], grads_b[k], err_msg=k)
+
+
+# --- forward then backward: the backward differentiates what the forward saw --------
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", MODULES)
+def test_changing_x_in_place_after_forward_changes_no_gradient(name, dtype):
+    def bump(m, x, keep):
+        x += 1.0
+        x *= 2.0
+    _assert_same(_run(name, dtype), _run(name, dtype, bump))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", [n for n in MODULES if n != "simplified"])
+def test_changing_parameters_in_place_after_forward_changes_no_gradient(name, dtype):
+    """The same for every input dtype: the parameters are taken at forward."""
+    def step(m, x, keep):
+        for _, p in m.named_parameters():
+            p -= 0.5                            # an optimiser step taken too early
+    _assert_same(_run(name, dtype), _run(name, dtype, step))
+
+
+@pytest.mark.parametrize("name", [n for n in MODULES if MODULES[n][2] is not None])
+def test_changing_keep_mask_in_place_after_forward_is_refused(name):
+    def flip(m, x, keep):
+        keep[(0,) * keep.ndim] ^= True          # one entry
+    x, grad_out, keep = _inputs(name, np.float64)
+    m = MODULES[name][0](0.5)
+    m(x, keep)
+    before = {k: g.copy() for k, g in m.grads.items()}
+    flip(m, x, keep)
+    with pytest.raises(ValueError, match="keep_mask.*changed"):
+        m.backward(grad_out)
+    assert m.grads.keys() == before.keys()      # nothing half-updated
+    for child in getattr(m, "heads", []):
+        assert child.grads == {}
+
+
+@pytest.mark.parametrize("name", [n for n in MODULES if MODULES[n][2] is not None])
+def test_a_keep_mask_changed_and_restored_is_accepted(name):
+    def flip_twice(m, x, keep):
+        keep[(0,) * keep.ndim] ^= True
+        keep[(0,) * keep.ndim] ^= True
+    _assert_same(_run(name, np.float64), _run(name, np.float64, flip_twice))
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_changing_the_returned_output_in_place_changes_no_gradient(name):
+    x, grad_out, keep = _inputs(name, np.float64)
+    results = []
+    for scribble in (False, True):
+        m = MODULES[name][0](0.5)
+        out = m(x) if keep is None else m(x, keep)
+        if scribble:
+            out[...] = 7.0
+        results.append((m.backward(grad_out), dict(m.grads)))
+    _assert_same(*results)
