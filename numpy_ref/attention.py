@@ -213,6 +213,7 @@ class _Causal(_LinearLayers):
         else the given one, validated, or one drawn from the module's rng.  A
         given mask stays the caller's array: ``guards`` holds its fingerprint,
         checked by backward, instead of a copy the size of the attention weights."""
+        check_dropout(self.dropout)         # a public attribute: it may have been set since
         if not self.training or self.dropout == 0.0:
             return None, []
         if keep_mask is None:
@@ -324,6 +325,8 @@ class MultiHeadAttentionWrapper(Module):
         # not copied here: each head copies it
         x = check_input(x, 3, head0.d_in, head0.context_length, copy=False)  # (B, T, d_in)
         b, num_tokens, _ = x.shape
+        for head in self.heads:
+            check_dropout(head.dropout)
         if not self.training or head0.dropout == 0.0:
             keep_mask = None                             # ignored: dropout is the identity
         elif keep_mask is not None:

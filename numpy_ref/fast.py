@@ -33,15 +33,23 @@ back to ``MultiHeadAttention``'s full (T, T) computation.
 import numpy as np
 
 from numpy_ref.attention import MultiHeadAttention
+from numpy_ref.module import check_size
 
 __all__ = ["FastMultiHeadAttention"]
 
 
 class FastMultiHeadAttention(MultiHeadAttention):
     """``MultiHeadAttention`` (same signature, parameters, state_dict, dropout
-    draws) with attention computed per block of ``block_size`` queries."""
+    draws) with attention computed per block of ``block_size`` queries.
+
+    ``block_size`` (default 128) may be set on the class or on an instance; it
+    must be a positive int, checked by every forward before any work."""
 
     block_size = 128
+
+    def forward(self, x, keep_mask=None):
+        check_size("block_size", self.block_size)
+        return super().forward(x, keep_mask)
 
     def _attend(self, queries, keys, values, keep_mask, mask_bool=None):
         """Passes 2-6, block by block -> (context_vec, {"blocks": [...]})."""

@@ -55,6 +55,11 @@ class Module:
         raise NotImplementedError
 
     def backward(self, grad_out):
+        """Gradient with respect to the last forward's ``x``; fills ``grads``.
+
+        May be called again after one forward: each call *overwrites* ``grads``
+        (a new dict of new arrays), it never adds to it as PyTorch's ``.grad``
+        does.  Refused if a caller's ``keep_mask`` changed since the forward."""
         raise NotImplementedError
 
     # -- parameters and state -------------------------------------------------
