@@ -82,17 +82,36 @@ def softmax_backward(w, grad_w, axis=-1, out=None):
     sum taken along ``axis`` (derivation in the module docstring).
 
     ``out``, if given, receives the result; it may be ``grad_w`` itself (then
-    overwritten), which saves one array of the scores' size.
+    overwritten), which saves one array of the scores' size.  It may also be
+    ``w`` (or overlap it): ``w`` is then read in full before ``out`` is written,
+    at the cost of one temporary array.
     """
     w = _floating(w, "w")
     grad_w = _floating(grad_w, "grad_w")
     if w.shape != grad_w.shape:
         raise ValueError(f"grad_w must have the shape of w {w.shape}, got {grad_w.shape}")
+    if out is not None:
+        _check_out(out, w)
     # <w, g> per row; einsum sums the products without storing them
     dot = np.einsum("...n,...n->...", np.moveaxis(w, axis, -1), np.moveaxis(grad_w, axis, -1))
-    grad_x = np.subtract(grad_w, np.expand_dims(dot, axis), out=out)  # g - <w, g>
+    dot = np.expand_dims(dot, axis)
+    if out is not None and np.shares_memory(out, w):
+        # g - <w, g> written into out first would overwrite the w it is then multiplied by
+        out[...] = w * (grad_w - dot)
+        return out
+    grad_x = np.subtract(grad_w, dot, out=out)          # g - <w, g>
     grad_x *= w
     return grad_x
+
+
+def _check_out(out, w):
+    """``out`` as a floating array of w's shape (``softmax_backward`` writes into it)."""
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"out must be a NumPy array, got {type(out).__name__}")
+    if not np.issubdtype(out.dtype, np.floating):
+        raise TypeError(f"out must hold floating-point numbers, got dtype {out.dtype}")
+    if out.shape != w.shape:
+        raise ValueError(f"out must have the shape of w {w.shape}, got {out.shape}")
 
 
 def sum_normalize(x, axis=-1):

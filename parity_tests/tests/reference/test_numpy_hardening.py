@@ -112,3 +112,68 @@ def test_changing_the_returned_output_in_place_changes_no_gradient(name):
             out[...] = 7.0
         results.append((m.backward(grad_out), dict(m.grads)))
     _assert_same(*results)
+
+
+# --- backward twice: grads are overwritten, never accumulated -----------------------
+
+@pytest.mark.parametrize("name", MODULES)
+def test_a_second_backward_overwrites_grads(name):
+    x, grad_out, keep = _inputs(name, np.float64)
+    m = MODULES[name][0](0.5)
+    m(x) if keep is None else m(x, keep)
+    dx_2 = m.backward(2.0 * grad_out)
+    grads_2 = {k: g.copy() for k, g in m.grads.items()}
+    dx_1 = m.backward(grad_out)
+    np.testing.assert_allclose(dx_2, 2.0 * dx_1, rtol=1e-13, atol=0)
+    for k, g in grads_2.items():
+        np.testing.assert_allclose(g, 2.0 * m.grads[k], rtol=1e-13, atol=0, err_msg=k)
+    _assert_same((m.backward(grad_out), dict(m.grads)), (dx_1, dict(m.grads)))
+
+
+# --- public knobs --------------------------------------------------------------------
+
+@pytest.mark.parametrize("value, error", [(-1, ValueError), (0, ValueError),
+                                          (2.5, TypeError), (True, TypeError),
+                                          ("4", TypeError)])
+def test_fast_block_size_is_a_positive_int(value, error):
+    m = nr.FastMultiHeadAttention(3, 4, 5, 0.0, 2, rng=0)
+    x = np.ones((1, 4, 3))
+    m(x)
+    cache = m._cache
+    with pytest.raises(error, match="block_size"):
+        m.block_size = value
+        m(x)
+    assert m._cache is cache                    # the refused forward left no trace
+
+
+@pytest.mark.parametrize("value, error", [(-0.1, ValueError), (1.5, ValueError),
+                                          (float("nan"), ValueError), ("0.1", TypeError)])
+def test_dropout_set_after_construction_is_checked_at_forward(value, error):
+    m = nr.MultiHeadAttention(3, 4, 5, 0.0, 2, rng=0)
+    m.dropout = value
+    with pytest.raises(error, match="dropout"):
+        m(np.ones((1, 4, 3)))
+
+
+# --- softmax_backward writing over one of its inputs -------------------------------
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_softmax_backward_out_may_be_w_or_grad_w(axis):
+    rng = np.random.default_rng(0)
+    w = nr.softmax(rng.standard_normal((3, 5)), axis=axis)
+    g = rng.standard_normal((3, 5))
+    expected = nr.softmax_backward(w, g, axis=axis)
+    for target in ("w", "grad_w"):
+        w_, g_ = w.copy(), g.copy()
+        out = w_ if target == "w" else g_
+        got = nr.softmax_backward(w_, g_, axis=axis, out=out)
+        assert got is out
+        np.testing.assert_allclose(got, expected, rtol=1e-14, atol=1e-16, err_msg=target)
+
+
+def test_softmax_backward_refuses_an_out_of_another_shape():
+    w = nr.softmax(np.zeros((2, 3)))
+    with pytest.raises(ValueError, match="out"):
+        nr.softmax_backward(w, w, out=np.empty((3, 2)))
+    with pytest.raises(TypeError, match="out"):
+        nr.softmax_backward(w, w, out=np.empty((2, 3), dtype=np.int64))
