@@ -43,10 +43,12 @@ def softmax(x, axis=-1):
 
     Subtracting the maximum changes nothing mathematically (``exp(-max)`` cancels
     between numerator and denominator) but keeps every exponent <= 0, so ``exp``
-    cannot overflow.  A row that is entirely ``-inf`` yields NaN, as in PyTorch.
+    cannot overflow.  A row that is entirely ``-inf`` yields NaN, as in PyTorch;
+    an empty axis yields an empty result, as in PyTorch (``initial=-inf`` gives
+    the maximum of nothing a value instead of a reduction error).
     """
     x = _floating(x, "x")
-    shifted = x - np.max(x, axis=axis, keepdims=True)
+    shifted = x - np.max(x, axis=axis, keepdims=True, initial=-np.inf)
     e = np.exp(shifted, out=shifted)
     e /= np.sum(e, axis=axis, keepdims=True)
     return e

@@ -177,3 +177,90 @@ def test_softmax_backward_refuses_an_out_of_another_shape():
         nr.softmax_backward(w, w, out=np.empty((3, 2)))
     with pytest.raises(TypeError, match="out"):
         nr.softmax_backward(w, w, out=np.empty((2, 3), dtype=np.int64))
+
+
+# --- the softmax family on N-D input, along every axis --------------------------------
+
+def _softmax_1d(v):
+    e = np.exp(v - v.max())
+    return e / e.sum()
+
+
+AXES = [0, 1, 2, -1, -2, -3]
+
+
+@pytest.mark.parametrize("axis", AXES)
+@pytest.mark.parametrize("fn", [nr.softmax, nr.softmax_naive])
+def test_softmax_along_each_axis_of_3d_input(fn, axis):
+    x = np.random.default_rng(0).standard_normal((2, 3, 4))
+    got = fn(x, axis=axis)
+    np.testing.assert_allclose(got, np.apply_along_axis(_softmax_1d, axis, x), rtol=1e-14)
+    np.testing.assert_allclose(got.sum(axis=axis), 1.0, rtol=1e-14)
+
+
+@pytest.mark.parametrize("fn", [nr.softmax, nr.softmax_naive, nr.sum_normalize])
+def test_default_axis_is_the_last_on_2d_input(fn):
+    x = np.random.default_rng(1).random((3, 5)) + 0.5
+    np.testing.assert_allclose(fn(x).sum(axis=-1), 1.0, rtol=1e-14)
+    np.testing.assert_allclose(fn(x), fn(x, axis=1), rtol=0)
+
+
+@pytest.mark.parametrize("axis", AXES)
+def test_sum_normalize_along_each_axis_of_3d_input(axis):
+    x = np.random.default_rng(2).random((2, 3, 4)) + 0.5
+    expected = np.apply_along_axis(lambda v: v / v.sum(), axis, x)
+    np.testing.assert_allclose(nr.sum_normalize(x, axis=axis), expected, rtol=1e-14)
+
+
+@pytest.mark.parametrize("axis", AXES)
+def test_softmax_backward_along_each_axis_matches_the_jacobian(axis):
+    rng = np.random.default_rng(3)
+    w = nr.softmax(rng.standard_normal((2, 3, 4)), axis=axis)
+    g = rng.standard_normal(w.shape)
+    # move the axis last, contract with J = diag(w) - w w^T, move it back
+    w_last, g_last = np.moveaxis(w, axis, -1), np.moveaxis(g, axis, -1)
+    jac = nr.softmax_jacobian(w_last)                            # (..., n, n)
+    expected = np.moveaxis(np.einsum("...i,...ij->...j", g_last, jac), -1, axis)
+    np.testing.assert_allclose(nr.softmax_backward(w, g, axis=axis), expected,
+                               rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("jacobian, forward, positive", [
+    (nr.softmax_jacobian, nr.softmax, False),
+    (nr.sum_normalize_jacobian, nr.sum_normalize, True),
+])
+def test_jacobians_of_nd_input_are_the_jacobians_of_each_row(jacobian, forward, positive):
+    """Each (n, n) slice against central differences of the forward on that row."""
+    rng = np.random.default_rng(4)
+    x = rng.random((2, 3, 4)) + 0.5 if positive else rng.standard_normal((2, 3, 4))
+    arg = forward(x) if jacobian is nr.softmax_jacobian else x
+    jac = jacobian(arg)                                          # (2, 3, 4, 4)
+    assert jac.shape == (2, 3, 4, 4)
+    h = 1e-6
+    for idx in np.ndindex(2, 3):
+        for j in range(4):
+            step = np.zeros(4)
+            step[j] = h
+            column = (forward(x[idx] + step) - forward(x[idx] - step)) / (2 * h)
+            np.testing.assert_allclose(jac[idx][:, j], column, rtol=1e-7, atol=1e-9)
+
+
+@pytest.mark.parametrize("fn", [nr.softmax, nr.softmax_naive, nr.sum_normalize])
+@pytest.mark.parametrize("shape, axis", [((2, 0), -1), ((0, 3), 0), ((2, 0, 3), 1)])
+def test_an_empty_axis_gives_an_empty_result(fn, shape, axis):
+    out = fn(np.empty(shape), axis=axis)           # as torch.softmax on an empty dim
+    assert out.shape == shape
+
+
+@pytest.mark.parametrize("shape, axis", [((2, 0), -1), ((0, 3), 0)])
+def test_softmax_backward_and_jacobians_on_an_empty_axis(shape, axis):
+    empty = np.empty(shape)
+    assert nr.softmax_backward(empty, empty, axis=axis).shape == shape
+    assert nr.softmax_jacobian(np.empty((2, 0))).shape == (2, 0, 0)
+    assert nr.sum_normalize_jacobian(np.empty((2, 0))).shape == (2, 0, 0)
+
+
+@pytest.mark.parametrize("fn", [nr.softmax, nr.softmax_naive, nr.sum_normalize])
+def test_an_axis_out_of_range_is_refused_naming_axis(fn):
+    with pytest.raises(ValueError, match="axis"):
+        fn(np.ones((2, 3)), axis=2)
