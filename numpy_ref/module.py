@@ -118,6 +118,8 @@ class Module:
 
     def train(self, mode=True):
         """Training mode (dropout active) or not; returns self, as in PyTorch."""
+        if not isinstance(mode, (bool, np.bool_)):
+            raise TypeError(f"mode must be True or False, got {type(mode).__name__} {mode!r}")
         self.training = bool(mode)
         for child in self._children.values():
             child.train(mode)
@@ -144,7 +146,7 @@ class Module:
         """grad_out as an array of the last output's shape and dtype."""
         self._check_unchanged()
         out_shape, dtype = self._cache["out_shape"], self._cache["dtype"]
-        grad_out = np.asarray(grad_out)
+        grad_out = read_array(grad_out, "grad_out")
         if not np.issubdtype(grad_out.dtype, np.floating):
             raise TypeError(f"grad_out must hold floating-point numbers, "
                             f"got dtype {grad_out.dtype}")
@@ -155,6 +157,23 @@ class Module:
 
 
 # -- argument checks shared by the constructors and forwards ---------------------
+
+def read_array(value, name):
+    """``np.asarray(value)``, with an error naming ``name`` when NumPy cannot read
+    it: TypeError for an object it cannot convert (a tensor that requires grad,
+    a bfloat16 tensor), ValueError for a ragged nest of lists."""
+    try:
+        return np.asarray(value)
+    except ValueError as e:
+        raise ValueError(f"{name} must be a rectangular array of numbers, "
+                         f"got a {type(value).__name__} NumPy cannot shape: {e}") from None
+    except (TypeError, RuntimeError) as e:
+        hint = ""
+        if hasattr(value, "detach") and hasattr(value, "cpu"):
+            hint = f"; pass a NumPy array, e.g. {name}.detach().cpu().double().numpy()"
+        raise TypeError(f"{name} must be an array NumPy can read, got a "
+                        f"{type(value).__name__} it cannot ({e}){hint}") from None
+
 
 def _as_array(value, key):
     """A state_dict entry as a NumPy array.  A PyTorch tensor (recognised by its
@@ -196,6 +215,9 @@ def check_bias(value):
 def make_rng(rng):
     """A numpy Generator from a Generator, an int seed, or None (fresh entropy)."""
     if rng is None or (isinstance(rng, Integral) and not isinstance(rng, bool)):
+        if rng is not None and rng < 0:
+            raise ValueError(f"rng must be a numpy.random.Generator, a non-negative int "
+                             f"seed or None, got {rng}")
         return np.random.default_rng(rng)
     if isinstance(rng, np.random.Generator):
         return rng
@@ -213,7 +235,7 @@ def check_input(x, ndim, d_in=None, context_length=None, copy=True):
     """x as a floating array of ``ndim`` dimensions, last axis d_in, at most
     context_length tokens (axis -2); a copy of the caller's array unless
     ``copy=False``, so that changing it after forward changes no gradient."""
-    x = np.asarray(x)
+    x = read_array(x, "x")
     if not np.issubdtype(x.dtype, np.floating):
         raise TypeError(f"x must hold floating-point numbers, got dtype {x.dtype}")
     layout = "(num_tokens, d_in)" if ndim == 2 else "(batch, num_tokens, d_in)"
@@ -232,7 +254,7 @@ def check_input(x, ndim, d_in=None, context_length=None, copy=True):
 
 def check_keep_mask(keep_mask, shape, layout):
     """A boolean array of exactly ``shape``."""
-    keep_mask = np.asarray(keep_mask)
+    keep_mask = read_array(keep_mask, "keep_mask")
     if keep_mask.dtype != np.bool_:
         raise TypeError(f"keep_mask must be a boolean array (True = kept), "
                         f"got dtype {keep_mask.dtype}")

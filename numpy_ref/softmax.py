@@ -18,6 +18,8 @@ so it needs only the softmax *output* ``w``: nothing else is kept from the forwa
 
 import numpy as np
 
+from numpy_ref.module import read_array
+
 __all__ = [
     "softmax",
     "softmax_naive",
@@ -30,7 +32,7 @@ __all__ = [
 
 def _floating(x, name):
     """``x`` as a floating-point array with at least one axis to normalise along."""
-    x = np.asarray(x)
+    x = read_array(x, name)
     if not np.issubdtype(x.dtype, np.floating):
         raise TypeError(f"{name} must hold floating-point numbers, got dtype {x.dtype}")
     if x.ndim < 1:

@@ -264,3 +264,66 @@ def test_softmax_backward_and_jacobians_on_an_empty_axis(shape, axis):
 def test_an_axis_out_of_range_is_refused_naming_axis(fn):
     with pytest.raises(ValueError, match="axis"):
         fn(np.ones((2, 3)), axis=2)
+
+
+# --- bad arguments name themselves ---------------------------------------------------
+
+class Unreadable:
+    """Stands for an object NumPy cannot convert (a tensor that requires grad, say)."""
+
+    def __array__(self, dtype=None, copy=None):
+        raise RuntimeError("cannot be read")
+
+
+@pytest.mark.parametrize("seed", [-1, -(2**40)])
+def test_a_negative_rng_seed_is_refused_naming_rng(seed):
+    with pytest.raises(ValueError, match="rng"):
+        nr.SelfAttention_v1(3, 2, rng=seed)
+
+
+@pytest.mark.parametrize("mode", ["False", "", 0, 1, None, 1.0])
+@pytest.mark.parametrize("name", MODULES)
+def test_train_takes_a_bool_only(name, mode):
+    m = MODULES[name][0](0.5).eval()
+    with pytest.raises(TypeError, match="mode"):
+        m.train(mode)
+    assert m.training is False
+    assert all(c.training is False for c in m._children.values())
+    assert m.train(np.bool_(True)).training is True
+
+
+@pytest.mark.parametrize("name", MODULES)
+@pytest.mark.parametrize("bad, error, what", [
+    (Unreadable(), TypeError, "cannot be read"),
+    ([[[1.0, 2.0, 3.0], [1.0, 2.0]]], ValueError, "rectangular"),
+])
+def test_unreadable_or_ragged_x_is_refused_naming_x(name, bad, error, what):
+    m = MODULES[name][0](0.5)
+    with pytest.raises(error, match=f"^x .*{what}"):
+        m(bad)
+
+
+def test_unreadable_or_ragged_grad_out_and_keep_mask_are_refused_by_name():
+    m = nr.CausalAttention(3, 2, 5, 0.5, rng=0)
+    x = np.ones((1, 2, 3))
+    with pytest.raises(TypeError, match="^keep_mask "):
+        m(x, Unreadable())
+    with pytest.raises(ValueError, match="^keep_mask .*rectangular"):
+        m(x, [[[True, False], [True]]])
+    m(x)
+    with pytest.raises(TypeError, match="^grad_out "):
+        m.backward(Unreadable())
+    with pytest.raises(ValueError, match="^grad_out .*rectangular"):
+        m.backward([[[1.0, 2.0], [1.0]]])
+
+
+@pytest.mark.parametrize("fn", [nr.softmax, nr.softmax_naive, nr.sum_normalize,
+                                nr.softmax_jacobian, nr.sum_normalize_jacobian])
+def test_softmax_family_names_an_unreadable_or_ragged_argument(fn):
+    arg = "w" if fn is nr.softmax_jacobian else "x"
+    with pytest.raises(TypeError, match=f"^{arg} "):
+        fn(Unreadable())
+    with pytest.raises(ValueError, match=f"^{arg} .*rectangular"):
+        fn([[1.0, 2.0], [1.0]])
+    with pytest.raises(TypeError, match="^grad_w "):
+        nr.softmax_backward(np.ones(2), Unreadable())
