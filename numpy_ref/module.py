@@ -198,11 +198,11 @@ def check_size(name, value):
 
 
 def check_dropout(value):
-    """A drop probability in [0, 1)."""
+    """A drop probability in [0, 1]; 1.0 drops every weight, as ``nn.Dropout(1.0)``."""
     if isinstance(value, bool) or not isinstance(value, Real):
-        raise TypeError(f"dropout must be a number in [0, 1), got {value!r}")
-    if not 0.0 <= value < 1.0:
-        raise ValueError(f"dropout must be in [0, 1), got {value}")
+        raise TypeError(f"dropout must be a number in [0, 1], got {value!r}")
+    if not 0.0 <= value <= 1.0:         # also refuses NaN
+        raise ValueError(f"dropout must be in [0, 1], got {value}")
     return float(value)
 
 

@@ -34,14 +34,14 @@ def check_size(name, value):
 
 
 def check_dropout(dropout):
-    """``dropout`` as a float in ``[0, 1)``: p = 1 would drop every weight."""
+    """``dropout`` as a float in ``[0, 1]``; 1.0 drops every weight, as ``nn.Dropout(1.0)``."""
     if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real):
         raise TypeError(
-            f"dropout must be a number in [0, 1), got {type(dropout).__name__} {dropout!r}"
+            f"dropout must be a number in [0, 1], got {type(dropout).__name__} {dropout!r}"
         )
     p = float(dropout)
-    if not 0.0 <= p < 1.0:  # also refuses NaN
-        raise ValueError(f"dropout must be in [0, 1), got {p}")
+    if not 0.0 <= p <= 1.0:  # also refuses NaN
+        raise ValueError(f"dropout must be in [0, 1], got {p}")
     return p
 
 

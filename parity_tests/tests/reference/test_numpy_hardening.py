@@ -327,3 +327,32 @@ def test_softmax_family_names_an_unreadable_or_ragged_argument(fn):
         fn([[1.0, 2.0], [1.0]])
     with pytest.raises(TypeError, match="^grad_w "):
         nr.softmax_backward(np.ones(2), Unreadable())
+
+
+# --- dropout = 1.0, as nn.Dropout(1.0): every weight dropped in training -------------
+
+@pytest.mark.parametrize("name", ["causal", "wrapper", "mha", "fast"])
+def test_dropout_one_drops_every_weight_in_training(name):
+    x, grad_out, keep = _inputs(name, np.float64)
+    m = MODULES[name][0](1.0)
+    for given in (None, np.ones_like(keep)):    # even a mask keeping everything
+        out = m(x, given)
+        dx = m.backward(grad_out)
+        if name in ("mha", "fast"):             # only out_proj's bias is left
+            np.testing.assert_array_equal(out, np.broadcast_to(m._parameters["out_proj.bias"],
+                                                               out.shape))
+        else:
+            np.testing.assert_array_equal(out, 0.0)
+        np.testing.assert_array_equal(dx, 0.0)
+        for k, g in m.grads.items():
+            if not k.startswith("out_proj"):
+                np.testing.assert_array_equal(g, 0.0, err_msg=k)
+    m.eval()
+    np.testing.assert_allclose(m(x), MODULES[name][0](0.0).eval()(x), rtol=0)
+
+
+def test_dropout_op_with_p_one_gives_zeros_and_passes_no_gradient():
+    x = np.arange(6.0).reshape(2, 3)
+    out, cache = nr.ops.dropout_forward(x, np.ones((2, 3), dtype=bool), 1.0)
+    np.testing.assert_array_equal(out, 0.0)
+    np.testing.assert_array_equal(nr.ops.dropout_backward(np.ones((2, 3)), cache), 0.0)
