@@ -59,3 +59,88 @@ def test_numpy_module_names_x_for_a_tensor_it_cannot_read(tensor):
     m = numpy_ref.SelfAttention_v2(3, 2, rng=0)
     with pytest.raises(TypeError, match=r"^x must be an array NumPy can read.*x\.detach\(\)"):
         m(tensor)
+
+
+# --- load_state_dict: every key checked before any weight changes ------------------
+
+def _module(name):
+    torch.manual_seed(0)
+    return getattr(torch_impl, name)(*ALL[name][0])
+
+
+def _new_state(m):
+    """Every entry of m's state, changed (so a partial load would show)."""
+    return {k: torch.full_like(v, 7.0) for k, v in m.state_dict().items()}
+
+
+def _snapshot(m):
+    return {k: v.clone() for k, v in m.state_dict().items()}
+
+
+def _assert_unchanged(m, before):
+    after = m.state_dict()
+    assert after.keys() == before.keys()
+    for k in before:
+        torch.testing.assert_close(after[k], before[k], rtol=0, atol=0, msg=k)
+
+
+def _spoil(name, how):
+    """(module, state dict with one bad entry, the key the error must name)."""
+    m = _module(name)
+    sd = _new_state(m)
+    last = list(sd)[-1] if sd else None
+    if how == "unknown":
+        sd["W_typo.weight"] = torch.zeros(2, 3)
+        return m, sd, "W_typo.weight"
+    if how == "missing":
+        del sd[last]
+        return m, sd, last
+    if how == "shape":
+        sd[last] = torch.zeros(tuple(sd[last].shape) + (1,))
+        return m, sd, last
+    sd[last] = "seven"                              # how == "type"
+    return m, sd, last
+
+
+@pytest.mark.parametrize("how, error", [("unknown", ValueError), ("missing", ValueError),
+                                        ("shape", ValueError), ("type", TypeError)])
+@pytest.mark.parametrize("name", ALL)
+def test_a_refused_load_changes_nothing_and_names_the_key(name, how, error):
+    if name == "SimplifiedSelfAttention" and how != "unknown":
+        pytest.skip("no state to spoil")
+    m, sd, key = _spoil(name, how)
+    before = _snapshot(m)
+    with pytest.raises(error, match=key.replace(".", r"\.")):
+        m.load_state_dict(sd)
+    _assert_unchanged(m, before)
+
+
+@pytest.mark.parametrize("name", [n for n in ALL if n != "SimplifiedSelfAttention"])
+def test_non_strict_load_skips_unknown_and_missing_keys_but_never_a_wrong_shape(name):
+    m, sd, missing = _spoil(name, "missing")
+    sd["W_typo.weight"] = torch.zeros(2, 3)
+    before = _snapshot(m)
+    result = m.load_state_dict(sd, strict=False)
+    assert result.missing_keys == [missing] and result.unexpected_keys == ["W_typo.weight"]
+    for k, v in m.state_dict().items():
+        torch.testing.assert_close(v, before[k] if k == missing else sd[k], rtol=0, atol=0)
+    m, sd, key = _spoil(name, "shape")
+    before = _snapshot(m)
+    with pytest.raises(ValueError, match=key.replace(".", r"\.")):
+        m.load_state_dict(sd, strict=False)
+    _assert_unchanged(m, before)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_a_good_load_from_tensors_or_numpy_arrays_loads_everything(name):
+    m = _module(name)
+    sd = _new_state(m)
+    for state in (sd, {k: v.numpy() for k, v in sd.items()}):
+        _module_reset = _module(name)
+        _module_reset.load_state_dict(state)
+        _assert_unchanged(_module_reset, sd)
+
+
+def test_load_state_dict_refuses_a_non_mapping():
+    with pytest.raises(TypeError, match="state_dict"):
+        _module("MultiHeadAttention").load_state_dict([("W_query.weight", torch.zeros(4, 3))])
