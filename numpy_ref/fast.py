@@ -25,6 +25,11 @@ attention weights kept for the backward to the same, and the largest temporary
 to one block.  Rounding may differ from ``MultiHeadAttention`` by the order of
 the sums (last bits); tests hold the two together.
 
+State between forward and backward is handled as in every module (see
+``numpy_ref.module``): x and the parameters are copied by forward, a caller's
+``keep_mask`` is fingerprinted once as a whole (not per block) and checked by
+backward, and backward overwrites ``grads``.
+
 Only the chapter's causal mask (strictly above the diagonal, the buffer
 ``triu(ones, 1)``) allows skipping; with any other mask buffer the forward falls
 back to ``MultiHeadAttention``'s full (T, T) computation.

@@ -144,3 +144,17 @@ def test_a_good_load_from_tensors_or_numpy_arrays_loads_everything(name):
 def test_load_state_dict_refuses_a_non_mapping():
     with pytest.raises(TypeError, match="state_dict"):
         _module("MultiHeadAttention").load_state_dict([("W_query.weight", torch.zeros(4, 3))])
+
+
+# --- train("False"): refused on both sides, mode unchanged -------------------------
+
+@pytest.mark.parametrize("name", [n for n in ALL if n != "FusedMultiHeadAttention"])
+def test_train_with_a_string_is_refused_on_both_sides(name):
+    args = ALL[name][0]
+    torch_mod = getattr(torch_impl, name)(*args).eval()
+    np_mod = getattr(numpy_ref, name)(*args, rng=0).eval()
+    with pytest.raises(ValueError, match="boolean"):    # PyTorch's own refusal
+        torch_mod.train("False")
+    with pytest.raises(TypeError, match="mode must be True or False"):
+        np_mod.train("False")
+    assert torch_mod.training is False and np_mod.training is False
