@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, settings
 
 try:
     import torch
-except ImportError:     # the NumPy-only tests (test_numpy_*.py) run without PyTorch
+except ImportError:     # the NumPy-only tests (tests/reference/) run without PyTorch
     torch = None
 if torch is not None:
     torch.set_num_threads(1)

@@ -1,0 +1,10 @@
+"""Pieces more than one verb family uses, and nothing verb-specific:
+
+- ``tolerances``      every bound the suite holds a comparison to, each with its reason
+- ``finite_diff``     centred finite differences: the oracle that needs no PyTorch
+- ``faults``          the catalogue of planted mistakes the checks must catch
+- ``chapter_values``  the chapter's inputs, seeds and printed numbers
+- ``tables``          plain-text tables
+- ``verdicts``        rows of claim / computed / chapter / verdict, and a verb's argument step
+- ``plots``           PNG heatmaps (matplotlib, the ``plot`` extra)
+"""

@@ -1,0 +1,105 @@
+"""Teeth: every named fault makes the parity matrix fail, and only where it should.
+
+A parity suite that passes whatever the code does proves nothing.  For each fault
+of `parity_tests.faults` the command (``--plant-fault``) must exit 1 with failing
+rows of the kind the fault breaks; without a fault everything passes; and a
+planted fault is removed again when its ``with`` block ends.
+"""
+
+import json
+
+import numpy_ref.ops as ops
+import pytest
+import torch_impl.attention as torch_attention
+
+from parity_tests.common import faults
+from parity_tests.matrix import harness
+from parity_tests.matrix import run as run_parity
+
+# What each fault must break (every failing row satisfies it), and where it must show.
+CAUSAL = ("CausalAttention", "MultiHeadAttentionWrapper", "MultiHeadAttention",
+          "FusedMultiHeadAttention")
+SPLIT_HEADS = ("MultiHeadAttention", "FusedMultiHeadAttention")
+
+EXPECTED = {
+    "softmax-backward-no-sum": lambda r: r["tensor"] != "output",
+    "scores-backward-unscaled": lambda r: r["tensor"] != "output",
+    "causal-mask-off-by-one": lambda r: r["module"] in CAUSAL,
+    "dropout-not-rescaled": lambda r: r["mode"] == "train",
+    "bias-grad-first-batch": lambda r: r["tensor"].endswith(".bias"),
+    "weight-grad-transposed": lambda r: r["tensor"].endswith(".weight"),
+    "linear-backward-sign": lambda r: r["tensor"] != "output",
+    "weighted-sum-no-transpose": lambda r: r["tensor"] != "output",
+    "heads-merged-wrong-order": lambda r: r["module"] in SPLIT_HEADS,
+    "torch-mask-off-by-one": lambda r: r["module"] in CAUSAL,
+    "torch-heads-reversed": lambda r: r["module"] == "MultiHeadAttentionWrapper",
+}
+
+
+def test_every_fault_has_an_expectation():
+    assert sorted(EXPECTED) == sorted(faults.names())
+    assert len(faults.names()) >= 8
+
+
+def _run(tmp_path, *args):
+    path = tmp_path / "rows.json"
+    status = run_parity.main(["--quiet", "--json", str(path), *args])
+    return status, json.loads(path.read_text())
+
+
+@pytest.mark.parametrize("name", faults.names())
+def test_planted_fault_fails_the_command(name, tmp_path, capsys):
+    status, report = _run(tmp_path, "--dtype", "float64", "--plant-fault", name)
+    failing = [r for r in report["rows"] if not r["passed"]]
+    assert status == 1, f"--plant-fault {name} exited {status}, not 1"
+    assert failing, f"{name}: no row failed"
+    assert report["summary"]["fault"] == name
+    wrong = [r for r in failing if not EXPECTED[name](r)]
+    assert not wrong, f"{name} failed unexpected rows:\n" + run_parity.format_rows(wrong[:10])
+    out = capsys.readouterr().out
+    assert f"planted fault: {name}" in out and "FAIL" in out
+
+
+@pytest.mark.parametrize("name", ["softmax-backward-no-sum", "dropout-not-rescaled",
+                                  "torch-heads-reversed"])
+def test_planted_fault_fails_low_precision_rows_too(name):
+    """float32 rows compare against a golden result and a baseline; they must flag faults as well."""
+    cases = [c for c in harness.build_cases(["float32"]) if c.mode == "train"
+             and c.spec.name in ("CausalAttention", "MultiHeadAttentionWrapper")]
+    with faults.plant(name):
+        rows = harness.run_matrix(cases)
+    assert any(not r["passed"] for r in rows), f"{name}: every float32 row passed"
+
+
+def test_without_a_fault_everything_passes(tmp_path, capsys):
+    status, report = _run(tmp_path)
+    assert status == 0
+    assert report["summary"]["failed"] == 0 and report["summary"]["rows"] > 500
+    assert all(r["passed"] for r in report["rows"])
+
+
+def test_plant_restores_everything():
+    before = {n: getattr(ops, n) for n in ops.__all__}
+    torch_before = (torch_attention._causal_mask, torch_attention.torch)
+    for name in faults.names():
+        with faults.plant(name):
+            pass
+    assert {n: getattr(ops, n) for n in ops.__all__} == before
+    assert (torch_attention._causal_mask, torch_attention.torch) == torch_before
+
+
+def test_plant_restores_after_an_exception():
+    original = ops.softmax_backward
+    with pytest.raises(RuntimeError):
+        with faults.plant("softmax-backward-no-sum"):
+            assert ops.softmax_backward is not original
+            raise RuntimeError("boom")
+    assert ops.softmax_backward is original
+
+
+def test_unknown_fault_is_refused(capsys):
+    with pytest.raises(ValueError, match="fault must be one of"):
+        with faults.plant("no-such-fault"):
+            pass
+    assert run_parity.main(["--plant-fault", "no-such-fault"]) == 2
+    assert "--plant-fault must be one of" in capsys.readouterr().err

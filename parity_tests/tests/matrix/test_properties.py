@@ -1,0 +1,82 @@
+"""Property-based parity: random shapes, head counts, bias, mode and dtype all agree.
+
+Each example is one case of the harness (`parity_tests.harness.run_case`) with a
+randomly drawn `Config`; shapes stay small so a few hundred examples take seconds.
+"""
+
+import numpy as np
+import torch
+from hypothesis import given, settings, strategies as st
+
+import numpy_ref
+from parity_tests.matrix import harness
+from parity_tests.matrix.run import format_rows
+
+# Example counts relative to the loaded profile (100 by default; see conftest.py).
+N = settings.default.max_examples
+
+
+@st.composite
+def cases(draw, dtypes=("float64", "float32")):
+    spec = draw(st.sampled_from(harness.MODULES))
+    tokens = draw(st.integers(1, 6))
+    config = harness.Config(
+        label="",                                   # set below: it seeds the case
+        tokens=tokens,
+        d_in=draw(st.integers(1, 6)),
+        head_dim=draw(st.integers(1, 4)),
+        batch=draw(st.integers(1, 3)),
+        num_heads=draw(st.integers(1, 3)),
+        context_length=tokens + draw(st.integers(0, 3)),
+        qkv_bias=draw(st.booleans()),
+    )
+    label = (f"T{config.tokens} ctx{config.ctx} d_in{config.d_in} D{config.head_dim} "
+             f"B{config.batch} H{config.num_heads}{' bias' if config.qkv_bias else ''} "
+             f"s{draw(st.integers(0, 999))}")
+    config = harness.Config(label, *[getattr(config, f) for f in
+                                     ("tokens", "d_in", "head_dim", "batch", "num_heads",
+                                      "context_length", "qkv_bias")])
+    return harness.Case(spec, config, draw(st.sampled_from(spec.modes)),
+                        draw(st.sampled_from(dtypes)), "cpu")
+
+
+@settings(max_examples=int(1.6 * N))
+@given(cases())
+def test_random_cases_agree(case):
+    rows = harness.run_case(case)
+    failing = [r for r in rows if not r["passed"]]
+    assert rows and not failing, f"{case.config.label}\n" + format_rows(failing)
+
+
+@settings(max_examples=int(0.8 * N))
+@given(cases(dtypes=("float64",)), st.integers(0, 2**32 - 1))
+def test_weights_round_trip_both_ways(case, seed):
+    """torch -> numpy -> torch in the contract's one line each way: same state, same output."""
+    module = harness.build_torch(case).eval()
+    args = harness._ctor_args(case.spec, case.config)
+    np_mod = getattr(numpy_ref, case.spec.reference)(*args, rng=seed) if args else \
+        getattr(numpy_ref, case.spec.reference)()
+    np_mod.load_state_dict(module.state_dict())
+    back = harness.build_torch(harness.Case(case.spec, case.config, case.mode, "float64", "cpu"))
+    with torch.no_grad():                       # scramble it so the load must do the work
+        for p in back.parameters():
+            p.add_(1.0)
+    back.load_state_dict({k: torch.from_numpy(v) for k, v in np_mod.state_dict().items()})
+    for key, value in module.state_dict().items():
+        assert torch.equal(back.state_dict()[key], value), key
+    x, _, _ = harness.make_inputs(case)
+    np_mod.eval()
+    with torch.no_grad():
+        expected = module(torch.from_numpy(x)).numpy()
+        assert np.array_equal(back.eval()(torch.from_numpy(x)).numpy(), expected)
+    error, where = harness.relative_error(np_mod.forward(x), expected)
+    assert error <= harness.tol.FLOAT64_BOUND, (error, where)
+
+
+@settings(max_examples=int(0.4 * N))
+@given(cases(dtypes=("bfloat16", "float16")))
+def test_random_low_precision_cases_stay_within_their_baseline(case):
+    """bfloat16/float16 on CPU: the PyTorch side within a few times the plain computation's drift."""
+    rows = harness.run_case(case)
+    failing = [r for r in rows if not r["passed"]]
+    assert rows and not failing, f"{case.config.label}\n" + format_rows(failing)

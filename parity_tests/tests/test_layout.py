@@ -1,0 +1,105 @@
+"""The package layout is the architecture: imports run one way, the entry point
+dispatches every verb from one table, and the top-level help lists them all."""
+
+import ast
+import contextlib
+import io
+import pathlib
+
+import pytest
+
+from parity_tests import cli
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]            # parity_tests/
+FAMILIES = sorted(p.name for p in ROOT.iterdir()
+                  if (p / "__init__.py").exists() and p.name not in ("common", "tests"))
+
+
+def _imports(path):
+    """Every parity_tests.* module a file imports (module-level or inside functions)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("parity_tests"):
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("parity_tests"))
+    return found
+
+
+def _room(module):
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else None
+
+
+SOURCES = [p for p in ROOT.rglob("*.py") if "tests" not in p.relative_to(ROOT).parts]
+
+
+def test_every_room_opens_with_a_docstring():
+    for room in FAMILIES + ["common"]:
+        doc = ast.get_docstring(ast.parse((ROOT / room / "__init__.py").read_text()))
+        assert doc and len(doc) > 40, f"parity_tests/{room}/__init__.py needs a docstring"
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_imports_run_one_way(path):
+    """cli -> a family -> common -> numpy_ref / torch_impl; a family never imports
+    another family, common never imports a family."""
+    rel = path.relative_to(ROOT).parts
+    here = rel[0] if len(rel) > 1 else None                  # None: cli, __main__, __init__
+    for target in _imports(path):
+        room = _room(target)
+        if room in FAMILIES:
+            assert here is None or here == room, f"{path.name} ({here}) imports {target}"
+        if target == "parity_tests.cli" or target.endswith(".cli"):
+            assert here is None, f"{path.name} imports the entry point"
+
+
+def test_no_import_cycle_between_modules():
+    graph = {}
+    for path in SOURCES:
+        name = ".".join(("parity_tests",) + path.relative_to(ROOT).with_suffix("").parts)
+        graph[name.removesuffix(".__init__")] = {t for t in _imports(path)}
+    modules = set(graph)
+    edges = {m: {t for t in targets if t in modules and t != m} for m, targets in graph.items()}
+    state = {}
+
+    def visit(m, stack):
+        state[m] = "open"
+        for t in edges[m]:
+            assert state.get(t) != "open", "import cycle: " + " -> ".join(stack + [m, t])
+            if t not in state:
+                visit(t, stack + [m])
+        state[m] = "done"
+
+    for m in sorted(modules):
+        if m not in state:
+            visit(m, [])
+
+
+def _help(argv):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = cli.main(argv)
+    return status, out.getvalue() + err.getvalue()
+
+
+def test_top_level_help_lists_every_verb_from_the_table():
+    status, text = _help(["--help"])
+    assert status == 0
+    for verb, (module, line) in cli.VERBS.items():
+        assert f"  {verb}" in text and line in text
+        assert module.split(".")[1] in FAMILIES
+
+
+@pytest.mark.parametrize("typo, verb", [("chapters", "chapter"), ("bnech", "bench"), ("claim", "claims")])
+def test_a_mistyped_verb_names_the_nearest_one(typo, verb):
+    status, text = _help([typo])
+    assert status == 2
+    assert f"did you mean '{verb}'?" in text
+
+
+def test_help_as_a_verb():
+    assert _help(["help"])[0] == 0
+    status, text = _help(["help", "bench"])
+    assert status == 0 and "attention-parity bench" in text
