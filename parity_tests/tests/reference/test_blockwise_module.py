@@ -9,9 +9,9 @@ from hypothesis import given, settings, strategies as st
 
 import numpy_ref as nr
 from numpy_ref import blockwise as bw
-from parity_tests.finite_diff import SCALE_FLOOR_FRACTION, gradient_errors, rel_error
-from parity_tests.tolerances import FINITE_DIFF_BOUND, FLOOR_ULPS, LOW_PRECISION_FACTOR
-from parity_tests.tolerances import UNIT_ROUNDOFF
+from parity_tests.common.finite_diff import SCALE_FLOOR_FRACTION, gradient_errors, rel_error
+from parity_tests.common.tolerances import FINITE_DIFF_BOUND, FLOOR_ULPS, LOW_PRECISION_FACTOR
+from parity_tests.common.tolerances import UNIT_ROUNDOFF
 
 TIGHT = 1e-12
 N = settings.default.max_examples

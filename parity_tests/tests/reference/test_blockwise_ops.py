@@ -12,10 +12,10 @@ from hypothesis import given, settings, strategies as st
 from numpy_ref import blockwise as bw
 from numpy_ref import ops
 from numpy_ref.blockwise import attention_backward, attention_forward
-from parity_tests.finite_diff import SCALE_FLOOR_FRACTION, eval_numerical_gradient_array
-from parity_tests.finite_diff import rel_error
-from parity_tests.tolerances import FINITE_DIFF_BOUND, FLOOR_ULPS, LOW_PRECISION_FACTOR
-from parity_tests.tolerances import UNIT_ROUNDOFF
+from parity_tests.common.finite_diff import SCALE_FLOOR_FRACTION, eval_numerical_gradient_array
+from parity_tests.common.finite_diff import rel_error
+from parity_tests.common.tolerances import FINITE_DIFF_BOUND, FLOOR_ULPS, LOW_PRECISION_FACTOR
+from parity_tests.common.tolerances import UNIT_ROUNDOFF
 
 TIGHT = 1e-12                      # float64, blockwise vs full matrix (measured ~1e-15)
 N = settings.default.max_examples
