@@ -177,17 +177,30 @@ def test_immune_to_in_place_changes_between_forward_and_backward():
     assert all(np.array_equal(m.grads[n], want[n]) for n in m.grads)
 
 
-def test_backward_misuse_is_refused():
-    m, _ = pair()
+def test_backward_misuse_is_refused_and_backward_repeats():
+    m, _ = pair(dropout=0.5)
     x, dout = inputs((1, 5, 6), 8)
     with pytest.raises(ValueError, match="before forward"):
         m.backward(dout)
     m.forward(x)
-    m.backward(dout)
-    with pytest.raises(ValueError, match="call forward again"):
-        m.backward(dout)
+    first = m.backward(dout), dict(m.grads)
+    second = m.backward(dout), dict(m.grads)
+    assert np.array_equal(first[0], second[0])
+    assert all(np.array_equal(first[1][n], second[1][n]) for n in first[1])
     with pytest.raises(ValueError, match="context_length"):
         m.forward(np.zeros((1, 25, 6)))
+    keep_mask = np.ones((1, 2, 5, 5), dtype=bool)
+    m.forward(x, keep_mask)
+    keep_mask[0, 0, 0, 0] = False
+    with pytest.raises(ValueError, match="keep_mask was changed"):
+        m.backward(dout)
+
+
+def test_dropout_one_drops_every_weight():
+    m, ref = pair(dropout=1.0)
+    x, dout = inputs((2, 6, 6), 8)
+    errs = module_errors(m, ref, x, dout)
+    assert max(errs.values()) <= TIGHT, errs
 
 
 @settings(max_examples=max(10, N // 5))
