@@ -47,7 +47,11 @@ from numpy_ref.module import (
 
 __all__ = ["BlockwiseMultiHeadAttention"]
 
-THREADS_FROM_TOKENS = 4096   # below this, a thread per head costs more than it gains
+# From this many tokens on, heads run on a thread pool (None: never by default).
+# Measured on the 2-core machine this was tuned on: two threads ran no faster
+# than one (two processes of np.exp took twice one's time: the cores share their
+# arithmetic), so the default is one; ``num_workers = 2`` asks for the pool.
+THREADS_FROM_TOKENS = None
 MASK_CHECK_ROWS = 256        # rows of the loaded mask compared at a time
 DX_CHUNK_ROWS = 1024         # rows of dx updated at a time in the backward
 
@@ -57,8 +61,8 @@ class BlockwiseMultiHeadAttention(MultiHeadAttention):
     qkv_bias=False, *, rng=None)`` with blockwise attention.
 
     Class (or instance) attributes: ``block_q``, ``block_k`` (None: chosen by
-    ``numpy_ref.blockwise.choose_tiles``) and ``num_workers`` (None: one thread
-    per core from THREADS_FROM_TOKENS tokens on, else 1).
+    ``numpy_ref.blockwise.choose_tiles``) and ``num_workers`` (None: see
+    THREADS_FROM_TOKENS).
     """
 
     block_q = None
@@ -110,13 +114,15 @@ class BlockwiseMultiHeadAttention(MultiHeadAttention):
 
     def _tiles(self, num_tokens):
         auto_q, auto_k = bw.choose_tiles(num_tokens, num_tokens, self.d_out // self.num_heads)
-        return (auto_q if self.block_q is None else self.block_q,
-                auto_k if self.block_k is None else self.block_k)
+        return (auto_q if self.block_q is None else check_size("block_q", self.block_q),
+                auto_k if self.block_k is None else check_size("block_k", self.block_k))
 
     def _workers(self, num_tokens):
         if self.num_workers is not None:
-            return self.num_workers
-        return min(2, os.cpu_count() or 1) if num_tokens >= THREADS_FROM_TOKENS else 1
+            return check_size("num_workers", self.num_workers)
+        if THREADS_FROM_TOKENS is None or num_tokens < THREADS_FROM_TOKENS:
+            return 1
+        return min(2, os.cpu_count() or 1)
 
     def _tile_keep(self, drop, b, h, dtype):
         """keep(q0, q1, k0, k1) -> the tile's keep-mask scaled by 1/(1-p), or None."""
