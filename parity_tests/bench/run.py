@@ -103,12 +103,19 @@ def ratio_pairs(names):
 
 # --- measurements ----------------------------------------------------------------
 
-def time_interleaved(steps, repeats):
+# Pause before each timed run: a library's worker threads keep spinning for a
+# while after it returns (OpenMP, OpenBLAS), and on a small machine they would
+# slow down whichever implementation runs next.
+SETTLE_S = 0.3
+
+
+def time_interleaved(steps, repeats, settle=SETTLE_S):
     """Round-robin over the implementations, ``repeats`` times; seconds per run."""
     times = {name: [] for name in steps}
     for _ in range(repeats):
         for name, step in steps.items():
             gc.collect()
+            time.sleep(settle)
             start = time.perf_counter()
             step()
             times[name].append(time.perf_counter() - start)
@@ -147,7 +154,7 @@ def bench_one(args, params, T, rng):
         modules[name] = impls.build(name, args, T, params)
         steps[name] = impls.make_step(name, modules[name], x, dout)
     warm = {name: step() for name, step in steps.items()}
-    times = time_interleaved(steps, args.repeats)
+    times = time_interleaved(steps, args.repeats, 0.0 if T < 256 else SETTLE_S)
     reference = next((n for n in ("eager", "fused") + NUMPY_IMPLS if n in warm), None)
     array_bytes = args.batch * T * args.d_model * 4             # one (B, T, d) float32
     matrix_bytes = args.batch * args.heads * T * T * 4          # one (B, H, T, T) float32
