@@ -16,8 +16,6 @@ array exists anywhere, not even the chapter's ``mask`` buffer:
   ``MultiHeadAttention.forward(x, keep_mask)`` reproduces exactly.  A
   ``keep_mask`` given to ``forward`` is used tile by tile, as in
   ``MultiHeadAttention``.
-- The forward keeps its own copies of x and of the (cast) parameters, so
-  changing either in place before ``backward`` changes nothing.
 - Passes 1 and 8 are MultiHeadAttention's projections with the three input
   projections stacked into one (3 d_out, d_in) matrix: one matrix product, and
   the heads are read as column slices of its (B, T, 3 d_out) output, so neither
