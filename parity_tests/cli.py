@@ -21,6 +21,8 @@ VERBS = {
     "bench": ("parity_tests.bench.run", "time NumPy vs PyTorch forward+backward, with memory"),
     "backprop": ("parity_tests.lab.walkthrough",
                  "the chapter's example backwards, every intermediate gradient, NumPy vs autograd"),
+    "grade": ("parity_tests.lab.grade",
+              "check your own backward pass and be told which classic mistake it makes"),
 }
 MATRIX = "parity_tests.matrix.run"      # no verb: the parity matrix
 
