@@ -26,8 +26,7 @@ def describe(exc, path, doing):
     """'<doing> raised <Type>: <message>' and the learner's frames, innermost last."""
     path = os.path.abspath(path)
     if isinstance(exc, NotImplementedError):
-        head = (f"{doing}: not written yet ({exc or 'NotImplementedError'}). "
-                f"Fill in the body, then grade again.")
+        head = f"{doing}: not written yet ({exc or 'NotImplementedError'}); then grade again"
     elif isinstance(exc, SyntaxError) and exc.filename and os.path.abspath(exc.filename) == path:
         return (f"{doing} failed: SyntaxError: {exc.msg}\n"
                 f"  {os.path.basename(path)}, line {exc.lineno}: {(exc.text or '').strip()}")

@@ -58,7 +58,7 @@ SOFTMAX = [
             SOFTMAX_LINE, compute=lambda w, g: (g - _wg(w, g),)),
 ]
 
-_SCORES_LINE = ("numpy_ref.ops.scores_backward: ω_ij = Σ_d q_id k_jd / √d_k, so "
+SCORES_LINE = ("numpy_ref.ops.scores_backward: ω_ij = Σ_d q_id k_jd / √d_k, so "
                 "dQ = dω K / √d_k and dK = dωᵀ Q / √d_k")
 
 
@@ -70,20 +70,20 @@ def _scores(ds, q, k, scale, transpose=True):
 SCORES = [
     Mistake("scores-backward-unscaled", "1/√d_k missing in the backward",
             "the forward divides by √d_k (the chapter's scaled dot-product), so its "
-            "backward does too: " + _SCORES_LINE,
+            "backward does too: " + SCORES_LINE,
             compute=lambda ds, q, k: _scores(ds, q, k, 1.0)),
-    Mistake("scores-divided-by-d_k", "divided by d_k instead of √d_k", _SCORES_LINE,
+    Mistake("scores-divided-by-d_k", "divided by d_k instead of √d_k", SCORES_LINE,
             compute=lambda ds, q, k: _scores(ds, q, k, 1.0 / k.shape[-1])),
-    Mistake("scores-multiplied-by-sqrt-d_k", "multiplied by √d_k instead of divided", _SCORES_LINE,
+    Mistake("scores-multiplied-by-sqrt-d_k", "multiplied by √d_k instead of divided", SCORES_LINE,
             compute=lambda ds, q, k: _scores(ds, q, k, k.shape[-1] ** 0.5)),
     Mistake("scores-dkeys-not-transposed", "dK = dω Q: the transpose of dω forgotten",
             "numpy_ref.ops.scores_backward: dk_jd = Σ_i dω_ij q_id / √d_k  ->  dK = dωᵀ Q / √d_k",
             compute=lambda ds, q, k: _scores(ds, q, k, k.shape[-1] ** -0.5, transpose=False)),
     Mistake("scores-dq-dk-swapped", "dqueries and dkeys returned in each other's place",
-            _SCORES_LINE, compute=lambda ds, q, k: _scores(ds, q, k, k.shape[-1] ** -0.5)[::-1]),
+            SCORES_LINE, compute=lambda ds, q, k: _scores(ds, q, k, k.shape[-1] ** -0.5)[::-1]),
 ]
 
-_LINEAR_LINE = ("numpy_ref.ops.linear_backward: out[n, o] = Σ_i x[n, i] W[o, i] + b[o], so "
+LINEAR_LINE = ("numpy_ref.ops.linear_backward: out[n, o] = Σ_i x[n, i] W[o, i] + b[o], so "
                 "dW = doutᵀ x and db = Σ_n dout, n over every (batch, token) row")
 
 
@@ -107,15 +107,15 @@ LINEAR = [
             compute=lambda dout, x, W, b: _linear(
                 dout, x, W, b, dW=(_rows(x).T @ _rows(dout)).reshape(W.shape))),
     Mistake("weight-grad-first-sequence", "the weight gradient from the first sequence only",
-            _LINEAR_LINE, compute=lambda dout, x, W, b: _linear(dout, x, W, b, dW=dout[0].T @ x[0])),
+            LINEAR_LINE, compute=lambda dout, x, W, b: _linear(dout, x, W, b, dW=dout[0].T @ x[0])),
     Mistake("bias-not-summed-over-batch", "the bias gradient not summed over the batch: (B, d_out)",
-            _LINEAR_LINE, compute=lambda dout, x, W, b: _linear(dout, x, W, b, db=dout.sum(axis=1))),
+            LINEAR_LINE, compute=lambda dout, x, W, b: _linear(dout, x, W, b, db=dout.sum(axis=1))),
     Mistake("bias-first-sequence", "the bias gradient summed over the first sequence only",
-            _LINEAR_LINE, compute=lambda dout, x, W, b: _linear(dout, x, W, b, db=dout[0].sum(axis=0))),
+            LINEAR_LINE, compute=lambda dout, x, W, b: _linear(dout, x, W, b, db=dout[0].sum(axis=0))),
     Mistake("bias-summed-wrong-axis", "the bias gradient summed over the features, not the rows",
-            _LINEAR_LINE, compute=lambda dout, x, W, b: _linear(dout, x, W, b, db=dout.sum(axis=-1))),
+            LINEAR_LINE, compute=lambda dout, x, W, b: _linear(dout, x, W, b, db=dout.sum(axis=-1))),
     Mistake("bias-summed-over-batch-only", "the bias gradient summed over the batch, not the tokens",
-            _LINEAR_LINE, compute=lambda dout, x, W, b: _linear(dout, x, W, b, db=dout.sum(axis=0))),
+            LINEAR_LINE, compute=lambda dout, x, W, b: _linear(dout, x, W, b, db=dout.sum(axis=0))),
     Mistake("linear-backward-sign", "the input gradient with the wrong sign",
             "numpy_ref.ops.linear_backward: dx[n, i] = Σ_o dout[n, o] W[o, i], dx = dout W",
             compute=lambda dout, x, W, b: _linear(dout, x, W, b, dx=-(dout @ W))),

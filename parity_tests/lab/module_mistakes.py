@@ -12,7 +12,7 @@ import numpy as np
 import numpy_ref.ops as ops
 from parity_tests.common import faults
 from parity_tests.lab import exercises_catalog as catalog
-from parity_tests.lab.mistakes import SOFTMAX_LINE, Mistake, _LINEAR_LINE, _SCORES_LINE
+from parity_tests.lab.mistakes import SOFTMAX_LINE, Mistake, LINEAR_LINE, SCORES_LINE
 
 
 def _softmax_diagonal(m):
@@ -92,7 +92,7 @@ MODULE = [
     Mistake("softmax-diagonal-only", "softmax backward with only the Jacobian's diagonal w(1 − w) ⊙ g",
             SOFTMAX_LINE, swaps=_softmax_diagonal),
     Mistake("scores-backward-unscaled", "1/√d_k missing in the scores backward",
-            _SCORES_LINE, fault="scores-backward-unscaled"),
+            SCORES_LINE, fault="scores-backward-unscaled"),
     Mistake("mask-one-diagonal-high", "the mask one diagonal off: each token also sees the next",
             _MASK, fault="causal-mask-off-by-one"),
     Mistake("mask-one-diagonal-low", "the mask one diagonal off in the backward: the diagonal's "
@@ -108,9 +108,9 @@ MODULE = [
             "W's shape", "dW = doutᵀ x: a reshape moves numbers, it does not transpose",
             fault="weight-grad-transposed"),
     Mistake("bias-not-summed-over-batch", "a bias gradient not summed over the batch: (B, d_out)",
-            _LINEAR_LINE, swaps=_bias_per_sequence),
+            LINEAR_LINE, swaps=_bias_per_sequence),
     Mistake("bias-first-sequence", "a bias gradient summed over the first sequence only",
-            _LINEAR_LINE, fault="bias-grad-first-batch"),
+            LINEAR_LINE, fault="bias-grad-first-batch"),
     Mistake("linear-backward-sign", "the projections' input gradient with the wrong sign",
             "numpy_ref.ops.linear_backward: dx = dout W", fault="linear-backward-sign"),
     Mistake("weighted-sum-no-transpose", "dV = w' dz instead of w'ᵀ dz",

@@ -62,7 +62,7 @@ def _self_attention(m, x, keep):
     return keep("context_vec", attn_weights @ values)                   # (T, d_out)
 
 
-def _attend(m, queries, keys, values, keep, prefix):
+def _attend(m, queries, keys, values, keep, prefix, out_name="context_vec"):
     """scores -> mask -> softmax -> dropout -> weighted sum, as CausalAttention
     and MultiHeadAttention write it; (..., T, D) in, (..., T, D) out."""
     num_tokens = queries.shape[-2]
@@ -72,8 +72,7 @@ def _attend(m, queries, keys, values, keep, prefix):
     scaled = keep(f"{prefix}scaled_scores", masked / keys.shape[-1]**0.5)
     attn_weights = keep(f"{prefix}attn_weights", torch.softmax(scaled, dim=-1))
     dropped = keep(f"{prefix}dropped_weights", _dropout(m, attn_weights, keep, prefix))
-    return keep(f"{prefix}context_heads" if prefix == "" and queries.ndim == 4
-                else f"{prefix}context_vec", dropped @ values)
+    return keep(f"{prefix}{out_name}", dropped @ values)
 
 
 def _dropout(m, attn_weights, keep, prefix):
@@ -112,7 +111,7 @@ def _multihead(m, x, keep):
     keys = keep("keys_heads", keys.view(*split).transpose(1, 2))         # (b, H, T, D)
     queries = keep("queries_heads", queries.view(*split).transpose(1, 2))
     values = keep("values_heads", values.view(*split).transpose(1, 2))
-    context = _attend(m, queries, keys, values, keep, "")                # (b, H, T, D)
+    context = _attend(m, queries, keys, values, keep, "", "context_heads")  # (b, H, T, D)
     merged = keep("merged", context.transpose(1, 2).contiguous().view(b, num_tokens, m.d_out))
     return keep("context_vec", m.out_proj(merged))                      # (b, T, d_out)
 
