@@ -35,6 +35,8 @@ from parity_tests.lab import diagnose, loader
 from parity_tests.lab import exercises_catalog as catalog
 from parity_tests.lab.mistakes import MATCH_BOUND
 
+NEAR = 1e-4     # float32 arithmetic lands around 1e-7..1e-6 of the float64 reference
+
 
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="attention-parity grade", description=__doc__,
@@ -147,6 +149,8 @@ def check(ex, obj, path):
     if extra:
         result["extra"] = extra
     result["passed"] = all(r["passed"] for r in result["rows"]) and not extra
+    # right formulas, low precision: every tensor near the reference, none within float64's bound
+    result["near"] = not result["passed"] and all(r["vs_reference"] <= NEAR for r in result["rows"])
     if not result["passed"]:
         ranked = diagnose.rank(ex, case, tensors)
         result["diagnosis"] = [dict(mistake=m.name, title=m.title, breaks=m.breaks,
@@ -178,6 +182,12 @@ def print_result(r, path):
     if r["passed"]:
         print(f"   result: correct (every tensor within {FLOAT64_BOUND:.0e} of the reference "
               f"and {FINITE_DIFF_BOUND:.0e} of finite differences)")
+        return
+    if r["near"]:
+        print(f"   every tensor is within {NEAR:.0e} of the reference, none within "
+              f"{FLOAT64_BOUND:.0e}: the formulas look right and precision was lost "
+              f"(float32 somewhere? the inputs are float64)")
+        print("   result: WRONG")
         return
     best, *others = r["diagnosis"]
     if best["exact"]:

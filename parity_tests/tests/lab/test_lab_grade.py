@@ -156,3 +156,13 @@ def test_bad_usage_exits_2(argv, tmp_path):
     assert status == 2 and "Traceback" not in out + err
     status, out, err = _grade([here])
     assert status == 2 and "defines none of" in err
+
+
+def test_float32_arithmetic_is_told_apart_from_a_mistake(tmp_path):
+    path = tmp_path / "mine.py"
+    path.write_text("import numpy as np\n"
+                    "def softmax_backward(w, g):\n"
+                    "    w, g = w.astype(np.float32), g.astype(np.float32)\n"
+                    "    return w * (g - np.sum(w * g, axis=-1, keepdims=True))\n")
+    status, out, _ = _grade([path])
+    assert status == 1 and "precision was lost" in out and "it breaks" not in out
