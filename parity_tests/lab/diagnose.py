@@ -54,3 +54,13 @@ def rank(ex, case, learner):
         ranked.append((r, mistake))
     ranked.sort(key=lambda rm: rm[0])
     return ranked
+
+
+def rank_tensor(ex, case, learner, name):
+    """[(residual, mistake)] for one tensor alone, best first: when two mistakes were
+    made at once no single one explains every tensor, but each may explain its own."""
+    floor = scale_floor(case["reference"])
+    ranked = [(distance(learner.get(name), tensors.get(name), floor), mistake)
+              for mistake, tensors in candidates(ex, case)]
+    ranked.sort(key=lambda rm: rm[0])
+    return ranked

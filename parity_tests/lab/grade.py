@@ -153,10 +153,19 @@ def check(ex, obj, path):
     result["near"] = not result["passed"] and all(r["vs_reference"] <= NEAR for r in result["rows"])
     if not result["passed"]:
         ranked = diagnose.rank(ex, case, tensors)
-        result["diagnosis"] = [dict(mistake=m.name, title=m.title, breaks=m.breaks,
-                                    residual=r, exact=bool(r <= MATCH_BOUND))
-                               for r, m in ranked[:3]]
+        result["diagnosis"] = [_named(r, m) for r, m in ranked[:3]]
+        if not result["diagnosis"][0]["exact"]:
+            result["by_tensor"] = {}
+            for row in result["rows"]:
+                if not row["passed"]:
+                    r, m = diagnose.rank_tensor(ex, case, tensors, row["tensor"])[0]
+                    result["by_tensor"][row["tensor"]] = _named(r, m)
     return result
+
+
+def _named(residual, mistake):
+    return dict(mistake=mistake.name, title=mistake.title, breaks=mistake.breaks,
+                residual=residual, exact=bool(residual <= MATCH_BOUND))
 
 
 def _err(e):
@@ -193,12 +202,28 @@ def print_result(r, path):
     if best["exact"]:
         print(f"   diagnosis: {best['title']}  [{best['mistake']}]")
         print(f"     your numbers are this mistake's, to a residual of {best['residual']:.1e}")
+    elif any(d["exact"] for d in r["by_tensor"].values()):
+        _print_by_tensor(r["by_tensor"])
+        return
     else:
         print(f"   no catalogued mistake matches exactly; the nearest is: {best['title']}  "
               f"[{best['mistake']}], residual {_err(best['residual'])}")
     print(f"     it breaks: {best['breaks']}")
     if others:
         print("     next: " + "; ".join(f"{o['mistake']} ({_err(o['residual'])})" for o in others))
+    print("   result: WRONG")
+
+
+def _print_by_tensor(by_tensor):
+    """More than one mistake at once: each wrong tensor with the mistake that explains it."""
+    print("   no single catalogued mistake explains every tensor; tensor by tensor:")
+    for name, d in by_tensor.items():
+        if d["exact"]:
+            print(f"   {name}: {d['title']}  [{d['mistake']}], residual {_err(d['residual'])}")
+            print(f"     it breaks: {d['breaks']}")
+        else:
+            print(f"   {name}: no catalogued mistake matches (nearest [{d['mistake']}], "
+                  f"residual {_err(d['residual'])})")
     print("   result: WRONG")
 
 

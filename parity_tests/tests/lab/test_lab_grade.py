@@ -166,3 +166,18 @@ def test_float32_arithmetic_is_told_apart_from_a_mistake(tmp_path):
                     "    return w * (g - np.sum(w * g, axis=-1, keepdims=True))\n")
     status, out, _ = _grade([path])
     assert status == 1 and "precision was lost" in out and "it breaks" not in out
+
+
+def test_two_mistakes_at_once_are_named_tensor_by_tensor(tmp_path):
+    edits = MUTATIONS["linear_backward"]
+    source = mutate((SOLUTIONS / "linear_backward.py").read_text(),
+                    edits["weight-grad-transposed"] + edits["bias-not-summed-over-batch"])
+    path = tmp_path / "mine.py"
+    path.write_text(source)
+    report = tmp_path / "grade.json"
+    status, out, _ = _grade([path, "--json", report])
+    assert status == 1 and "tensor by tensor" in out
+    (result,) = json.loads(report.read_text())["results"]
+    assert result["by_tensor"]["dW"]["mistake"] == "weight-grad-transposed"
+    assert result["by_tensor"]["db"]["mistake"] == "bias-not-summed-over-batch"
+    assert "dx" not in result["by_tensor"]
