@@ -147,6 +147,7 @@ def _rows(name, calls, grads, dx, m_n):
     rows, softmax = [], {}
     if name == "SimplifiedSelfAttention":
         r, softmax[""] = _attention_rows(c, "", None, ("", "", ""), causal=False)
+        # no V here: x is the values, its gradient on that road is the x.via_value row
         rows += [(k, l, f, v) for k, l, f, v in r if k != ""]
     elif name in ("SelfAttention_v1", "SelfAttention_v2", "CausalAttention"):
         d_k = m_n.d_out
