@@ -19,6 +19,10 @@ VERBS = {
                  "the softmax Jacobian, derived and checked against autograd"),
     "claims": ("parity_tests.chapter.claims", "measure the chapter's numeric claims"),
     "bench": ("parity_tests.bench.run", "time NumPy vs PyTorch forward+backward, with memory"),
+    "backprop": ("parity_tests.lab.walkthrough",
+                 "the chapter's example backwards, every intermediate gradient, NumPy vs autograd"),
+    "grade": ("parity_tests.lab.grade",
+              "check your own backward pass and be told which classic mistake it makes"),
 }
 MATRIX = "parity_tests.matrix.run"      # no verb: the parity matrix
 
