@@ -16,7 +16,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from parity_tests.common.finite_diff import rel_error
 
 MATCH_BOUND = 1e-8      # a residual below this: the learner's result *is* this mistake
 

@@ -15,7 +15,7 @@ from parity_tests.common import faults
 from parity_tests.common.tolerances import FLOAT64_BOUND
 from parity_tests.lab import example, steps, zoom
 
-from verb_run import HAVE_MATPLOTLIB, needs_matplotlib
+from verb_run import HAVE_MATPLOTLIB
 
 WALKS = [(name, p) for name in example.MODULES
          for p in ((0.0, 0.5) if example.SPECS[name].has_dropout else (0.0,))]
