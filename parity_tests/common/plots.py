@@ -6,7 +6,6 @@ imported only when ``--plot`` is given, and drawn through the Agg canvas directl
 size in pixels, `pixel_size(panels)`: 500 x 400 for one heatmap, 900 x 400 for two.
 """
 
-import os
 import sys
 
 import numpy as np
@@ -36,7 +35,6 @@ def check_available(plot_dir):
     if _matplotlib() is None:
         print(INSTALL_HINT, file=sys.stderr)
         return 2
-    os.makedirs(plot_dir, exist_ok=True)
     return None
 
 

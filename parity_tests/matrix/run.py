@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from parity_tests.common import faults
+from parity_tests.common import faults, outputs
 from parity_tests.matrix import harness
 from parity_tests.common import tolerances
 from parity_tests.common.tables import format_table
@@ -65,12 +65,20 @@ def build_parser():
     return p
 
 
-def _split(values):
-    return [v.strip() for value in values or [] for v in value.split(",") if v.strip()]
+def _split(values, flag):
+    """Names given to a repeatable, comma-separated option; a value naming nothing
+    ('' or ',') is refused rather than read as "the default"."""
+    names = []
+    for value in values or []:
+        parts = [v.strip() for v in value.split(",") if v.strip()]
+        if not parts:
+            raise _Exit(f"{flag} needs at least one name; got {value!r}")
+        names += parts
+    return names
 
 
 def _dtypes(values):
-    dtypes = [DTYPE_ALIASES.get(d.lower(), d.lower()) for d in _split(values)] or ["float64", "float32"]
+    dtypes = [DTYPE_ALIASES.get(d.lower(), d.lower()) for d in _split(values, "--dtype")] or ["float64", "float32"]
     unknown = [d for d in dtypes if d not in harness.DTYPES]
     if unknown:
         raise _Exit(f"--dtype must be among {', '.join(harness.DTYPES)}; got {', '.join(unknown)}")
@@ -87,7 +95,7 @@ def _devices(choice):
 
 
 def _modules(values):
-    names = _split(values)
+    names = _split(values, "--module")
     known = [s.name for s in harness.MODULES]
     unknown = [n for n in names if n not in known]
     if unknown:
@@ -164,6 +172,9 @@ def main(argv=None):
         if args.list_faults:
             return _list_faults()
         dtypes, devices, modules = _dtypes(args.dtype), _devices(args.device), _modules(args.module)
+        problem = outputs.output_file_problem("--json", args.json)   # before the run, not after
+        if problem:
+            raise _Exit(problem)
     except _Exit as e:
         print(f"attention-parity: error: {e}", file=sys.stderr)
         return 2
