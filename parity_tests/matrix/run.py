@@ -44,7 +44,7 @@ def build_parser():
                     "random upstream gradient, and compare the output, the input gradient "
                     "and every parameter gradient. float64 is compared directly "
                     f"(bound {tolerances.FLOAT64_BOUND:g}); lower precisions against a float64 "
-                    "golden result (see parity_tests/tolerances.py).",
+                    "golden result (see parity_tests/common/tolerances.py).",
         epilog="Exit status: 0 every row passed, 1 some row failed, 2 bad arguments. "
                "--plant-fault NAME plants a known mistake (list them with --list-faults) "
                "and runs the same matrix: the command must then exit 1, which shows the "
