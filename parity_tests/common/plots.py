@@ -10,6 +10,8 @@ import sys
 
 import numpy as np
 
+from parity_tests.common import outputs
+
 INSTALL_HINT = ("--plot needs matplotlib, an optional extra: "
                 "pip install 'attention-parity[plot]'  (or: pip install matplotlib)")
 PANEL_INCHES = 4.0        # each heatmap is 4 x 4 inches, plus 1 inch for the colour bar
@@ -28,12 +30,17 @@ def _matplotlib():
 
 
 def check_available(plot_dir):
-    """Exit status 2 with the install hint when ``--plot`` was asked for and
-    matplotlib is missing; ``None`` when plotting can go ahead (or was not asked)."""
+    """Exit status 2 with one line when ``--plot`` was asked for and matplotlib is
+    missing (the install hint) or the directory cannot be written; ``None`` when
+    plotting can go ahead (the directory then exists) or was not asked for."""
     if plot_dir is None:
         return None
     if _matplotlib() is None:
         print(INSTALL_HINT, file=sys.stderr)
+        return 2
+    problem = outputs.output_dir_problem("--plot", plot_dir)     # created when missing
+    if problem:
+        print(f"attention-parity: error: {problem}", file=sys.stderr)
         return 2
     return None
 

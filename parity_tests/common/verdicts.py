@@ -84,8 +84,7 @@ def parse_verb_args(parse_args, argv):
     status = plots.check_available(plot_dir)
     if status is not None:
         return None, status
-    problem = (outputs.output_dir_problem("--plot", plot_dir)
-               or outputs.output_file_problem("--json", json_path))
+    problem = outputs.output_file_problem("--json", json_path)
     if problem:
         print(f"attention-parity: error: {problem}", file=sys.stderr)
         return None, 2
