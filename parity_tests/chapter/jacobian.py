@@ -36,6 +36,16 @@ FD_TOL = 1e-8           # relative to max(1, max |J|)
 SATURATED = 1e-10       # a weight below this is beyond float64's reach next to 1
 SCALES = (0.5, 1.0, 2.0, 10.0, 100.0)
 SHIFTS = (1.0, 10.0, 100.0)
+# --scores limits.  The work grows as n^3 (n autograd passes and n finite-difference
+# columns, each O(n^2) with the explicit J): 1000 scores take ~3 s and 80 MB, 2000
+# ~16 s, 10,000 scores would take half an hour and gigabytes.
+MAX_SCORES = 1000
+# Softmax only sees differences between scores, and float64 resolves a difference
+# between scores of size |x| only to |x| * 2.2e-16.  The checks move scores by the
+# finite-difference step (1e-6) and shift them by 1: at |x| = 1e6 float64 still
+# places them to 1e-10 (1e-4 of the step); beyond, the rows would compare rounding
+# noise.  (Any two scores 745 apart already give a weight of exactly 0 in float64.)
+MAX_ABS_SCORE = 1e6
 
 
 def parse_scores(text):
@@ -50,8 +60,18 @@ def parse_scores(text):
         raise argparse.ArgumentTypeError(
             f"--scores needs at least 2 numbers (a softmax over one score is always 1), "
             f"got {x.size}")
+    if x.size > MAX_SCORES:
+        raise argparse.ArgumentTypeError(
+            f"--scores takes at most {MAX_SCORES} numbers (the work grows as n^3: "
+            f"{MAX_SCORES} take a few seconds), got {x.size}")
     if not np.all(np.isfinite(x)):
         raise argparse.ArgumentTypeError(f"--scores must be finite numbers, got {text!r}")
+    if np.max(np.abs(x)) > MAX_ABS_SCORE:
+        raise argparse.ArgumentTypeError(
+            f"--scores must lie within +-{MAX_ABS_SCORE:g} (got {np.max(np.abs(x)):g}): softmax "
+            f"sees only differences between scores, and float64 places scores that large "
+            f"too coarsely for the finite-difference step ({FD_STEP:g}) and the shifts the "
+            f"checks apply; subtract a constant (softmax is unchanged by it) or rescale")
     return x
 
 
@@ -99,7 +119,10 @@ def softmax_property_rows(J, saturated):
     excuses the rank, which float64 cannot resolve then, as 'imprecise'."""
     n = J.shape[0]
     eig = np.linalg.eigvalsh(J)                       # J symmetric: real, ascending
-    rank = int(np.linalg.matrix_rank(J))
+    # J's entries are products of weights <= 1, computed to ~eps absolutely: an
+    # eigenvalue below ROUNDING is rounding, whatever J's largest (NumPy's default
+    # tolerance is relative to it, and counts rounding as rank when w saturates).
+    rank = int(np.linalg.matrix_rank(J, tol=ROUNDING))
     return [
         ("rows sum to 0 (J 1 = 0: a shift of all scores changes nothing)",
          f"max |row sum| {sci(max_abs(J.sum(axis=1)))}", "0", verdict(max_abs(J.sum(axis=1)) <= ROUNDING)),
