@@ -15,7 +15,10 @@ one *row* (a dict; see `ROW_KEYS`).
 How rows are judged depends on the dtype (reasons in `parity_tests.tolerances`):
 float64 compares NumPy with PyTorch directly ("numpy vs torch"); lower
 precisions compare each side with a float64 golden result computed from the same
-rounded numbers ("torch vs golden", "numpy vs golden").
+rounded numbers ("torch vs golden", "numpy vs golden").  In bfloat16 and float16,
+where NumPy has no side of its own, the golden result is itself checked against
+PyTorch in float64 on the same numbers ("golden vs torch f64"), so a fault in the
+NumPy code fails those runs too.
 
 Training mode uses dropout p > 0 with the *same* keep-mask on both sides: NumPy
 takes it as ``forward(x, keep_mask=...)``; on the PyTorch side each
@@ -38,7 +41,7 @@ from parity_tests.matrix.functional import functional_forward
 __all__ = [
     "Config", "ModuleSpec", "Case", "MODULES", "DTYPES", "ROW_KEYS", "DROPOUT_P",
     "KeepMaskDropout", "available_devices", "dtype_supported", "build_cases",
-    "build_numpy", "buffer_rows", "run_case", "run_matrix", "relative_error", "tensor_scales", "summarize",
+    "build_numpy", "buffer_rows", "golden_rows", "run_case", "run_matrix", "relative_error", "tensor_scales", "summarize",
 ]
 
 # Every row has these keys (`baseline` is None for float64 rows).
@@ -387,6 +390,12 @@ def run_case(case):
     draws = [_baseline_draw(case, module, x_t, g_t, keep, keep_t, kinds, k)
              for k in range(tol.BASELINE_DRAWS)]
     golden, scales, _ = draws[0]         # the case itself, in float64 from the rounded numbers
+    if "numpy" not in draws[0][2]:
+        # No NumPy side in this dtype (bfloat16, float16): NumPy is only the golden
+        # reference, and a fault in it would move the golden, the tested side's
+        # error and its baseline's alike, unseen.  So the golden is checked first,
+        # against PyTorch in float64 on the same rounded numbers.
+        rows += golden_rows(case, module, golden, x_t, g_t, keep_t)
     for check, tested, kind in sides:
         tested = draws[0][2]["numpy"] if tested is None else tested
         for name in _names(golden, tested):
@@ -397,6 +406,20 @@ def run_case(case):
                            for gold, draw_scales, ordinary in draws)
             bound = tol.low_precision_bound(case.dtype, baseline)
             rows.append(_row(case, check, name, error, bound, baseline, where))
+    return rows
+
+
+def golden_rows(case, module, golden, x_t, g_t, keep_t):
+    """The golden result against the PyTorch module run in float64 on the same
+    rounded numbers, at the float64 bound: the NumPy side's check in a dtype NumPy
+    does not have.  Check ``"golden vs torch f64"``."""
+    module64 = copy.deepcopy(module).to(torch.float64)
+    res64 = run_torch(module64, case, x_t.to(torch.float64), g_t.to(torch.float64), keep_t)
+    scales = tensor_scales(res64)
+    rows = []
+    for name in _names(res64, golden):
+        error, where = relative_error(golden.get(name), res64.get(name), scales.get(name, 0.0))
+        rows.append(_row(case, "golden vs torch f64", name, error, tol.float64_bound(), None, where))
     return rows
 
 
