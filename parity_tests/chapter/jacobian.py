@@ -261,8 +261,11 @@ def write_plots(plot_dir, x, J_soft):
         titles.append("sum: (delta_ij S - x_i)/S^2")
     lim = max(max_abs(m) for m in mats)
     plots.heatmaps(path, mats, titles, suptitle="Jacobians dw_i/dx_j", labels=labels,
-                   vmin=-lim, vmax=lim, cmap="RdBu_r")
+                   vmin=-lim, vmax=lim, cmap="RdBu_r", axis_titles=("score x_j", "weight w_i"))
     plots.announce([path])
+    if len(mats) == 1:
+        print(f"note: {path} shows the softmax Jacobian only: the scores sum to "
+              f"S = {fmt(np.sum(x))} <= 0, where the sum normalisation is meaningless")
 
 
 def main(argv=None):
