@@ -128,3 +128,13 @@ def test_unknown_fault_is_refused(capsys):
             pass
     assert run_parity.main(["--plant-fault", "no-such-fault"]) == 2
     assert "--plant-fault must be one of" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+def test_a_numpy_fault_fails_a_low_precision_only_command(dtype, tmp_path, capsys):
+    """``--dtype bfloat16`` alone: NumPy has no side of its own there, and still its
+    fault makes the command exit 1."""
+    status, report = _run(tmp_path, "--dtype", dtype, "--module", "SelfAttention_v2",
+                          "--plant-fault", "softmax-backward-no-sum")
+    assert status == 1
+    assert {r["check"] for r in report["rows"] if not r["passed"]} == {"golden vs torch f64"}
