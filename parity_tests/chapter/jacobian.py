@@ -229,9 +229,18 @@ def sign_rows(x):
     return rows
 
 
+def sum_is_formed(x):
+    """True when S = sum(x) is positive and resolved: float64 forms S to within
+    n * eps * sum|x|, so x / S (its Jacobian ~ 1/S) is known to ROUNDING only
+    while that is below ROUNDING * S.  Mixed signs that cancel (S ~ 1e-14 from
+    scores of size 3, say) leave S as rounding noise: x / S is then meaningless."""
+    total = float(np.sum(x))
+    return total > 0 and x.size * np.finfo(np.float64).eps * float(np.sum(np.abs(x))) <= ROUNDING * total
+
+
 def sum_section(x, default):
     rows = []
-    if np.sum(x) > 0:
+    if sum_is_formed(x):
         w = sum_normalize(x)
         J = sum_normalize_jacobian(x)
         rows.append(("sum-normalised weights x / S", fmt(w),
@@ -252,11 +261,19 @@ def print_matrix(name, J):
     print()
 
 
+def _why_no_sum(x):
+    total = float(np.sum(x))
+    if total <= 0:
+        return f"the scores sum to S = {fmt(total)} <= 0, where the sum normalisation is meaningless"
+    return (f"the scores sum to S = {total:.1e}, lost in the rounding of sum|x| = "
+            f"{float(np.sum(np.abs(x))):.1e}: the sum normalisation x / S is rounding noise")
+
+
 def write_plots(plot_dir, x, J_soft):
     path = f"{plot_dir}/softmax_jacobian.png"
     labels = plots.TOKENS if x.size == len(plots.TOKENS) else None
     mats, titles = [J_soft], ["softmax: w_i(delta_ij - w_j)"]
-    if np.sum(x) > 0:
+    if sum_is_formed(x):
         mats.append(sum_normalize_jacobian(x))
         titles.append("sum: (delta_ij S - x_i)/S^2")
     lim = max(max_abs(m) for m in mats)
@@ -264,8 +281,7 @@ def write_plots(plot_dir, x, J_soft):
                    vmin=-lim, vmax=lim, cmap="RdBu_r", axis_titles=("score x_j", "weight w_i"))
     plots.announce([path])
     if len(mats) == 1:
-        print(f"note: {path} shows the softmax Jacobian only: the scores sum to "
-              f"S = {fmt(np.sum(x))} <= 0, where the sum normalisation is meaningless")
+        print(f"note: {path} shows the softmax Jacobian only: {_why_no_sum(x)}")
 
 
 def main(argv=None):
@@ -280,9 +296,8 @@ def main(argv=None):
     print_matrix("softmax Jacobian J = diag(w) - w w^T", J)
     print_section("softmax: dw_i/dx_j = w_i (delta_ij - w_j)", soft_rows)
     sum_rows = sum_section(x, default)
-    if np.sum(x) <= 0:
-        print(f"(S = {fmt(np.sum(x))} <= 0: the sum normalisation of these scores is "
-              "meaningless; only the non-positive checks below apply)\n")
+    if not sum_is_formed(x):
+        print(f"({_why_no_sum(x)}; only the non-positive checks below apply)\n")
     print_section("sum normalisation: dw_i/dx_j = (delta_ij S - x_i) / S^2", sum_rows)
     rows = soft_rows + sum_rows
     print("note: softmax's Jacobian depends on w alone, so it is exactly invariant to a shift "
