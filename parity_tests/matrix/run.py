@@ -6,7 +6,8 @@
     attention-parity --plant-fault softmax-backward-no-sum   must exit 1
 
 Exit status: 0 when every row passes, 1 when any row fails, 2 for bad arguments
-(``--device cuda`` without a GPU, an unknown dtype or module).
+(``--device cuda`` without a GPU, an unknown or empty dtype or module, a ``--json``
+path that cannot be written: all checked before the run).
 """
 
 import argparse
@@ -45,7 +46,8 @@ def build_parser():
                     "and every parameter gradient. float64 is compared directly "
                     f"(bound {tolerances.FLOAT64_BOUND:g}); lower precisions against a float64 "
                     "golden result (see parity_tests/common/tolerances.py).",
-        epilog="Exit status: 0 every row passed, 1 some row failed, 2 bad arguments. "
+        epilog="Exit status: 0 every row passed, 1 some row failed, 2 bad arguments "
+               "(checked before the run, --json PATH included). "
                "--plant-fault NAME plants a known mistake (list them with --list-faults) "
                "and runs the same matrix: the command must then exit 1, which shows the "
                "checks can fail.")
