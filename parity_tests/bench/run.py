@@ -31,6 +31,9 @@ import tracemalloc
 
 import numpy as np
 
+from parity_tests.common import outputs
+from parity_tests.common.verdicts import parse_verb_args
+
 IMPLS = ("numpy", "numpy_fast", "eager", "fused")
 NUMPY_IMPLS = ("numpy", "numpy_fast")
 RATIOS = [(a, b) for a in NUMPY_IMPLS for b in ("eager", "fused")]
@@ -52,7 +55,8 @@ def parse_args(argv):
     p.add_argument("--threads", type=_positive_int, default=None,
                    help="torch.set_num_threads(N), and NumPy's BLAS limited to N threads when "
                         "threadpoolctl is installed (default: each library's own default)")
-    p.add_argument("--seed", type=int, default=0, help="seed for weights and inputs (default: 0)")
+    p.add_argument("--seed", type=outputs.seed, default=0,
+                   help="seed for weights and inputs, 0 .. 2**32 - 1 (default: 0)")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
     args = p.parse_args(argv)
     if args.d_model % args.heads:
@@ -356,7 +360,9 @@ def render(result):
 
 
 def main(argv=None):
-    args = parse_args(argv)
+    args, status = parse_verb_args(parse_args, argv)    # --json PATH tried before the run
+    if status is not None:
+        return status
     result = run(args)
     print(render(result))
     if args.json:
