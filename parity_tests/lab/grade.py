@@ -30,6 +30,7 @@ import shutil
 import sys
 from importlib import resources
 
+from parity_tests.common.help_text import plain
 from parity_tests.common.tolerances import FINITE_DIFF_BOUND, FLOAT64_BOUND
 from parity_tests.lab import diagnose, loader
 from parity_tests.lab import exercises_catalog as catalog
@@ -39,7 +40,7 @@ NEAR = 1e-4     # float32 arithmetic lands around 1e-7..1e-6 of the float64 refe
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="attention-parity grade", description=__doc__,
+    p = argparse.ArgumentParser(prog="attention-parity grade", description=plain(__doc__),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("target", nargs="?", metavar="FILE[:NAME]", help="your Python file")
     p.add_argument("--exercise", choices=list(catalog.EXERCISES),

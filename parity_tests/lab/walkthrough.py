@@ -21,6 +21,7 @@ import sys
 
 import numpy as np
 
+from parity_tests.common.help_text import plain
 from parity_tests.common import plots
 from parity_tests.common.tolerances import FLOAT64_BOUND
 from parity_tests.common.verdicts import parse_verb_args
@@ -55,7 +56,7 @@ def parse_dropout(text):
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="attention-parity backprop", description=__doc__,
+    p = argparse.ArgumentParser(prog="attention-parity backprop", description=plain(__doc__),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--module", choices=example.MODULES, default="CausalAttention",
                    help="the chapter module to walk through (default: CausalAttention)")
