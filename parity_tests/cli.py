@@ -19,6 +19,10 @@ VERBS = {
                  "the softmax Jacobian, derived and checked against autograd"),
     "claims": ("parity_tests.chapter.claims", "measure the chapter's numeric claims"),
     "bench": ("parity_tests.bench.run", "time NumPy vs PyTorch forward+backward, with memory"),
+    "backprop": ("parity_tests.lab.walkthrough",
+                 "the chapter's example backwards, every intermediate gradient, NumPy vs autograd"),
+    "grade": ("parity_tests.lab.grade",
+              "check your own backward pass and be told which classic mistake it makes"),
 }
 MATRIX = "parity_tests.matrix.run"      # no verb: the parity matrix
 
@@ -40,17 +44,24 @@ def _suggestion(word):
     return f"; did you mean '{close[0]}'?" if close else ""
 
 
+REQUIRED = ("torch", "numpy")     # a missing one is named, with how to install it
+
+
+def _say_missing(name):
+    print(f"attention-parity: error: this command needs {name}, which is not installed. "
+          f"Install it first (see the README: pip install torch==<version>, or "
+          f"PyTorch's CPU index on a machine without a GPU), then pip install -e .",
+          file=sys.stderr)
+
+
 def _load(module_name):
     """The verb's module, or None after saying what is missing (PyTorch, say)."""
     try:
         return importlib.import_module(module_name)
     except ModuleNotFoundError as e:
-        if e.name not in ("torch", "numpy"):
+        if e.name not in REQUIRED:
             raise
-        print(f"attention-parity: error: this command needs {e.name}, which is not installed. "
-              f"Install it first (see the README: pip install torch==<version>, or "
-              f"PyTorch's CPU index on a machine without a GPU), then pip install -e .",
-              file=sys.stderr)
+        _say_missing(e.name)
         return None
 
 
@@ -76,9 +87,15 @@ def main(argv=None):
 
 
 def _status(verb_main, argv):
-    """A verb's exit status, also when its argument parser exits (--help: 0, refused: 2)."""
+    """A verb's exit status, also when its argument parser exits (--help: 0, refused: 2)
+    and when a verb that imports PyTorch only to run (bench) finds it missing (2)."""
     try:
         return verb_main(argv)
+    except ModuleNotFoundError as e:
+        if e.name not in REQUIRED:
+            raise
+        _say_missing(e.name)
+        return 2
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
 

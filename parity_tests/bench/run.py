@@ -34,6 +34,8 @@ import numpy as np
 
 from parity_tests.bench import impls
 from parity_tests.bench.impls import IMPLS, NUMPY_IMPLS, TORCH_IMPLS
+from parity_tests.common import outputs
+from parity_tests.common.verdicts import parse_verb_args
 
 FIT_POINTS = 3   # the growth exponent is fitted over this many largest T
 BLAS_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")
@@ -64,7 +66,8 @@ def parse_args(argv):
     p.add_argument("--threads", type=_positive_int, default=None,
                    help="torch.set_num_threads(N), and NumPy's BLAS limited to N threads when "
                         "threadpoolctl is installed (default: each library's own default)")
-    p.add_argument("--seed", type=int, default=0, help="seed for weights and inputs (default: 0)")
+    p.add_argument("--seed", type=outputs.seed, default=0,
+                   help="seed for weights and inputs, 0 .. 2**32 - 1 (default: 0)")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
     args = p.parse_args(argv)
     if args.d_model % args.heads:
@@ -350,7 +353,9 @@ def render(result):
 
 
 def main(argv=None):
-    args = parse_args(argv)
+    args, status = parse_verb_args(parse_args, argv)    # --json PATH tried before the run
+    if status is not None:
+        return status
     result = run(args)
     print(render(result))
     if args.json:

@@ -23,9 +23,10 @@ import argparse
 import numpy as np
 import torch
 
-from parity_tests.common import plots
+from parity_tests.common import outputs, plots
 from parity_tests.chapter import claims_stats as stats
 from parity_tests.chapter.claims_memory import memory_rows
+from parity_tests.common.help_text import plain
 from parity_tests.common.verdicts import parse_verb_args, print_section, summary, exit_status
 
 # What the chapter states, as numbers the checks compare against.
@@ -47,10 +48,10 @@ COLLAPSE_TRIALS = 1000               # rows of T = 6 scores at d_k = 1024
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="attention-parity claims", description=__doc__,
+    p = argparse.ArgumentParser(prog="attention-parity claims", description=plain(__doc__),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seed", type=int, default=0,
-                   help="seed of every random draw (default 0: verdicts are reproducible); each "
+    p.add_argument("--seed", type=outputs.seed, default=0,
+                   help="seed of every random draw, 0 .. 2**32 - 1 (default 0: verdicts are reproducible); each "
                         "interval is 99%%, so another seed may, rarely, miss one")
     p.add_argument("--plot", metavar="DIR", default=None,
                    help="write a PNG of unscaled vs scaled attention weights at d_k = 1024")

@@ -26,6 +26,7 @@ from numpy_ref.softmax import (softmax, softmax_jacobian, sum_normalize,
 from parity_tests.common import chapter_values as cv
 from parity_tests.common import plots
 from parity_tests.common.finite_diff import fd_jacobian
+from parity_tests.common.help_text import plain
 from parity_tests.common.verdicts import (fmt, loose, parse_verb_args, print_section, sci,
                                    summary, exit_status, verdict)
 
@@ -35,6 +36,16 @@ FD_TOL = 1e-8           # relative to max(1, max |J|)
 SATURATED = 1e-10       # a weight below this is beyond float64's reach next to 1
 SCALES = (0.5, 1.0, 2.0, 10.0, 100.0)
 SHIFTS = (1.0, 10.0, 100.0)
+# --scores limits.  The work grows as n^3 (n autograd passes and n finite-difference
+# columns, each O(n^2) with the explicit J): 1000 scores take ~3 s and 80 MB, 2000
+# ~16 s, 10,000 scores would take half an hour and gigabytes.
+MAX_SCORES = 1000
+# Softmax only sees differences between scores, and float64 resolves a difference
+# between scores of size |x| only to |x| * 2.2e-16.  The checks move scores by the
+# finite-difference step (1e-6) and shift them by 1: at |x| = 1e6 float64 still
+# places them to 1e-10 (1e-4 of the step); beyond, the rows would compare rounding
+# noise.  (Any two scores 745 apart already give a weight of exactly 0 in float64.)
+MAX_ABS_SCORE = 1e6
 
 
 def parse_scores(text):
@@ -49,13 +60,23 @@ def parse_scores(text):
         raise argparse.ArgumentTypeError(
             f"--scores needs at least 2 numbers (a softmax over one score is always 1), "
             f"got {x.size}")
+    if x.size > MAX_SCORES:
+        raise argparse.ArgumentTypeError(
+            f"--scores takes at most {MAX_SCORES} numbers (the work grows as n^3: "
+            f"{MAX_SCORES} take a few seconds), got {x.size}")
     if not np.all(np.isfinite(x)):
         raise argparse.ArgumentTypeError(f"--scores must be finite numbers, got {text!r}")
+    if np.max(np.abs(x)) > MAX_ABS_SCORE:
+        raise argparse.ArgumentTypeError(
+            f"--scores must lie within +-{MAX_ABS_SCORE:g} (got {np.max(np.abs(x)):g}): softmax "
+            f"sees only differences between scores, and float64 places scores that large "
+            f"too coarsely for the finite-difference step ({FD_STEP:g}) and the shifts the "
+            f"checks apply; subtract a constant (softmax is unchanged by it) or rescale")
     return x
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="attention-parity jacobian", description=__doc__,
+    p = argparse.ArgumentParser(prog="attention-parity jacobian", description=plain(__doc__),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--scores", type=parse_scores, default=None,
                    help="comma-separated attention scores; write --scores=-1,2 when the first "
@@ -98,7 +119,10 @@ def softmax_property_rows(J, saturated):
     excuses the rank, which float64 cannot resolve then, as 'imprecise'."""
     n = J.shape[0]
     eig = np.linalg.eigvalsh(J)                       # J symmetric: real, ascending
-    rank = int(np.linalg.matrix_rank(J))
+    # J's entries are products of weights <= 1, computed to ~eps absolutely: an
+    # eigenvalue below ROUNDING is rounding, whatever J's largest (NumPy's default
+    # tolerance is relative to it, and counts rounding as rank when w saturates).
+    rank = int(np.linalg.matrix_rank(J, tol=ROUNDING))
     return [
         ("rows sum to 0 (J 1 = 0: a shift of all scores changes nothing)",
          f"max |row sum| {sci(max_abs(J.sum(axis=1)))}", "0", verdict(max_abs(J.sum(axis=1)) <= ROUNDING)),
@@ -205,9 +229,18 @@ def sign_rows(x):
     return rows
 
 
+def sum_is_formed(x):
+    """True when S = sum(x) is positive and resolved: float64 forms S to within
+    n * eps * sum|x|, so x / S (its Jacobian ~ 1/S) is known to ROUNDING only
+    while that is below ROUNDING * S.  Mixed signs that cancel (S ~ 1e-14 from
+    scores of size 3, say) leave S as rounding noise: x / S is then meaningless."""
+    total = float(np.sum(x))
+    return total > 0 and x.size * np.finfo(np.float64).eps * float(np.sum(np.abs(x))) <= ROUNDING * total
+
+
 def sum_section(x, default):
     rows = []
-    if np.sum(x) > 0:
+    if sum_is_formed(x):
         w = sum_normalize(x)
         J = sum_normalize_jacobian(x)
         rows.append(("sum-normalised weights x / S", fmt(w),
@@ -228,17 +261,27 @@ def print_matrix(name, J):
     print()
 
 
+def _why_no_sum(x):
+    total = float(np.sum(x))
+    if total <= 0:
+        return f"the scores sum to S = {fmt(total)} <= 0, where the sum normalisation is meaningless"
+    return (f"the scores sum to S = {total:.1e}, lost in the rounding of sum|x| = "
+            f"{float(np.sum(np.abs(x))):.1e}: the sum normalisation x / S is rounding noise")
+
+
 def write_plots(plot_dir, x, J_soft):
     path = f"{plot_dir}/softmax_jacobian.png"
     labels = plots.TOKENS if x.size == len(plots.TOKENS) else None
     mats, titles = [J_soft], ["softmax: w_i(delta_ij - w_j)"]
-    if np.sum(x) > 0:
+    if sum_is_formed(x):
         mats.append(sum_normalize_jacobian(x))
         titles.append("sum: (delta_ij S - x_i)/S^2")
     lim = max(max_abs(m) for m in mats)
     plots.heatmaps(path, mats, titles, suptitle="Jacobians dw_i/dx_j", labels=labels,
-                   vmin=-lim, vmax=lim, cmap="RdBu_r")
+                   vmin=-lim, vmax=lim, cmap="RdBu_r", axis_titles=("score x_j", "weight w_i"))
     plots.announce([path])
+    if len(mats) == 1:
+        print(f"note: {path} shows the softmax Jacobian only: {_why_no_sum(x)}")
 
 
 def main(argv=None):
@@ -253,9 +296,8 @@ def main(argv=None):
     print_matrix("softmax Jacobian J = diag(w) - w w^T", J)
     print_section("softmax: dw_i/dx_j = w_i (delta_ij - w_j)", soft_rows)
     sum_rows = sum_section(x, default)
-    if np.sum(x) <= 0:
-        print(f"(S = {fmt(np.sum(x))} <= 0: the sum normalisation of these scores is "
-              "meaningless; only the non-positive checks below apply)\n")
+    if not sum_is_formed(x):
+        print(f"({_why_no_sum(x)}; only the non-positive checks below apply)\n")
     print_section("sum normalisation: dw_i/dx_j = (delta_ij S - x_i) / S^2", sum_rows)
     rows = soft_rows + sum_rows
     print("note: softmax's Jacobian depends on w alone, so it is exactly invariant to a shift "

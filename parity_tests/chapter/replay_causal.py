@@ -180,7 +180,9 @@ def write_plots(plot_dir, v):
                        [f"head {h}" for h in range(len(heads))],
                        suptitle="MultiHeadAttention (seed 123)", labels=plots.TOKENS,
                        vmin=0, vmax=1),
+        # a 6 x 6 matrix of ones, not attention weights: its axes are rows and columns
         plots.heatmap(f"{plot_dir}/dropout_mask.png", on_ones,
-                      "Dropout(0.5) on ones, seed 123", plots.TOKENS, 0, 2, cmap="gray"),
+                      "Dropout(0.5) on ones, seed 123", None, 0, 2, cmap="gray",
+                      axis_titles=("column", "row")),
     ]
     return paths

@@ -6,10 +6,11 @@ imported only when ``--plot`` is given, and drawn through the Agg canvas directl
 size in pixels, `pixel_size(panels)`: 500 x 400 for one heatmap, 900 x 400 for two.
 """
 
-import os
 import sys
 
 import numpy as np
+
+from parity_tests.common import outputs
 
 INSTALL_HINT = ("--plot needs matplotlib, an optional extra: "
                 "pip install 'attention-parity[plot]'  (or: pip install matplotlib)")
@@ -29,14 +30,18 @@ def _matplotlib():
 
 
 def check_available(plot_dir):
-    """Exit status 2 with the install hint when ``--plot`` was asked for and
-    matplotlib is missing; ``None`` when plotting can go ahead (or was not asked)."""
+    """Exit status 2 with one line when ``--plot`` was asked for and matplotlib is
+    missing (the install hint) or the directory cannot be written; ``None`` when
+    plotting can go ahead (the directory then exists) or was not asked for."""
     if plot_dir is None:
         return None
     if _matplotlib() is None:
         print(INSTALL_HINT, file=sys.stderr)
         return 2
-    os.makedirs(plot_dir, exist_ok=True)
+    problem = outputs.output_dir_problem("--plot", plot_dir)     # created when missing
+    if problem:
+        print(f"attention-parity: error: {problem}", file=sys.stderr)
+        return 2
     return None
 
 
@@ -45,10 +50,14 @@ def pixel_size(panels):
     return (int((PANEL_INCHES * panels + 1) * DPI), int(PANEL_INCHES * DPI))
 
 
-def _draw(ax, matrix, title, labels, vmin, vmax, cmap, first):
+def _draw(ax, matrix, title, labels, vmin, vmax, cmap, first, axis_titles):
     m = np.asarray(matrix, dtype=float)
     im = ax.imshow(m, cmap=cmap, vmin=vmin, vmax=vmax)
     ax.set_title(title, fontsize=9)
+    xlabel, ylabel = axis_titles
+    ax.set_xlabel(xlabel, fontsize=8)
+    if first:
+        ax.set_ylabel(ylabel, fontsize=8)
     rows, cols = m.shape
     if labels is not None and len(labels) == cols:
         ax.set_xticks(range(cols), labels, rotation=45, fontsize=7)
@@ -67,8 +76,19 @@ def _draw(ax, matrix, title, labels, vmin, vmax, cmap, first):
 
 
 def heatmaps(path, matrices, titles, suptitle=None, labels=None,
-             vmin=None, vmax=None, cmap="viridis"):
-    """Side-by-side heatmaps in one PNG of `pixel_size` pixels; returns ``path``."""
+             vmin=None, vmax=None, cmap="viridis", axis_titles=("key", "query")):
+    """Side-by-side heatmaps in one PNG of `pixel_size` pixels; returns ``path``.
+
+    ``axis_titles`` = (columns, rows): what the axes are (attention weights:
+    ("key", "query")); ``labels`` name the ticks (tokens) when they mean that."""
+    fig = figure(matrices, titles, suptitle, labels, vmin, vmax, cmap, axis_titles)
+    fig.savefig(path, dpi=DPI)
+    return path
+
+
+def figure(matrices, titles, suptitle=None, labels=None, vmin=None, vmax=None,
+           cmap="viridis", axis_titles=("key", "query")):
+    """The matplotlib Figure `heatmaps` saves."""
     Figure, FigureCanvasAgg = _matplotlib()
     width, height = pixel_size(len(matrices))
     # fixed margins (in inches, as fractions of the figure): cheaper than a layout engine
@@ -78,16 +98,17 @@ def heatmaps(path, matrices, titles, suptitle=None, labels=None,
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, len(matrices), squeeze=False)[0]
     for i, (ax, m, title) in enumerate(zip(axes, matrices, titles)):
-        im = _draw(ax, m, title, labels, vmin, vmax, cmap, first=i == 0)
+        im = _draw(ax, m, title, labels, vmin, vmax, cmap, i == 0, axis_titles)
     fig.colorbar(im, ax=list(axes), shrink=0.7, fraction=0.046 / len(axes), pad=0.03)
     if suptitle:
         fig.suptitle(suptitle, fontsize=10)
-    fig.savefig(path, dpi=DPI)
-    return path
+    return fig
 
 
-def heatmap(path, matrix, title, labels=None, vmin=None, vmax=None, cmap="viridis"):
-    return heatmaps(path, [matrix], [title], labels=labels, vmin=vmin, vmax=vmax, cmap=cmap)
+def heatmap(path, matrix, title, labels=None, vmin=None, vmax=None, cmap="viridis",
+            axis_titles=("key", "query")):
+    return heatmaps(path, [matrix], [title], labels=labels, vmin=vmin, vmax=vmax, cmap=cmap,
+                    axis_titles=axis_titles)
 
 
 def announce(paths):

@@ -12,9 +12,11 @@ A row is a 4-tuple of strings.  Four verdicts:
                  which it says may differ between operating systems).
 """
 
+import sys
+
 import numpy as np
 
-from parity_tests.common import plots
+from parity_tests.common import outputs, plots
 from parity_tests.common.tables import format_table
 
 PASS, IMPRECISE, FAIL, SKIP = "pass", "imprecise", "FAIL", "skip"
@@ -72,9 +74,18 @@ def exit_status(rows):
 
 def parse_verb_args(parse_args, argv):
     """A verb's ``(args, None)`` when it can run, else ``(None, exit status)``:
-    0 after --help, 2 for a refused argument or --plot without matplotlib."""
+    0 after --help, 2 for a refused argument, --plot without matplotlib, or a
+    ``--plot DIR`` / ``--json PATH`` that cannot be written (checked before any work)."""
     try:
         args = parse_args([] if argv is None else list(argv))
     except SystemExit as e:
         return None, int(e.code or 0)
-    return args, plots.check_available(args.plot)
+    plot_dir, json_path = getattr(args, "plot", None), getattr(args, "json", None)
+    status = plots.check_available(plot_dir)
+    if status is not None:
+        return None, status
+    problem = outputs.output_file_problem("--json", json_path)
+    if problem:
+        print(f"attention-parity: error: {problem}", file=sys.stderr)
+        return None, 2
+    return args, None

@@ -15,13 +15,17 @@ one *row* (a dict; see `ROW_KEYS`).
 How rows are judged depends on the dtype (reasons in `parity_tests.tolerances`):
 float64 compares NumPy with PyTorch directly ("numpy vs torch"); lower
 precisions compare each side with a float64 golden result computed from the same
-rounded numbers ("torch vs golden", "numpy vs golden").
+rounded numbers ("torch vs golden", "numpy vs golden").  In bfloat16 and float16,
+where NumPy has no side of its own, the golden result is itself checked against
+PyTorch in float64 on the same numbers ("golden vs torch f64"), so a fault in the
+NumPy code fails those runs too.
 
 Training mode uses dropout p > 0 with the *same* keep-mask on both sides: NumPy
 takes it as ``forward(x, keep_mask=...)``; on the PyTorch side each
 ``nn.Dropout`` is swapped for `KeepMaskDropout` holding the same mask.
 """
 
+import copy
 import zlib
 from dataclasses import dataclass
 
@@ -37,7 +41,7 @@ from parity_tests.matrix.functional import functional_forward
 __all__ = [
     "Config", "ModuleSpec", "Case", "MODULES", "DTYPES", "ROW_KEYS", "DROPOUT_P",
     "KeepMaskDropout", "available_devices", "dtype_supported", "build_cases",
-    "build_numpy", "buffer_rows", "run_case", "run_matrix", "relative_error", "tensor_scales", "summarize",
+    "build_numpy", "buffer_rows", "golden_rows", "run_case", "run_matrix", "relative_error", "tensor_scales", "summarize",
 ]
 
 # Every row has these keys (`baseline` is None for float64 rows).
@@ -409,26 +413,84 @@ def run_case(case):
             rows.append(_row(case, "numpy vs torch", name, error, tol.float64_bound(), None, where))
         return rows
 
-    golden = run_numpy(case, state, x64, g64, keep)
-    scales = tensor_scales(golden)
-    functional = run_functional(case, module, x_t, g_t, keep_t)
-    sides = [("torch vs golden", torch_res, functional)]
+    # (check, tested results, the ordinary computation whose drift is its baseline)
+    sides = [("torch vs golden", torch_res, "functional")]
     if case.dtype == "float32":
         # NumPy in float32 is the independent ordinary computation for the torch side;
         # NumPy's own rows do not depend on the device, so they come with cpu only.
-        state32 = {k: v.detach().cpu().numpy() for k, v in module.state_dict().items()}
-        numpy_low = run_numpy(case, state32, x_t.cpu().numpy(), g_t.cpu().numpy(), keep)
-        sides = [("torch vs golden", torch_res, numpy_low)]
+        sides = [("torch vs golden", torch_res, "numpy")]
         if case.device == "cpu":
-            sides.append(("numpy vs golden", numpy_low, functional))
-    for check, tested, baseline_res in sides:
+            sides.append(("numpy vs golden", None, "functional"))
+    kinds = {kind for _, _, kind in sides}
+    draws = [_baseline_draw(case, module, x_t, g_t, keep, keep_t, kinds, k)
+             for k in range(tol.BASELINE_DRAWS)]
+    golden, scales, _ = draws[0]         # the case itself, in float64 from the rounded numbers
+    if "numpy" not in draws[0][2]:
+        # No NumPy side in this dtype (bfloat16, float16): NumPy is only the golden
+        # reference, and a fault in it would move the golden, the tested side's
+        # error and its baseline's alike, unseen.  So the golden is checked first,
+        # against PyTorch in float64 on the same rounded numbers.
+        rows += golden_rows(case, module, golden, x_t, g_t, keep_t)
+    for check, tested, kind in sides:
+        tested = draws[0][2]["numpy"] if tested is None else tested
         for name in _names(golden, tested):
             s = scales.get(name, 0.0)
             error, where = relative_error(tested.get(name), golden.get(name), s)
-            baseline, _ = relative_error(baseline_res.get(name), golden.get(name), s)
+            baseline = max(relative_error(ordinary[kind].get(name), gold.get(name),
+                                          draw_scales.get(name, 0.0))[0]
+                           for gold, draw_scales, ordinary in draws)
             bound = tol.low_precision_bound(case.dtype, baseline)
             rows.append(_row(case, check, name, error, bound, baseline, where))
     return rows
+
+
+def golden_rows(case, module, golden, x_t, g_t, keep_t):
+    """The golden result against the PyTorch module run in float64 on the same
+    rounded numbers, at the float64 bound: the NumPy side's check in a dtype NumPy
+    does not have.  Check ``"golden vs torch f64"``."""
+    module64 = copy.deepcopy(module).to(torch.float64)
+    res64 = run_torch(module64, case, x_t.to(torch.float64), g_t.to(torch.float64), keep_t)
+    scales = tensor_scales(res64)
+    rows = []
+    for name in _names(res64, golden):
+        error, where = relative_error(golden.get(name), res64.get(name), scales.get(name, 0.0))
+        rows.append(_row(case, "golden vs torch f64", name, error, tol.float64_bound(), None, where))
+    return rows
+
+
+def _nudged(t, rng):
+    """``t`` with every entry moved one step (ulp of its dtype) up or down at random."""
+    up = torch.from_numpy(rng.random(tuple(t.shape)) < 0.5).to(t.device)
+    toward = torch.where(up, float("inf"), float("-inf")).to(dtype=t.dtype, device=t.device)
+    return torch.nextafter(t.detach(), toward)
+
+
+def _baseline_draw(case, module, x_t, g_t, keep, keep_t, kinds, k):
+    """One draw of the ordinary computations' rounding error: ``(golden, scales,
+    {kind: results})`` for the case itself (k = 0), or (k > 0) for the case with
+    every weight, input and upstream-gradient entry nudged one ulp at random.
+
+    A nudged problem has the same size and conditioning but fresh rounding
+    errors in every intermediate; its golden result is recomputed, so only the
+    ordinary computation's rounding is measured.  Why several draws: see
+    `tolerances.BASELINE_DRAWS`.
+    """
+    if k > 0:
+        rng = np.random.default_rng([case.seed, k])
+        module = copy.deepcopy(module)
+        with torch.no_grad():
+            for p in module.parameters():
+                p.copy_(_nudged(p, rng))
+        x_t, g_t = _nudged(x_t, rng), _nudged(g_t, rng)
+    state64 = {n: v.detach().to("cpu", torch.float64) for n, v in module.state_dict().items()}
+    golden = run_numpy(case, state64, _to_numpy(x_t), _to_numpy(g_t), keep)
+    ordinary = {}
+    if "functional" in kinds:
+        ordinary["functional"] = run_functional(case, module, x_t, g_t, keep_t)
+    if case.dtype == "float32":           # NumPy has float32 (not bfloat16 or float16)
+        state32 = {n: v.detach().cpu().numpy() for n, v in module.state_dict().items()}
+        ordinary["numpy"] = run_numpy(case, state32, x_t.cpu().numpy(), g_t.cpu().numpy(), keep)
+    return golden, tensor_scales(golden), ordinary
 
 
 def run_matrix(cases, progress=None):

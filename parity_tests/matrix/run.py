@@ -6,7 +6,8 @@
     attention-parity --plant-fault softmax-backward-no-sum   must exit 1
 
 Exit status: 0 when every row passes, 1 when any row fails, 2 for bad arguments
-(``--device cuda`` without a GPU, an unknown dtype or module).
+(``--device cuda`` without a GPU, an unknown or empty dtype or module, a ``--json``
+path that cannot be written: all checked before the run).
 """
 
 import argparse
@@ -18,7 +19,7 @@ import time
 
 import torch
 
-from parity_tests.common import faults
+from parity_tests.common import faults, outputs
 from parity_tests.matrix import harness
 from parity_tests.common import tolerances
 from parity_tests.common.tables import format_table
@@ -44,8 +45,9 @@ def build_parser():
                     "random upstream gradient, and compare the output, the input gradient "
                     "and every parameter gradient. float64 is compared directly "
                     f"(bound {tolerances.FLOAT64_BOUND:g}); lower precisions against a float64 "
-                    "golden result (see parity_tests/tolerances.py).",
-        epilog="Exit status: 0 every row passed, 1 some row failed, 2 bad arguments. "
+                    "golden result (see parity_tests/common/tolerances.py).",
+        epilog="Exit status: 0 every row passed, 1 some row failed, 2 bad arguments "
+               "(checked before the run, --json PATH included). "
                "--plant-fault NAME plants a known mistake (list them with --list-faults) "
                "and runs the same matrix: the command must then exit 1, which shows the "
                "checks can fail.")
@@ -65,12 +67,20 @@ def build_parser():
     return p
 
 
-def _split(values):
-    return [v.strip() for value in values or [] for v in value.split(",") if v.strip()]
+def _split(values, flag):
+    """Names given to a repeatable, comma-separated option; a value naming nothing
+    ('' or ',') is refused rather than read as "the default"."""
+    names = []
+    for value in values or []:
+        parts = [v.strip() for v in value.split(",") if v.strip()]
+        if not parts:
+            raise _Exit(f"{flag} needs at least one name; got {value!r}")
+        names += parts
+    return names
 
 
 def _dtypes(values):
-    dtypes = [DTYPE_ALIASES.get(d.lower(), d.lower()) for d in _split(values)] or ["float64", "float32"]
+    dtypes = [DTYPE_ALIASES.get(d.lower(), d.lower()) for d in _split(values, "--dtype")] or ["float64", "float32"]
     unknown = [d for d in dtypes if d not in harness.DTYPES]
     if unknown:
         raise _Exit(f"--dtype must be among {', '.join(harness.DTYPES)}; got {', '.join(unknown)}")
@@ -87,7 +97,7 @@ def _devices(choice):
 
 
 def _modules(values):
-    names = _split(values)
+    names = _split(values, "--module")
     known = [s.name for s in harness.MODULES]
     unknown = [n for n in names if n not in known]
     if unknown:
@@ -164,6 +174,9 @@ def main(argv=None):
         if args.list_faults:
             return _list_faults()
         dtypes, devices, modules = _dtypes(args.dtype), _devices(args.device), _modules(args.module)
+        problem = outputs.output_file_problem("--json", args.json)   # before the run, not after
+        if problem:
+            raise _Exit(problem)
     except _Exit as e:
         print(f"attention-parity: error: {e}", file=sys.stderr)
         return 2

@@ -11,8 +11,6 @@
 
 import os
 
-from hypothesis import HealthCheck, settings
-
 try:
     import torch
 except ImportError:     # the NumPy-only tests (tests/reference/) run without PyTorch
@@ -20,8 +18,13 @@ except ImportError:     # the NumPy-only tests (tests/reference/) run without Py
 if torch is not None:
     torch.set_num_threads(1)
 
-settings.register_profile("parity", deadline=None, derandomize=True, max_examples=100,
-                          suppress_health_check=[HealthCheck.too_slow])
-settings.register_profile("thorough", deadline=None, max_examples=1000,
-                          suppress_health_check=[HealthCheck.too_slow])
-settings.load_profile(os.environ.get("PARITY_HYPOTHESIS_PROFILE", "parity"))
+try:
+    from hypothesis import HealthCheck, settings
+except ImportError:     # ... and without hypothesis: only the property tests use it
+    settings = None
+if settings is not None:
+    settings.register_profile("parity", deadline=None, derandomize=True, max_examples=100,
+                              suppress_health_check=[HealthCheck.too_slow])
+    settings.register_profile("thorough", deadline=None, max_examples=1000,
+                              suppress_health_check=[HealthCheck.too_slow])
+    settings.load_profile(os.environ.get("PARITY_HYPOTHESIS_PROFILE", "parity"))

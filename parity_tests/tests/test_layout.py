@@ -103,3 +103,12 @@ def test_help_as_a_verb():
     assert _help(["help"])[0] == 0
     status, text = _help(["help", "bench"])
     assert status == 0 and "attention-parity bench" in text
+
+
+@pytest.mark.parametrize("argv", [["--help"]] + [[verb, "--help"] for verb in cli.VERBS])
+def test_help_pages_are_plain_text_not_rst(argv):
+    status, text = _help(argv)
+    assert status == 0 and len(text) > 200
+    assert "`" not in text, text                     # ``literal`` or `reference` markup
+    assert not any(line.rstrip().endswith("::") for line in text.splitlines()), text
+    assert "parity_tests/tolerances.py" not in text  # the file lives in common/

@@ -105,3 +105,25 @@ def test_small_positive_sum_keeps_finite_differences_accurate(capsys):
     status, out, _ = run(capsys, "--scores=0.001,0.002,0.0015")
     assert status == 0
     assert next(r for r in rows_of(out) if r.startswith("sum: explicit J == finite")).endswith(PASS)
+
+
+@pytest.mark.parametrize("scores, message", [
+    (",".join(["0.5"] * (jacobian.MAX_SCORES + 1)), f"at most {jacobian.MAX_SCORES} numbers"),
+    ("1e308,0.5", "must lie within"),
+    ("-2e6,0.5,1", "must lie within"),
+])
+def test_too_many_or_too_large_scores_are_refused_before_any_work(capsys, scores, message):
+    status, out, err = run(capsys, f"--scores={scores}")
+    assert status == 2 and out == ""
+    assert message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("scores", [
+    "2,3,10,1",                          # one weight near 1: the rank was misjudged as n
+    "1e4,1e4,1e4,10001",                 # large scores: the finite-difference step was rounded
+    "1e6,-5e5,3e5,9e5",                  # at the limit: saturated, imprecise, never FAIL
+    ",".join(str(v) for v in np.linspace(-3, 3, 40)),  # sums to 7e-15: rounding, not S > 0
+])
+def test_scores_within_the_limits_never_fail(capsys, scores):
+    status, out, _ = run(capsys, f"--scores={scores}")
+    assert status == 0, "\n".join(r for r in rows_of(out) if r.endswith(FAIL))

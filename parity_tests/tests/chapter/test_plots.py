@@ -57,3 +57,61 @@ def test_heatmap_sizes_and_the_directory_is_created(tmp_path):
     assert png_size(target / "one.png") == plots.pixel_size(1) == (500, 400)
     assert one.endswith("one.png")
     assert plots.pixel_size(3) == (1300, 400)
+
+
+def _captured_figures(monkeypatch, draw):
+    """Every figure ``draw()`` asks `plots.heatmaps` for, built but not saved."""
+    pytest.importorskip("matplotlib")
+    figures = {}
+
+    def capture(path, matrices, titles, suptitle=None, labels=None, vmin=None, vmax=None,
+                cmap="viridis", axis_titles=("key", "query")):
+        figures[path.rsplit("/", 1)[-1]] = (
+            plots.figure(matrices, titles, suptitle, labels, vmin, vmax, cmap, axis_titles),
+            labels)
+        return path
+
+    monkeypatch.setattr(plots, "heatmaps", capture)
+    draw()
+    return figures
+
+
+def _axis_titles(fig):
+    axes = [ax for ax in fig.axes if ax.get_images()]          # not the colour bar
+    return [ax.get_xlabel() for ax in axes], axes[0].get_ylabel()
+
+
+def test_every_chapter_plot_names_its_axes(monkeypatch, tmp_path):
+    from parity_tests.chapter import replay_causal
+    from parity_tests.common import chapter_values
+    figures = _captured_figures(monkeypatch,
+                                lambda: replay_causal.write_plots(str(tmp_path), chapter_values))
+    assert set(figures) == {"attention_simplified.png", "attention_causal.png",
+                            "attention_heads.png", "dropout_mask.png"}
+    for name, (fig, labels) in figures.items():
+        xlabels, ylabel = _axis_titles(fig)
+        if name.startswith("attention"):
+            assert set(xlabels) == {"key"} and ylabel == "query", name
+            assert labels == plots.TOKENS
+        else:                     # Dropout(0.5) on a matrix of ones: no tokens there
+            assert set(xlabels) == {"column"} and ylabel == "row", name
+            assert labels is None
+
+
+def test_jacobian_plot_names_its_axes_and_says_when_a_panel_is_left_out(
+        monkeypatch, tmp_path, capsys):
+    figures = _captured_figures(monkeypatch, lambda: jacobian.main(
+        ["--scores=-1,2,-3,0.5,-2,1,-4,3,-1.5,0.25", "--plot", str(tmp_path)]))
+    fig, _ = figures["softmax_jacobian.png"]
+    xlabels, ylabel = _axis_titles(fig)
+    assert xlabels == ["score x_j"] and ylabel == "weight w_i"   # one panel: softmax only
+    out = capsys.readouterr().out
+    assert "shows the softmax Jacobian only" in out and "S = -4.7500 <= 0" in out
+
+
+def test_claims_plot_names_its_axes(monkeypatch, tmp_path):
+    monkeypatch.setattr(claims, "sections", lambda seed: [])     # the plot alone
+    figures = _captured_figures(monkeypatch,
+                                lambda: claims.main(["--plot", str(tmp_path)]))
+    xlabels, ylabel = _axis_titles(figures["scaled_vs_unscaled.png"][0])
+    assert set(xlabels) == {"key"} and ylabel == "query"

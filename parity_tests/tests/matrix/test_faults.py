@@ -77,6 +77,39 @@ def test_planted_fault_fails_low_precision_rows_too(name):
     assert any(not r["passed"] for r in rows), f"{name}: every float32 row passed"
 
 
+LOW_DTYPES = [d for d in ("bfloat16", "float16") if harness.dtype_supported(d, "cpu")]
+ONE_CONFIG = "T 5 < ctx 8, bias"            # bias, batch 2, head_dim 3, two heads
+BLOCKWISE_CONFIG = "T 13, tiles 3x4, bias"  # several query and key tiles
+# Shows only where scores rise by thousands: the blockwise family's "large
+# scores" config, which runs in float64 alone (see harness.CONFIGS_BLOCKWISE).
+FLOAT64_ONLY = ("blockwise-max-not-updated",)
+
+
+@pytest.mark.parametrize("name", [n for n in faults.names() if n not in FLOAT64_ONLY])
+def test_planted_fault_fails_bfloat16_and_float16_runs(name):
+    """In these dtypes NumPy is only the golden reference: its faults must still show
+    (as "golden vs torch f64" rows), and PyTorch's in its own rows (against the
+    golden, or its mask buffer)."""
+    module = "MultiHeadAttentionWrapper" if name == "torch-heads-reversed" else "MultiHeadAttention"
+    config = ONE_CONFIG
+    if name.startswith("blockwise-"):
+        module, config = "BlockwiseMultiHeadAttention", BLOCKWISE_CONFIG
+    cases = [c for c in harness.build_cases(LOW_DTYPES, ["cpu"], [module])
+             if c.config.label == config]
+    with faults.plant(name):
+        rows = harness.run_matrix(cases)
+    failing = [r for r in rows if not r["passed"]]
+    for dtype in LOW_DTYPES:
+        assert any(r["dtype"] == dtype for r in failing), f"{name}: every {dtype} row passed"
+    wrong = [r for r in failing if not EXPECTED[name](r)]
+    assert not wrong, f"{name} failed unexpected rows:\n" + run_parity.format_rows(wrong[:10])
+    golden_check = [r for r in failing if r["check"] == "golden vs torch f64"]
+    if faults.FAULTS[name].side == "numpy":
+        assert golden_check, f"{name}: the golden's own check did not fail"
+    else:
+        assert len(golden_check) < len(failing), f"{name}: only the golden's check failed"
+
+
 def test_without_a_fault_everything_passes(tmp_path, capsys):
     status, report = _run(tmp_path)
     assert status == 0
@@ -109,3 +142,13 @@ def test_unknown_fault_is_refused(capsys):
             pass
     assert run_parity.main(["--plant-fault", "no-such-fault"]) == 2
     assert "--plant-fault must be one of" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+def test_a_numpy_fault_fails_a_low_precision_only_command(dtype, tmp_path, capsys):
+    """``--dtype bfloat16`` alone: NumPy has no side of its own there, and still its
+    fault makes the command exit 1."""
+    status, report = _run(tmp_path, "--dtype", dtype, "--module", "SelfAttention_v2",
+                          "--plant-fault", "softmax-backward-no-sum")
+    assert status == 1
+    assert {r["check"] for r in report["rows"] if not r["passed"]} == {"golden vs torch f64"}

@@ -113,3 +113,45 @@ def test_device_all_includes_cuda(tmp_path, capsys):
     assert run_parity.main(["-q", "--device", "all", "--module", "MultiHeadAttention",
                             "--json", str(path)]) == 0
     assert {r["device"] for r in json.loads(path.read_text())["rows"]} == {"cpu", "cuda"}
+
+
+def _summary_counts(out):
+    """(rows, passed, failed) from the printed summary line."""
+    line = next(l for l in out.splitlines()[::-1] if " rows, " in l)
+    words = line.replace(",", "").split()
+    return int(words[0]), int(words[2]), int(words[4])
+
+
+def test_device_all_on_a_cpu_only_machine_runs_the_cpu(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    path = tmp_path / "all.json"
+    assert run_parity.main(["--device", "all", "--module", "CausalAttention",
+                            "--json", str(path)]) == 0
+    out, err = capsys.readouterr()
+    report = json.loads(path.read_text())
+    assert report["summary"]["devices"] == ["cpu"]
+    assert {r["device"] for r in report["rows"]} == {"cpu"} and report["rows"]
+    assert "(cpu; float64, float32)" in out.splitlines()[-1] and "cuda" not in err
+
+
+@pytest.mark.parametrize("fault", [None, "bias-grad-first-batch"])
+def test_summary_counts_match_the_rows(fault, tmp_path, capsys):
+    """The printed summary, the JSON summary and the rows themselves agree, with and
+    without failing rows."""
+    path = tmp_path / "rows.json"
+    args = ["--module", "CausalAttention", "--json", str(path)]
+    status = run_parity.main(args + (["--plant-fault", fault] if fault else []))
+    out = capsys.readouterr().out
+    report = json.loads(path.read_text())
+    rows = report["rows"]
+    failed = sum(not r["passed"] for r in rows)
+    assert status == (1 if fault else 0) and (failed > 0) == bool(fault)
+    expected = (len(rows), len(rows) - failed, failed)
+    assert _summary_counts(out) == expected
+    s = report["summary"]
+    assert (s["rows"], s["passed"], s["failed"]) == expected
+    table = out.split("\n\n")[1 if fault else 0].splitlines()[2:]   # after the planted-fault line
+    assert len(table) == len(rows)                                    # one printed line per row
+    assert sum(line.rstrip().endswith("pass") for line in table) == len(rows) - failed
+    if fault:
+        assert f"failing rows ({failed}):" in out

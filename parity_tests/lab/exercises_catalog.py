@@ -1,0 +1,177 @@
+"""What each exercise asks for, the inputs it is graded on, and the right answers.
+
+An exercise is one template of ``exercises/``.  `case(name)` builds its inputs
+(the chapter's six tokens, seeded weights, a random upstream gradient: never
+``out.sum()``, whose softmax gradient is ~0) and two sets of right answers: the
+reference (``numpy_ref``'s backward) and centred finite differences of the
+forward.  `run(name, learner, case)` calls the learner's code on copies of the
+inputs and returns its tensors under the same names.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+import numpy_ref
+import torch_impl
+from numpy_ref import ops
+from parity_tests.common import chapter_values as cv
+from parity_tests.common.finite_diff import eval_numerical_gradient_array, numerical_grads
+
+GRADIENT_SEED = 2024       # numpy.random.default_rng: the upstream gradients
+KEEP_SEED = 123            # numpy.random.default_rng: the dropout keep-masks
+
+
+@dataclass(frozen=True)
+class Exercise:
+    name: str              # template file stem
+    entry: str             # what the learner's file defines
+    kind: str              # "function" or "module"
+    summary: str
+    outputs: tuple         # names of the tensors returned (functions)
+
+
+EXERCISES = {e.name: e for e in (
+    Exercise("softmax_backward", "softmax_backward", "function",
+             "the softmax backward (w, g) -> dx", ("dx",)),
+    Exercise("scores_backward", "scores_backward", "function",
+             "the scores backward (dscores, queries, keys) -> (dqueries, dkeys)",
+             ("dqueries", "dkeys")),
+    Exercise("linear_backward", "linear_backward", "function",
+             "the linear layer backward (dout, x, W, b) -> (dx, dW, db)", ("dx", "dW", "db")),
+    Exercise("causal_attention", "CausalAttention", "module",
+             "CausalAttention's forward(x, keep_mask) and backward(dout) -> dx, grads", ()),
+    Exercise("multihead_attention", "MultiHeadAttention", "module",
+             "MultiHeadAttention's forward(x, keep_mask) and backward(dout) -> dx, grads", ()),
+)}
+BY_ENTRY = {e.entry: e for e in EXERCISES.values()}
+
+# constructor arguments of the module exercises: dropout and biases on, so that
+# every pass of the backward has something to get wrong
+MODULE_ARGS = {
+    "CausalAttention": dict(d_in=3, d_out=2, context_length=6, dropout=0.5, qkv_bias=True),
+    "MultiHeadAttention": dict(d_in=3, d_out=4, context_length=6, dropout=0.5, num_heads=2,
+                               qkv_bias=True),
+}
+
+
+def _batch():
+    """The chapter's batch: torch.stack((inputs, inputs)), (2, 6, 3), float64."""
+    x = np.array(cv.INPUTS, dtype=np.float64)
+    return np.stack([x, x])
+
+
+def _seeded_state(entry):
+    """Weights drawn by torch_impl after torch.manual_seed(123), as float64 arrays."""
+    torch.manual_seed(123)
+    m = getattr(torch_impl, entry)(**MODULE_ARGS[entry])
+    return {k: v.double().numpy() for k, v in m.state_dict().items()}
+
+
+def reference_module(entry, state):
+    """numpy_ref's module with ``state`` loaded, in training mode (dropout on)."""
+    m = getattr(numpy_ref, entry)(**MODULE_ARGS[entry], rng=0)
+    m.load_state_dict(state)
+    return m
+
+
+def _function_case(name):
+    rng = np.random.default_rng(GRADIENT_SEED)
+    state = _seeded_state("CausalAttention")
+    x = _batch()
+    W_q, b_q = state["W_query.weight"], state["W_query.bias"]
+    W_k, b_k = state["W_key.weight"], state["W_key.bias"]
+    queries, keys = x @ W_q.T + b_q, x @ W_k.T + b_k                    # (2, 6, 2)
+    if name == "softmax_backward":
+        scores = (queries[0] @ keys[0].T) / np.sqrt(2)                   # (6, 6)
+        w = numpy_ref.softmax(scores)
+        g = rng.standard_normal(w.shape)
+        f = lambda: numpy_ref.softmax(scores)
+        return dict(inputs=(w, g), reference={"dx": numpy_ref.softmax_backward(w, g)},
+                    fd={"dx": eval_numerical_gradient_array(f, scores, g)},
+                    described="w = softmax(ω/√d_k) of the chapter's input, (6, 6); "
+                              "g random, (6, 6)")
+    if name == "scores_backward":
+        ds = rng.standard_normal((2, 6, 6))
+        dq, dk = ops.scores_backward(ds, (queries, keys, True))
+        f = lambda: ops.scores_forward(queries, keys)[0]
+        return dict(inputs=(ds, queries, keys), reference={"dqueries": dq, "dkeys": dk},
+                    fd={"dqueries": eval_numerical_gradient_array(f, queries, ds),
+                        "dkeys": eval_numerical_gradient_array(f, keys, ds)},
+                    described="queries, keys of the chapter's batch, (2, 6, 2), d_k = 2; "
+                              "dscores random, (2, 6, 6)")
+    dout = rng.standard_normal((2, 6, 2))
+    W, b = W_q.copy(), b_q.copy()
+    dx, dW, db = ops.linear_backward(dout, (x, W, True))
+    f = lambda: ops.linear_forward(x, W, b)[0]
+    return dict(inputs=(dout, x, W, b), reference={"dx": dx, "dW": dW, "db": db},
+                fd={"dx": eval_numerical_gradient_array(f, x, dout),
+                    "dW": eval_numerical_gradient_array(f, W, dout),
+                    "db": eval_numerical_gradient_array(f, b, dout)},
+                described="x the chapter's batch (2, 6, 3), W_query (2, 3) and its bias (2,); "
+                          "dout random, (2, 6, 2)")
+
+
+def _module_case(entry):
+    rng = np.random.default_rng(GRADIENT_SEED)
+    state = _seeded_state(entry)
+    x = _batch()
+    args = MODULE_ARGS[entry]
+    heads = (args["num_heads"],) if "num_heads" in args else ()
+    keep_mask = np.random.default_rng(KEEP_SEED).random((2, *heads, 6, 6)) >= args["dropout"]
+    ref = reference_module(entry, state)
+    out = ref.forward(x, keep_mask)
+    G = rng.standard_normal(out.shape)
+    reference = {"output": out, "input": ref.backward(G), **ref.grads}
+    fd = numerical_grads(ref, x, G, keep_mask)
+    fd["output"] = out
+    return dict(inputs=(x, keep_mask, G), state=state, reference=reference, fd=fd,
+                described=f"{entry}({', '.join(f'{k}={v}' for k, v in args.items())}), "
+                          f"seeded weights, the chapter's batch (2, 6, 3), a fixed dropout "
+                          f"keep-mask, upstream gradient random {tuple(out.shape)}")
+
+
+def case(name):
+    """Inputs and right answers of exercise ``name`` (a dict, see the module docstring)."""
+    ex = EXERCISES[name]
+    c = _module_case(ex.entry) if ex.kind == "module" else _function_case(name)
+    c["exercise"] = ex
+    return c
+
+
+def _copies(arrays):
+    return tuple(None if a is None else np.array(a) for a in arrays)
+
+
+def run_function(ex, fn, c):
+    """The learner's function on copies of the inputs -> {name: array}; a wrong return
+    shape of the result (not a tuple of the right length) raises TypeError."""
+    result = fn(*_copies(c["inputs"]))
+    if len(ex.outputs) == 1:
+        result = (result,)
+    if not isinstance(result, (tuple, list)) or len(result) != len(ex.outputs):
+        raise TypeError(f"{ex.entry} must return {len(ex.outputs)} arrays "
+                        f"({', '.join(ex.outputs)}), got {type(result).__name__}")
+    return {n: (None if r is None else np.asarray(r, dtype=np.float64))
+            for n, r in zip(ex.outputs, result)}
+
+
+def run_module(ex, cls, c):
+    """The learner's class: built, loaded, forward, backward -> {name: array}."""
+    x, keep_mask, G = _copies(c["inputs"])
+    m = cls(**MODULE_ARGS[ex.entry])
+    m.load_state_dict({k: np.array(v) for k, v in c["state"].items()})
+    out = m.forward(x, keep_mask)
+    dx = m.backward(G)
+    grads = getattr(m, "grads", None)
+    if not isinstance(grads, dict):
+        raise TypeError(f"after backward, {ex.entry}.grads must be a dict of parameter "
+                        f"name -> gradient, got {type(grads).__name__}")
+    tensors = {"output": out, "input": dx}
+    tensors.update({k: v for k, v in grads.items()})
+    return {k: (None if v is None else np.asarray(v, dtype=np.float64)) for k, v in tensors.items()}
+
+
+def run(ex, learner, c):
+    return (run_module if ex.kind == "module" else run_function)(ex, learner, c)

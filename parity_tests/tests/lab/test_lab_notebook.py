@@ -1,0 +1,38 @@
+"""The lab's notebook runs top to bottom, and is kept with its outputs stripped so
+that a change to it reads as a change to its code and prose."""
+
+import pathlib
+import time
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat")
+nbclient = pytest.importorskip("nbclient")
+pytest.importorskip("ipykernel")
+pytest.importorskip("matplotlib")
+
+ROOT = pathlib.Path(__file__).resolve().parents[3]
+NOTEBOOK = ROOT / "notebooks" / "backprop_lab.ipynb"
+LIMIT_S = 60
+
+
+def test_the_notebook_is_stored_without_outputs():
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            assert cell.outputs == [] and cell.execution_count is None, cell.source[:60]
+
+
+def test_the_notebook_runs_top_to_bottom_in_under_a_minute():
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    start = time.perf_counter()
+    # the repository root as working directory: the kernel imports this checkout
+    nbclient.NotebookClient(nb, timeout=LIMIT_S, kernel_name="python3",
+                            resources={"metadata": {"path": str(ROOT)}}).execute()
+    elapsed = time.perf_counter() - start
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    assert sum(o.output_type == "display_data" for o in outputs) == 2      # the heatmaps
+    text = "".join(o.get("text", "") for o in outputs)
+    assert "[softmax-diagonal-only]" in text and "exit status: 1" in text
+    assert elapsed < LIMIT_S

@@ -1,0 +1,83 @@
+"""Every verb refuses an output it cannot write, or a bad seed or name, before any work.
+
+A refusal is exit status 2 (a bad argument, never 1: "a row failed") with one line
+on stderr, and nothing on stdout: no row was computed and no time was spent.
+"""
+
+import os
+
+import pytest
+
+from parity_tests import cli
+from verb_run import needs_matplotlib
+
+BENCH_SMALL = ["--tokens", "8", "--repeats", "1", "--d-model", "8", "--heads", "2"]
+JSON_VERBS = [[], ["bench", *BENCH_SMALL]]                    # take --json PATH
+PLOT_VERBS = [["chapter"], ["jacobian"], ["claims"]]          # take --plot DIR
+
+
+def _refused(capsys, argv):
+    status = cli.main(argv)
+    out, err = capsys.readouterr()
+    assert status == 2, f"{argv} exited {status}"
+    assert out == "", f"{argv} did work before refusing:\n{out[:300]}"
+    return err
+
+
+def _bad_files(tmp_path):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("keep me")
+    bad = {
+        "missing directory": (tmp_path / "missing" / "out.json", "does not exist"),
+        "a directory": (tmp_path, "is a directory"),
+        "below a file": (a_file / "out.json", "does not exist"),
+    }
+    if os.path.isdir("/proc/self"):                      # unwritable even for root
+        bad["unwritable"] = ("/proc/attention-parity.json", "cannot write")
+    return bad
+
+
+@pytest.mark.parametrize("verb", JSON_VERBS, ids=["matrix", "bench"])
+def test_json_path_that_cannot_be_written_is_refused_first(verb, tmp_path, capsys):
+    for what, (path, message) in _bad_files(tmp_path).items():
+        err = _refused(capsys, [*verb, "--json", str(path)])
+        assert err.count("\n") == 1 and "--json" in err and message in err, (what, err)
+    assert (tmp_path / "a_file").read_text() == "keep me"
+
+
+def test_json_path_that_can_be_written_is_left_as_it_was(tmp_path):
+    from parity_tests.common import outputs
+    path = tmp_path / "new.json"
+    assert outputs.output_file_problem("--json", str(path)) is None
+    assert not path.exists()                             # the probe cleans up after itself
+
+
+@needs_matplotlib
+@pytest.mark.parametrize("verb", PLOT_VERBS, ids=lambda v: v[0])
+def test_plot_dir_that_cannot_be_written_is_refused_first(verb, tmp_path, capsys):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("keep me")
+    cases = [(a_file, "not a directory"), (a_file / "sub", "cannot write")]
+    if os.path.isdir("/proc/self"):
+        cases.append(("/proc/attention-parity-plots", "cannot write"))
+    for path, message in cases:
+        err = _refused(capsys, [*verb, "--plot", str(path)])
+        assert err.count("\n") == 1 and "--plot" in err and message in err, (path, err)
+    assert a_file.read_text() == "keep me"
+
+
+@pytest.mark.parametrize("argv", [
+    ["claims", "--seed", "-1"], ["claims", "--seed", str(2**70)], ["claims", "--seed", "x"],
+    ["bench", *BENCH_SMALL, "--seed", "-1"], ["bench", *BENCH_SMALL, "--seed", str(2**32)],
+])
+def test_a_seed_out_of_range_is_refused(argv, capsys):
+    err = _refused(capsys, argv)
+    assert "--seed" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv", [["--dtype", ""], ["--dtype", ","], ["--dtype", " , "],
+                                  ["--module", ""], ["--module", ","],
+                                  ["--dtype", "float32", "--dtype", ""]])
+def test_an_option_naming_nothing_is_refused_not_read_as_the_default(argv, capsys):
+    err = _refused(capsys, argv)
+    assert err.count("\n") == 1 and argv[-2] in err and "at least one name" in err
