@@ -115,11 +115,11 @@ CONFIGS_CAUSAL = (
 )
 
 # Blockwise attention: lengths that are not multiples of the (3, 4) tiles, so the
-# online softmax rescales and diagonal tiles are masked; and large inputs whose
+# online softmax rescales and diagonal tiles are masked (one token and other
+# edges are in reference/test_blockwise_*.py); and large inputs whose
 # scores rise by thousands from one key tile to the next (a running maximum that
 # is not updated overflows there, and only there).
 CONFIGS_BLOCKWISE = (
-    Config("one token, B=1", tokens=1, d_in=4, head_dim=2, num_heads=2, context_length=4),
     Config("T 13, tiles 3x4, bias", tokens=13, d_in=5, head_dim=3, batch=2, num_heads=2,
            context_length=16, qkv_bias=True),
     # float64 only: with scores of thousands, the float32 L = m + log ℓ is rounded by

@@ -42,8 +42,8 @@ def errors(got, want):
 ])
 def test_ops_match_autograd(Tq, Tk, D, causal, offset, tiles):
     rng = np.random.default_rng(0)
-    q, k, v = (rng.standard_normal((2, 3, T, D)) for T in (Tq, Tk, Tk))
-    dout = rng.standard_normal((2, 3, Tq, D))
+    q, k, v = (rng.standard_normal((1, 2, T, D)) for T in (Tq, Tk, Tk))
+    dout = rng.standard_normal((1, 2, Tq, D))
     kw = dict(causal=causal, causal_offset=offset, block_q=tiles[0], block_k=tiles[1])
     out, lse = attention_forward(q, k, v, **kw)
     got = [out, lse, *attention_backward(dout, q, k, v, out, lse, **kw)]

@@ -76,11 +76,12 @@ def test_matches_multihead_attention_given_keep_mask():
     assert max(errs.values()) <= TIGHT, errs
 
 
-def test_dropout_tiles_are_drawn_again_in_the_backward():
-    """Fresh masks each forward; each regenerated from its seed (gradient = finite
-    differences with that mask held fixed)."""
+def test_dropout_draws_fresh_tiles_each_forward():
+    """Fresh masks each forward, keeping about 1 - p; that the backward draws the
+    same tiles again is shown by the gradients matching MultiHeadAttention's with
+    last_keep_mask() (test above)."""
     m, _ = pair(dropout=0.5, tiles=(4, 4))
-    x, dout = inputs((1, 16, 6), 8)
+    x, _ = inputs((1, 16, 6), 8)
     m.forward(x)
     first = m.last_keep_mask()
     m.forward(x)
@@ -89,10 +90,6 @@ def test_dropout_tiles_are_drawn_again_in_the_backward():
     assert not np.array_equal(first[..., lower[0], lower[1]], second[..., lower[0], lower[1]])
     kept = second[..., lower[0], lower[1]].mean()
     assert 0.35 < kept < 0.65
-    ref = nr.MultiHeadAttention(6, 8, 24, 0.5, 2, True, rng=0)
-    ref.load_state_dict(m.state_dict())
-    errors = gradient_errors(m, x, dout, keep_mask=second)  # with the mask, deterministic
-    assert max(errors.values()) <= FINITE_DIFF_BOUND, errors
 
 
 @pytest.mark.parametrize("dropout,keep", [(0.0, False), (0.5, True)])
