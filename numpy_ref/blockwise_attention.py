@@ -46,10 +46,11 @@ from numpy_ref.module import (
 __all__ = ["BlockwiseMultiHeadAttention"]
 
 # From this many tokens on, heads run on a pool of two threads (None: never).
-# Measured at T = 4096 on a shared 2-core machine: 1.35x faster than one thread
-# while other programs ran, 10% slower when it was quieter; below 2048 the pool
-# costs more than it gains.  ``num_workers`` overrides the choice.
-THREADS_FROM_TOKENS = 4096
+# Attention time measured on 2 idle cores, one thread -> two: T = 256 no gain,
+# 512 0.08 -> 0.07 s, 1024 0.21 -> 0.16 s, 2048 0.56 -> 0.39 s, 4096 1.84 ->
+# 1.02 s.  (With other programs busy on the machine the pool gained less, or
+# lost up to 10 %.)  ``num_workers`` overrides the choice.
+THREADS_FROM_TOKENS = 1024
 MASK_CHECK_ROWS = 256        # rows of the loaded mask compared at a time
 DX_CHUNK_ROWS = 1024         # rows of dx updated at a time in the backward
 
