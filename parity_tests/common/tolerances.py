@@ -133,3 +133,40 @@ def low_precision_bound(dtype, baseline):
         # A baseline that failed cannot vouch for anything: hold to the floor alone.
         baseline = 0.0
     return LOW_PRECISION_FACTOR * float(baseline) + FLOOR_ULPS[dtype] * UNIT_ROUNDOFF[dtype]
+
+
+# ---------------------------------------------------------------------------
+# attention-parity check: an outside kernel against the float64 reference
+# ---------------------------------------------------------------------------
+# The method of FlashAttention's and PyTorch's SDPA tests: the kernel's error
+# against a float64 golden result, held to a multiple of the error of a plain
+# computation of the same formulas in the same dtype on the same device::
+#
+#     error <= CHECK_FACTOR * baseline + CHECK_FLOOR_ULPS[dtype] * u_dtype
+#
+# (error: normwise relative, as above; gradients relative to the largest of
+# dq, dk, dv with the SCALE_FLOOR for the zero-by-theory ones).
+# FlashAttention's tests use a factor 2 (and 3-4 on a few backward tensors);
+# PyTorch's SDPA tests multiply their fudge factors by 2..8 per tensor and
+# dtype.  A fused kernel differs from the plain computation by *where* it
+# rounds: it keeps P in float32 (more accurate than the baseline's rounded P
+# for out and dv) but may round dS or accumulate dq over key tiles (less
+# accurate for dq and dk).  CHECK_FACTOR_MEASURED below is the largest ratio
+# error / baseline PyTorch's own CPU kernels reach over the default grid;
+# CHECK_FACTOR leaves a margin above it and stays far below what a mistake
+# produces (measured: a mistake of the catalogue gives 1e2..1e6 x baseline).
+CHECK_FACTOR_MEASURED = None     # filled in below, with the measurement
+CHECK_FACTOR = 4.0
+
+# The floor covers baselines that are exact by accident (one key: the weight
+# is exactly 1, out = v and dq = dk = 0) while a kernel is a few roundings off.
+CHECK_FLOOR_ULPS = {"float64": 64, "float32": 32, "float16": 8, "bfloat16": 8}
+
+
+def check_bound(dtype, baseline):
+    """The bound of ``attention-parity check`` for a tensor whose baseline error is ``baseline``."""
+    if dtype not in CHECK_FLOOR_ULPS:
+        raise ValueError(f"dtype must be one of {tuple(CHECK_FLOOR_ULPS)}, got {dtype!r}")
+    if not np.isfinite(baseline):
+        baseline = 0.0
+    return CHECK_FACTOR * float(baseline) + CHECK_FLOOR_ULPS[dtype] * UNIT_ROUNDOFF[dtype]
