@@ -99,8 +99,8 @@ def find_growth(rows):
                 "grows-with-length",
                 f"{r.tensor} error grows with the key length: passes up to Tk = {pass_upto}, fails from "
                 f"Tk = {fail_from} (ratio {short.ratio:.2f} at Tk = {short.dims['tk']}, {long.ratio:.2f} at "
-                f"Tk = {long.dims['tk']}): the signature of an accumulator kept in a low precision; "
-                f"{r.diagnosis.sentence}", r.error, r.bound)
+                f"Tk = {long.dims['tk']}): the signature of an accumulator kept in a low precision "
+                "(no catalogued mistake matches)", r.error, r.bound)
 
 
 @dataclass

@@ -60,13 +60,14 @@ def _sdpa(backend, why_cuda_only=False):
 
     def fn(q, k, v, *, causal, scale, align="top-left"):
         mask, is_causal = None, False
-        if causal and align == "bottom-right" and q.shape[-2] != k.shape[-2]:
-            from torch.nn.attention.bias import causal_lower_right
-            mask = causal_lower_right(q.shape[-2], k.shape[-2])
-        else:
-            is_causal = causal
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
+            if causal and align == "bottom-right" and q.shape[-2] != k.shape[-2]:
+                # (warns that rows seeing no key are NaN with Tq > Tk; SDPA returns zeros there)
+                from torch.nn.attention.bias import causal_lower_right
+                mask = causal_lower_right(q.shape[-2], k.shape[-2])
+            else:
+                is_causal = causal
             try:
                 with sdpa_kernel([chosen]):
                     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
