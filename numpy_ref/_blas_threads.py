@@ -2,9 +2,9 @@
 
 Blockwise attention calls the BLAS on many small tiles.  On such products a
 multi-threaded OpenBLAS spends more time waking and joining its threads than
-multiplying (measured on 2 cores: 20x slower for a (128, 64) @ (64, 1024)
-product); one BLAS thread per tile, with the heads spread over a thread pool
-instead, keeps every core busy on the tiles' exponentials too.
+multiplying (measured on 2 cores: up to 20x slower for a (128, 64) @ (64, 1024)
+product), so the tiles run with one BLAS thread; where the cores really run in
+parallel, a thread pool over heads can then use them, exponentials included.
 
 NumPy offers no call for this, so ``blas_threads(n)`` finds the loaded OpenBLAS
 (Linux: /proc/self/maps) and calls its ``openblas_set_num_threads`` through

@@ -6,6 +6,10 @@ the same passes in reverse, calling the ops' backwards (see ``numpy_ref.ops``
 for every derivation).  Computation happens in the dtype of the input ``x``:
 the parameters (float32 by default, as in PyTorch) are cast to it.
 
+``forward`` copies ``x`` and the parameters it uses, and fingerprints a
+caller's ``keep_mask``; ``backward`` can be called again and overwrites
+``grads`` (details in ``numpy_ref.module``).
+
 Shapes: B batch, T tokens, H heads, D head_dim = d_out / H.
 """
 
@@ -14,7 +18,7 @@ import numpy as np
 from numpy_ref import ops
 from numpy_ref.module import (
     Module, check_bias, check_dropout, check_input, check_keep_mask,
-    check_size, make_rng, uniform,
+    check_size, fingerprint, make_rng, uniform,
 )
 
 __all__ = [
@@ -74,7 +78,8 @@ class SelfAttention_v1(Module):
 
     def forward(self, x):
         x = check_input(x, 2, self.d_in)                               # (T, d_in)
-        W = {n: p.astype(x.dtype, copy=False) for n, p in self._parameters.items()}
+        # copies: an in-place change to a parameter after forward changes no gradient
+        W = {n: p.astype(x.dtype, copy=True) for n, p in self._parameters.items()}
         # pass 1: the three projections, (T, d_out) each
         keys, k_cache = ops.linear_v1_forward(x, W["W_key"])
         queries, q_cache = ops.linear_v1_forward(x, W["W_query"])
@@ -121,10 +126,11 @@ class _LinearLayers(Module):
             self._parameters[f"{layer}.bias"] = uniform(self.rng, (d_out,), -bound, bound)
 
     def _linear(self, layer, x):
-        """``layer(x)`` in x's dtype -> (out, cache)."""
-        W = self._parameters[f"{layer}.weight"].astype(x.dtype, copy=False)
+        """``layer(x)`` in x's dtype -> (out, cache).  The weight is copied (cast
+        to x's dtype), so an in-place change to it after forward changes no gradient."""
+        W = self._parameters[f"{layer}.weight"].astype(x.dtype, copy=True)
         b = self._parameters.get(f"{layer}.bias")
-        b = None if b is None else b.astype(x.dtype, copy=False)
+        b = None if b is None else b.astype(x.dtype, copy=False)   # the sum copies it
         return ops.linear_forward(x, W, b)
 
     def _linear_backward(self, layer, dout, cache, grads):
@@ -202,14 +208,18 @@ class _Causal(_LinearLayers):
         self._buffers["mask"] = np.triu(ones, k=1)
 
     def _keep_mask(self, keep_mask, shape, layout):
-        """The keep-mask this forward uses: None when dropout is the identity (eval
-        mode or p = 0, where a given keep_mask is ignored), else the given one,
-        validated, or one drawn from the module's rng."""
+        """(keep-mask this forward uses, guards): the mask is None when dropout is
+        the identity (eval mode or p = 0, where a given keep_mask is ignored),
+        else the given one, validated, or one drawn from the module's rng.  A
+        given mask stays the caller's array: ``guards`` holds its fingerprint,
+        checked by backward, instead of a copy the size of the attention weights."""
+        check_dropout(self.dropout)         # a public attribute: it may have been set since
         if not self.training or self.dropout == 0.0:
-            return None
+            return None, []
         if keep_mask is None:
-            return ops.draw_keep_mask(self.rng, shape, self.dropout)
-        return check_keep_mask(keep_mask, shape, layout)
+            return ops.draw_keep_mask(self.rng, shape, self.dropout), []
+        keep_mask = check_keep_mask(keep_mask, shape, layout)
+        return keep_mask, [("keep_mask", keep_mask, fingerprint(keep_mask))]
 
     def _attend(self, queries, keys, values, keep_mask, mask_bool=None):
         """Passes 2-6 on (..., Tq, D) queries and (..., Tk, D) keys and values
@@ -267,15 +277,15 @@ class CausalAttention(_Causal):
     def forward(self, x, keep_mask=None):
         x = check_input(x, 3, self.d_in, self.context_length)         # (B, T, d_in)
         b, num_tokens, _ = x.shape
-        keep_mask = self._keep_mask(keep_mask, (b, num_tokens, num_tokens),
-                                    "(batch, num_tokens, num_tokens)")
+        keep_mask, guards = self._keep_mask(keep_mask, (b, num_tokens, num_tokens),
+                                            "(batch, num_tokens, num_tokens)")
         # pass 1: the three projections, (B, T, d_out) each
         keys, k_cache = self._linear("W_key", x)
         queries, q_cache = self._linear("W_query", x)
         values, v_cache = self._linear("W_value", x)
         # passes 2-6: scores, mask, softmax, dropout, weighted sum
         context_vec, caches = self._attend(queries, keys, values, keep_mask)  # (B, T, d_out)
-        self._cache = dict(out_shape=context_vec.shape, dtype=x.dtype,
+        self._cache = dict(out_shape=context_vec.shape, dtype=x.dtype, guards=guards,
                            k=k_cache, q=q_cache, v=v_cache, **caches)
         return context_vec
 
@@ -312,8 +322,11 @@ class MultiHeadAttentionWrapper(Module):
     def forward(self, x, keep_mask=None):
         head0 = self.heads[0]
         # every check before any head runs: a refusal leaves every head's cache as it was
-        x = check_input(x, 3, head0.d_in, head0.context_length)       # (B, T, d_in)
+        # not copied here: each head copies it
+        x = check_input(x, 3, head0.d_in, head0.context_length, copy=False)  # (B, T, d_in)
         b, num_tokens, _ = x.shape
+        for head in self.heads:
+            check_dropout(head.dropout)
         if not self.training or head0.dropout == 0.0:
             keep_mask = None                             # ignored: dropout is the identity
         elif keep_mask is not None:
@@ -329,6 +342,8 @@ class MultiHeadAttentionWrapper(Module):
 
     def backward(self, grad_out):
         dcontext_vec = self._check_grad_out(grad_out)
+        for head in self.heads:             # every head's keep_mask before any head's grads
+            head._check_unchanged()
         # pass 2: each head gets its slice of the gradient
         dhead_outputs = ops.concat_heads_backward(dcontext_vec, self._cache["cat"])
         # pass 1: every head saw the same x, so x's gradient sums over heads
@@ -371,8 +386,9 @@ class MultiHeadAttention(_Causal):
     def forward(self, x, keep_mask=None):
         x = check_input(x, 3, self.d_in, self.context_length)         # (B, T, d_in)
         b, num_tokens, _ = x.shape
-        keep_mask = self._keep_mask(keep_mask, (b, self.num_heads, num_tokens, num_tokens),
-                                    "(batch, num_heads, num_tokens, num_tokens)")
+        keep_mask, guards = self._keep_mask(keep_mask,
+                                            (b, self.num_heads, num_tokens, num_tokens),
+                                            "(batch, num_heads, num_tokens, num_tokens)")
         # pass 1: one projection each, (B, T, d_out)
         keys, k_cache = self._linear("W_key", x)
         queries, q_cache = self._linear("W_query", x)
@@ -387,7 +403,7 @@ class MultiHeadAttention(_Causal):
         context_vec, merge_cache = ops.merge_heads_forward(context_vec)  # (B, T, d_out)
         # pass 8: out_proj
         context_vec, out_cache = self._linear("out_proj", context_vec)   # (B, T, d_out)
-        self._cache = dict(out_shape=context_vec.shape, dtype=x.dtype, k=k_cache,
+        self._cache = dict(out_shape=context_vec.shape, dtype=x.dtype, guards=guards, k=k_cache,
                            q=q_cache, v=v_cache, merge=merge_cache, out=out_cache, **caches)
         return context_vec
 

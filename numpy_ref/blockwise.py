@@ -153,11 +153,11 @@ def _cut_by_diagonal(q0, k1, causal, causal_offset):
 
 
 def choose_tiles(Tq, Tk, D):
-    """Automatic (B_r, B_c): large enough that NumPy's per-call overhead is small
-    next to the tile's work, small enough that a tile stays in cache."""
-    B_r = min(Tq, 128)
-    B_c = min(Tk, 1024)
-    return B_r, B_c
+    """Automatic (B_r, B_c): large enough that NumPy's per-call overhead (~20 calls
+    of a few µs per tile) is small next to the tile's work, small enough that a
+    (B_r, B_c) float32 tile (512 KiB) stays in a core's L2 cache.  256 x 512 was
+    the fastest of 64..512 x 256..2048 at T = 4096, D = 64 (2 cores, float32)."""
+    return min(Tq, 256), min(Tk, 512)
 
 
 # ----------------------------------------------------------------------------

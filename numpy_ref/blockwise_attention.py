@@ -16,17 +16,20 @@ array exists anywhere, not even the chapter's ``mask`` buffer:
   ``MultiHeadAttention.forward(x, keep_mask)`` reproduces exactly.  A
   ``keep_mask`` given to ``forward`` is used tile by tile, as in
   ``MultiHeadAttention``.
-- The forward keeps its own copies of x and of the (cast) parameters, so
-  changing either in place before ``backward`` changes nothing.
 - Passes 1 and 8 are MultiHeadAttention's projections with the three input
   projections stacked into one (3 d_out, d_in) matrix: one matrix product, and
   the heads are read as column slices of its (B, T, 3 d_out) output, so neither
   the split nor the merge of heads copies anything.
-- The backward releases the forward's attention output (as PyTorch frees its
-  graph): a second backward needs a new forward.
+- As in every module (see ``numpy_ref.module``): forward copies x and the
+  parameters it uses, fingerprints a caller's keep_mask (checked by backward),
+  and backward may run again, overwriting ``grads``.
+- Memory (float32, batch 1): forward + backward peak at about 7.5 (T, d_out)
+  arrays: x, queries/keys/values, the merged heads, the output, dx; the
+  gradient of the merged heads and dqkv exist one head at a time.
 """
 
 import os
+import threading
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 
@@ -36,13 +39,19 @@ from numpy_ref import ops
 from numpy_ref import _blas_threads, blockwise as bw
 from numpy_ref.attention import MultiHeadAttention
 from numpy_ref.module import (
-    _as_array, check_bias, check_dropout, check_input, check_keep_mask, check_size, make_rng,
+    _as_array, check_bias, check_dropout, check_input, check_keep_mask, check_size,
+    fingerprint, make_rng,
 )
 
 __all__ = ["BlockwiseMultiHeadAttention"]
 
-THREADS_FROM_TOKENS = 4096   # below this, a thread per head costs more than it gains
+# From this many tokens on, heads run on a thread pool (None: never by default).
+# Measured on the 2-core machine this was tuned on: two threads ran no faster
+# than one (two processes of np.exp took twice one's time: the cores share their
+# arithmetic), so the default is one; ``num_workers = 2`` asks for the pool.
+THREADS_FROM_TOKENS = None
 MASK_CHECK_ROWS = 256        # rows of the loaded mask compared at a time
+DX_CHUNK_ROWS = 1024         # rows of dx updated at a time in the backward
 
 
 class BlockwiseMultiHeadAttention(MultiHeadAttention):
@@ -50,8 +59,8 @@ class BlockwiseMultiHeadAttention(MultiHeadAttention):
     qkv_bias=False, *, rng=None)`` with blockwise attention.
 
     Class (or instance) attributes: ``block_q``, ``block_k`` (None: chosen by
-    ``numpy_ref.blockwise.choose_tiles``) and ``num_workers`` (None: one thread
-    per core from THREADS_FROM_TOKENS tokens on, else 1).
+    ``numpy_ref.blockwise.choose_tiles``) and ``num_workers`` (None: see
+    THREADS_FROM_TOKENS).
     """
 
     block_q = None
@@ -103,19 +112,22 @@ class BlockwiseMultiHeadAttention(MultiHeadAttention):
 
     def _tiles(self, num_tokens):
         auto_q, auto_k = bw.choose_tiles(num_tokens, num_tokens, self.d_out // self.num_heads)
-        return (auto_q if self.block_q is None else self.block_q,
-                auto_k if self.block_k is None else self.block_k)
+        return (auto_q if self.block_q is None else check_size("block_q", self.block_q),
+                auto_k if self.block_k is None else check_size("block_k", self.block_k))
 
     def _workers(self, num_tokens):
         if self.num_workers is not None:
-            return self.num_workers
-        return min(2, os.cpu_count() or 1) if num_tokens >= THREADS_FROM_TOKENS else 1
+            return check_size("num_workers", self.num_workers)
+        if THREADS_FROM_TOKENS is None or num_tokens < THREADS_FROM_TOKENS:
+            return 1
+        return min(2, os.cpu_count() or 1)
 
     def _tile_keep(self, drop, b, h, dtype):
         """keep(q0, q1, k0, k1) -> the tile's keep-mask scaled by 1/(1-p), or None."""
         if drop is None:
             return None
-        scale = dtype.type(1.0 / (1.0 - self.dropout))
+        # p = 1 drops everything, as nn.Dropout(1.0): scale 0 rather than 1/0
+        scale = dtype.type(1.0 / (1.0 - self.dropout) if self.dropout < 1.0 else 0.0)
         if drop["keep_mask"] is not None:
             full = drop["keep_mask"][b, h]
             return lambda q0, q1, k0, k1: full[q0:q1, k0:k1] * scale
@@ -169,19 +181,19 @@ class BlockwiseMultiHeadAttention(MultiHeadAttention):
     # -- forward and backward ----------------------------------------------------
 
     def forward(self, x, keep_mask=None):
-        x = check_input(x, 3, self.d_in, self.context_length)         # (B, T, d_in)
+        check_dropout(self.dropout)         # a public attribute: it may have been set since
+        x = check_input(x, 3, self.d_in, self.context_length)         # (B, T, d_in), a copy
         b, num_tokens, _ = x.shape
         H, D, d_out = self.num_heads, self.d_out // self.num_heads, self.d_out
-        drop = None
+        drop, guards = None, []
         if self.training and self.dropout > 0.0:
             if keep_mask is not None:
                 keep_mask = check_keep_mask(keep_mask, (b, H, num_tokens, num_tokens),
                                             "(batch, num_heads, num_tokens, num_tokens)")
-                drop = dict(seed=None, keep_mask=keep_mask.copy())
-            else:
-                drop = dict(seed=int(self.rng.integers(2**63)), keep_mask=None)
+                guards = [("keep_mask", keep_mask, fingerprint(keep_mask))]
+            seed = None if keep_mask is not None else int(self.rng.integers(2**63))
+            drop = dict(seed=seed, keep_mask=keep_mask)
         dtype = x.dtype
-        x = x.copy()                              # the backward's own copy
         p = self._parameters
         # copies in x's dtype: changing the parameters in place cannot reach the backward
         W_qkv = np.concatenate([p[f"{n}.weight"] for n in ("W_query", "W_key", "W_value")]
@@ -193,7 +205,7 @@ class BlockwiseMultiHeadAttention(MultiHeadAttention):
         W_out = p["out_proj.weight"].astype(dtype, copy=True)
         b_out = p["out_proj.bias"].astype(dtype, copy=True)
         # pass 1: queries, keys, values side by side                 (B, T, 3 d_out)
-        qkv, qkv_cache = ops.linear_forward(x, W_qkv, b_qkv)
+        qkv, _ = ops.linear_forward(x, W_qkv, b_qkv)
         # passes 2-7: each head's (T, D) column slices; the output is written
         # straight into its columns of the merged (B, T, d_out) context
         context_vec = np.empty((b, num_tokens, d_out), dtype=dtype)
@@ -207,48 +219,57 @@ class BlockwiseMultiHeadAttention(MultiHeadAttention):
                             scale, True, 0, B_r, B_c, self._tile_keep(drop, bi, h, dtype))
         self._each_head(attend, b, num_tokens)
         # pass 8: out_proj
-        out, out_cache = ops.linear_forward(context_vec, W_out, b_out)     # (B, T, d_out)
-        self._cache = dict(out_shape=out.shape, dtype=dtype, qkv=qkv_cache, qkv_out=qkv,
-                           out=out_cache,
-                           lse=lse, drop=drop, tiles=(B_r, B_c), scale=scale)
+        out, _ = ops.linear_forward(context_vec, W_out, b_out)            # (B, T, d_out)
+        self._cache = dict(out_shape=out.shape, dtype=dtype, guards=guards, x=x, W_qkv=W_qkv,
+                           qkv=qkv, context_vec=context_vec, W_out=W_out, lse=lse, drop=drop,
+                           tiles=(B_r, B_c), scale=scale)
         return out
 
     def backward(self, grad_out):
+        """Passes 8-1 in reverse.  Every (T, D) head's gradients go straight into
+        dx and the weight gradients (x fed the three projections: dx sums them),
+        so neither dcontext_vec nor the (B, T, 3 d_out) dqkv is ever whole."""
         dout = self._check_grad_out(grad_out)                         # (B, T, d_out)
         c = self._cache
-        if c["out"] is None:
-            raise ValueError("backward already ran for the last forward, which released "
-                             "its attention output; call forward again")
         b, num_tokens, d_out = c["out_shape"]
         H, D, dtype = self.num_heads, d_out // self.num_heads, c["dtype"]
-        context_vec, W_out, _ = c["out"]
-        qkv, lse, drop, (B_r, B_c), scale = c["qkv_out"], c["lse"], c["drop"], c["tiles"], c["scale"]
+        x, W_qkv, qkv, context_vec, W_out = (c[n] for n in ("x", "W_qkv", "qkv",
+                                                            "context_vec", "W_out"))
+        lse, drop, (B_r, B_c), scale = c["lse"], c["drop"], c["tiles"], c["scale"]
         grads = {}
-        # pass 8: out_proj's weight and bias; dcontext_vec = dout @ W_out is
-        # formed one head's columns at a time, below, never whole
+        # pass 8: out_proj's weight and bias
         grads["out_proj.weight"] = ops._rows(dout).T @ ops._rows(context_vec)
         grads["out_proj.bias"] = ops._rows(dout).sum(axis=0)
-        # D = rowsum(dO ∘ O) per (batch, head, row); then the output can go
-        delta = np.empty((b, H, num_tokens), dtype=dtype)
-        dqkv = np.empty((b, num_tokens, 3 * d_out), dtype=dtype)     # (B, T, 3 d_out)
+        dx = np.zeros(x.shape, dtype=dtype)                           # (B, T, d_in)
+        dW_qkv = np.zeros(W_qkv.shape, dtype=dtype)                   # (3 d_out, d_in)
+        db_qkv = np.zeros(3 * d_out, dtype=dtype)
+        lock = threading.Lock()
 
         def attend_backward(bi, h):
             cols = slice(h * D, (h + 1) * D)
+            # pass 8, this head's columns: dcontext_vec[..., cols] = dout @ W_out[:, cols]
             dcontext_h = dout[bi] @ W_out[:, cols]                    # (T, D)
-            delta[bi, h] = bw._delta(dcontext_h, context_vec[bi, :, cols])
-            q, k, v = (qkv[bi, :, s * d_out + h * D: s * d_out + (h + 1) * D] for s in range(3))
-            dq, dk, dv = (dqkv[bi, :, s * d_out + h * D: s * d_out + (h + 1) * D]
-                          for s in range(3))
-            bw.backward_head(dcontext_h, q, k, v, delta[bi, h], lse[bi, h], dq, dk, dv,
-                             scale, True, 0, B_r, B_c, self._tile_keep(drop, bi, h, dtype))
-        c["out"] = None                  # released below, once every head has its D
+            delta = bw._delta(dcontext_h, context_vec[bi, :, cols])   # D = rowsum(dO ∘ O)
+            # passes 7-2: blockwise backward into this head's dq, dk, dv side by side
+            rows = np.concatenate([np.arange(s * d_out + h * D, s * d_out + (h + 1) * D)
+                                   for s in range(3)])                # its rows of W_qkv
+            dqkv_h = np.empty((num_tokens, 3 * D), dtype=dtype)       # (T, 3 D)
+            q, k, v = (qkv[bi, :, r0:r0 + D] for r0 in rows[::D])
+            dq, dk, dv = (dqkv_h[:, s * D:(s + 1) * D] for s in range(3))
+            bw.backward_head(dcontext_h, q, k, v, delta, lse[bi, h], dq, dk, dv, scale,
+                             True, 0, B_r, B_c, self._tile_keep(drop, bi, h, dtype))
+            # pass 1, this head's share: dW_qkv[rows] = dqkv_h^T x, dx += dqkv_h W_qkv[rows]
+            W_h = W_qkv[rows]                                         # (3 D, d_in)
+            dW_h = dqkv_h.T @ x[bi]
+            with lock:
+                dW_qkv[rows] += dW_h
+                db_qkv[rows] += dqkv_h.sum(axis=0)
+                for r0 in range(0, num_tokens, DX_CHUNK_ROWS):        # no (T, d_in) temporary
+                    dx[bi, r0:r0 + DX_CHUNK_ROWS] += dqkv_h[r0:r0 + DX_CHUNK_ROWS] @ W_h
         self._each_head(attend_backward, b, num_tokens)
-        del context_vec
-        # pass 1: the stacked projection; x fed all three, its gradient sums them
-        dx, dW_qkv, db_qkv = ops.linear_backward(dqkv, c["qkv"])
         for i, name in enumerate(("W_query", "W_key", "W_value")):
             grads[f"{name}.weight"] = dW_qkv[i * d_out:(i + 1) * d_out]
-            if db_qkv is not None:
+            if self.qkv_bias:
                 grads[f"{name}.bias"] = db_qkv[i * d_out:(i + 1) * d_out]
         self.grads = self._ordered(grads)
         return dx

@@ -25,6 +25,11 @@ attention weights kept for the backward to the same, and the largest temporary
 to one block.  Rounding may differ from ``MultiHeadAttention`` by the order of
 the sums (last bits); tests hold the two together.
 
+State between forward and backward is handled as in every module (see
+``numpy_ref.module``): x and the parameters are copied by forward, a caller's
+``keep_mask`` is fingerprinted once as a whole (not per block) and checked by
+backward, and backward overwrites ``grads``.
+
 Only the chapter's causal mask (strictly above the diagonal, the buffer
 ``triu(ones, 1)``) allows skipping; with any other mask buffer the forward falls
 back to ``MultiHeadAttention``'s full (T, T) computation.
@@ -33,15 +38,23 @@ back to ``MultiHeadAttention``'s full (T, T) computation.
 import numpy as np
 
 from numpy_ref.attention import MultiHeadAttention
+from numpy_ref.module import check_size
 
 __all__ = ["FastMultiHeadAttention"]
 
 
 class FastMultiHeadAttention(MultiHeadAttention):
     """``MultiHeadAttention`` (same signature, parameters, state_dict, dropout
-    draws) with attention computed per block of ``block_size`` queries."""
+    draws) with attention computed per block of ``block_size`` queries.
+
+    ``block_size`` (default 128) may be set on the class or on an instance; it
+    must be a positive int, checked by every forward before any work."""
 
     block_size = 128
+
+    def forward(self, x, keep_mask=None):
+        check_size("block_size", self.block_size)
+        return super().forward(x, keep_mask)
 
     def _attend(self, queries, keys, values, keep_mask, mask_bool=None):
         """Passes 2-6, block by block -> (context_vec, {"blocks": [...]})."""

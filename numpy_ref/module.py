@@ -6,8 +6,29 @@ buffers (the causal ``mask``) in ``_buffers``, sub-modules in ``_children``
 gives own parameters then each child's; ``state_dict()`` gives own buffers, own
 parameters, then each child's (the PyTorch modules keep their weights in
 ``nn.Linear`` children, which come after the module's own ``mask`` buffer).
+
+Between ``forward`` and ``backward``
+------------------------------------
+``backward`` differentiates exactly what ``forward`` saw, whatever the caller
+does in between:
+
+- ``x`` is copied by ``forward`` (one array of the input's size), so changing
+  the caller's ``x`` in place changes no gradient;
+- the parameters are copied by ``forward`` too, in the input's dtype (float32
+  and float64 inputs alike), so an in-place change to a parameter (an optimiser
+  step taken too early) changes no gradient either;
+- a ``keep_mask`` given by the caller is *not* copied (it is as large as the
+  attention weights); ``forward`` keeps a CRC-32 fingerprint of it instead and
+  ``backward`` refuses, with a ``ValueError`` naming ``keep_mask``, if it has
+  changed, before any gradient is written.
+
+``backward`` may be called more than once after one ``forward``: each call
+computes from the forward's cache (which it does not consume) and *overwrites*
+``grads`` with a new dict of new arrays.  PyTorch instead accumulates into
+``.grad``; to accumulate here, add the dicts yourself.
 """
 
+import zlib
 from collections.abc import Mapping
 from numbers import Integral, Real
 
@@ -34,6 +55,11 @@ class Module:
         raise NotImplementedError
 
     def backward(self, grad_out):
+        """Gradient with respect to the last forward's ``x``; fills ``grads``.
+
+        May be called again after one forward: each call *overwrites* ``grads``
+        (a new dict of new arrays), it never adds to it as PyTorch's ``.grad``
+        does.  Refused if a caller's ``keep_mask`` changed since the forward."""
         raise NotImplementedError
 
     # -- parameters and state -------------------------------------------------
@@ -92,6 +118,8 @@ class Module:
 
     def train(self, mode=True):
         """Training mode (dropout active) or not; returns self, as in PyTorch."""
+        if not isinstance(mode, (bool, np.bool_)):
+            raise TypeError(f"mode must be True or False, got {type(mode).__name__} {mode!r}")
         self.training = bool(mode)
         for child in self._children.values():
             child.train(mode)
@@ -102,13 +130,23 @@ class Module:
 
     # -- shared checks ------------------------------------------------------------
 
-    def _check_grad_out(self, grad_out):
-        """grad_out as an array of the last output's shape and dtype."""
+    def _check_unchanged(self):
+        """Refuse a backward when an array the forward kept by reference (a caller's
+        keep_mask) has changed since: its fingerprint no longer matches."""
         if self._cache is None:
             raise ValueError(f"{type(self).__name__}.backward(grad_out) called before "
                              f"forward: there is no forward pass to differentiate")
+        for name, array, print_ in self._cache.get("guards", ()):
+            if fingerprint(array) != print_:
+                raise ValueError(f"{name} was changed in place between forward and "
+                                 f"backward: the backward would not match the forward; "
+                                 f"run forward again (or pass a copy of {name})")
+
+    def _check_grad_out(self, grad_out):
+        """grad_out as an array of the last output's shape and dtype."""
+        self._check_unchanged()
         out_shape, dtype = self._cache["out_shape"], self._cache["dtype"]
-        grad_out = np.asarray(grad_out)
+        grad_out = read_array(grad_out, "grad_out")
         if not np.issubdtype(grad_out.dtype, np.floating):
             raise TypeError(f"grad_out must hold floating-point numbers, "
                             f"got dtype {grad_out.dtype}")
@@ -119,6 +157,23 @@ class Module:
 
 
 # -- argument checks shared by the constructors and forwards ---------------------
+
+def read_array(value, name):
+    """``np.asarray(value)``, with an error naming ``name`` when NumPy cannot read
+    it: TypeError for an object it cannot convert (a tensor that requires grad,
+    a bfloat16 tensor), ValueError for a ragged nest of lists."""
+    try:
+        return np.asarray(value)
+    except ValueError as e:
+        raise ValueError(f"{name} must be a rectangular array of numbers, "
+                         f"got a {type(value).__name__} NumPy cannot shape: {e}") from None
+    except (TypeError, RuntimeError) as e:
+        hint = ""
+        if hasattr(value, "detach") and hasattr(value, "cpu"):
+            hint = f"; pass a NumPy array, e.g. {name}.detach().cpu().double().numpy()"
+        raise TypeError(f"{name} must be an array NumPy can read, got a "
+                        f"{type(value).__name__} it cannot ({e}){hint}") from None
+
 
 def _as_array(value, key):
     """A state_dict entry as a NumPy array.  A PyTorch tensor (recognised by its
@@ -143,11 +198,11 @@ def check_size(name, value):
 
 
 def check_dropout(value):
-    """A drop probability in [0, 1)."""
+    """A drop probability in [0, 1]; 1.0 drops every weight, as ``nn.Dropout(1.0)``."""
     if isinstance(value, bool) or not isinstance(value, Real):
-        raise TypeError(f"dropout must be a number in [0, 1), got {value!r}")
-    if not 0.0 <= value < 1.0:
-        raise ValueError(f"dropout must be in [0, 1), got {value}")
+        raise TypeError(f"dropout must be a number in [0, 1], got {value!r}")
+    if not 0.0 <= value <= 1.0:         # also refuses NaN
+        raise ValueError(f"dropout must be in [0, 1], got {value}")
     return float(value)
 
 
@@ -160,6 +215,9 @@ def check_bias(value):
 def make_rng(rng):
     """A numpy Generator from a Generator, an int seed, or None (fresh entropy)."""
     if rng is None or (isinstance(rng, Integral) and not isinstance(rng, bool)):
+        if rng is not None and rng < 0:
+            raise ValueError(f"rng must be a numpy.random.Generator, a non-negative int "
+                             f"seed or None, got {rng}")
         return np.random.default_rng(rng)
     if isinstance(rng, np.random.Generator):
         return rng
@@ -167,10 +225,17 @@ def make_rng(rng):
                     f"got {type(rng).__name__}")
 
 
-def check_input(x, ndim, d_in=None, context_length=None):
+def fingerprint(array):
+    """CRC-32 of an array's bytes: a cheap check that it has not changed since
+    (reads the array once; copies it only if it is not contiguous)."""
+    return zlib.crc32(np.ascontiguousarray(array).view(np.uint8))
+
+
+def check_input(x, ndim, d_in=None, context_length=None, copy=True):
     """x as a floating array of ``ndim`` dimensions, last axis d_in, at most
-    context_length tokens (axis -2)."""
-    x = np.asarray(x)
+    context_length tokens (axis -2); a copy of the caller's array unless
+    ``copy=False``, so that changing it after forward changes no gradient."""
+    x = read_array(x, "x")
     if not np.issubdtype(x.dtype, np.floating):
         raise TypeError(f"x must hold floating-point numbers, got dtype {x.dtype}")
     layout = "(num_tokens, d_in)" if ndim == 2 else "(batch, num_tokens, d_in)"
@@ -184,12 +249,12 @@ def check_input(x, ndim, d_in=None, context_length=None):
     if context_length is not None and num_tokens > context_length:
         raise ValueError(f"x has {num_tokens} tokens, more than "
                          f"context_length={context_length}")
-    return x
+    return np.array(x, copy=True) if copy else x
 
 
 def check_keep_mask(keep_mask, shape, layout):
     """A boolean array of exactly ``shape``."""
-    keep_mask = np.asarray(keep_mask)
+    keep_mask = read_array(keep_mask, "keep_mask")
     if keep_mask.dtype != np.bool_:
         raise TypeError(f"keep_mask must be a boolean array (True = kept), "
                         f"got dtype {keep_mask.dtype}")

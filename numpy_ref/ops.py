@@ -205,10 +205,13 @@ def dropout_forward(x, keep_mask, p):
     """``out = x * keep_mask / (1 - p)``: dropped entries become 0, survivors are
     scaled by 1/(1-p) so the expected value of each entry is unchanged.
 
-    x: (...)   keep_mask: bool, shape of x   p: drop probability in [0, 1)
+    x: (...)   keep_mask: bool, shape of x   p: drop probability in [0, 1]
     ->  out: (...)
+
+    p = 1 drops everything whatever the mask says, as ``nn.Dropout(1.0)`` (which
+    multiplies by 0): the scale is 0 instead of 1/0.
     """
-    scale = 1.0 / (1.0 - p)
+    scale = 1.0 / (1.0 - p) if p < 1.0 else 0.0
     out = x * keep_mask
     out *= scale
     return out, (keep_mask, scale)

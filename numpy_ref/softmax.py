@@ -18,6 +18,8 @@ so it needs only the softmax *output* ``w``: nothing else is kept from the forwa
 
 import numpy as np
 
+from numpy_ref.module import read_array
+
 __all__ = [
     "softmax",
     "softmax_naive",
@@ -30,7 +32,7 @@ __all__ = [
 
 def _floating(x, name):
     """``x`` as a floating-point array with at least one axis to normalise along."""
-    x = np.asarray(x)
+    x = read_array(x, name)
     if not np.issubdtype(x.dtype, np.floating):
         raise TypeError(f"{name} must hold floating-point numbers, got dtype {x.dtype}")
     if x.ndim < 1:
@@ -43,10 +45,12 @@ def softmax(x, axis=-1):
 
     Subtracting the maximum changes nothing mathematically (``exp(-max)`` cancels
     between numerator and denominator) but keeps every exponent <= 0, so ``exp``
-    cannot overflow.  A row that is entirely ``-inf`` yields NaN, as in PyTorch.
+    cannot overflow.  A row that is entirely ``-inf`` yields NaN, as in PyTorch;
+    an empty axis yields an empty result, as in PyTorch (``initial=-inf`` gives
+    the maximum of nothing a value instead of a reduction error).
     """
     x = _floating(x, "x")
-    shifted = x - np.max(x, axis=axis, keepdims=True)
+    shifted = x - np.max(x, axis=axis, keepdims=True, initial=-np.inf)
     e = np.exp(shifted, out=shifted)
     e /= np.sum(e, axis=axis, keepdims=True)
     return e
@@ -82,17 +86,36 @@ def softmax_backward(w, grad_w, axis=-1, out=None):
     sum taken along ``axis`` (derivation in the module docstring).
 
     ``out``, if given, receives the result; it may be ``grad_w`` itself (then
-    overwritten), which saves one array of the scores' size.
+    overwritten), which saves one array of the scores' size.  It may also be
+    ``w`` (or overlap it): ``w`` is then read in full before ``out`` is written,
+    at the cost of one temporary array.
     """
     w = _floating(w, "w")
     grad_w = _floating(grad_w, "grad_w")
     if w.shape != grad_w.shape:
         raise ValueError(f"grad_w must have the shape of w {w.shape}, got {grad_w.shape}")
+    if out is not None:
+        _check_out(out, w)
     # <w, g> per row; einsum sums the products without storing them
     dot = np.einsum("...n,...n->...", np.moveaxis(w, axis, -1), np.moveaxis(grad_w, axis, -1))
-    grad_x = np.subtract(grad_w, np.expand_dims(dot, axis), out=out)  # g - <w, g>
+    dot = np.expand_dims(dot, axis)
+    if out is not None and np.shares_memory(out, w):
+        # g - <w, g> written into out first would overwrite the w it is then multiplied by
+        out[...] = w * (grad_w - dot)
+        return out
+    grad_x = np.subtract(grad_w, dot, out=out)          # g - <w, g>
     grad_x *= w
     return grad_x
+
+
+def _check_out(out, w):
+    """``out`` as a floating array of w's shape (``softmax_backward`` writes into it)."""
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"out must be a NumPy array, got {type(out).__name__}")
+    if not np.issubdtype(out.dtype, np.floating):
+        raise TypeError(f"out must hold floating-point numbers, got dtype {out.dtype}")
+    if out.shape != w.shape:
+        raise ValueError(f"out must have the shape of w {w.shape}, got {out.shape}")
 
 
 def sum_normalize(x, axis=-1):

@@ -6,13 +6,20 @@ too many).  These helpers refuse it first, with a message that names the
 argument and says what was expected: ``TypeError`` for a wrong type,
 ``ValueError`` for a wrong value.  They only read their arguments, so a refused
 call leaves every module exactly as it was.
+
+``CheckedModule`` gives ``load_state_dict`` the same guarantee: ``nn.Module``'s
+own copies every matching entry and only then raises ``RuntimeError`` for the
+bad ones, leaving a half-loaded model; here every entry is checked first.
 """
 
 import numbers
 import operator
+from collections import OrderedDict
+from collections.abc import Mapping
 
 import numpy as np
 import torch
+import torch.nn as nn
 
 # What each input rank means, for the messages.
 _LAYOUTS = {2: "(num_tokens, d_in)", 3: "(batch, num_tokens, d_in)"}
@@ -34,14 +41,14 @@ def check_size(name, value):
 
 
 def check_dropout(dropout):
-    """``dropout`` as a float in ``[0, 1)``: p = 1 would drop every weight."""
+    """``dropout`` as a float in ``[0, 1]``; 1.0 drops every weight, as ``nn.Dropout(1.0)``."""
     if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real):
         raise TypeError(
-            f"dropout must be a number in [0, 1), got {type(dropout).__name__} {dropout!r}"
+            f"dropout must be a number in [0, 1], got {type(dropout).__name__} {dropout!r}"
         )
     p = float(dropout)
-    if not 0.0 <= p < 1.0:  # also refuses NaN
-        raise ValueError(f"dropout must be in [0, 1), got {p}")
+    if not 0.0 <= p <= 1.0:  # also refuses NaN
+        raise ValueError(f"dropout must be in [0, 1], got {p}")
     return p
 
 
@@ -112,3 +119,62 @@ def _autocast_enabled(device_type):
         return torch.is_autocast_enabled(device_type)
     except TypeError:                    # PyTorch before 2.4 takes no device type
         return torch.is_autocast_enabled()
+
+
+class CheckedModule(nn.Module):
+    """``nn.Module`` whose ``load_state_dict`` checks every entry before any weight
+    changes, as ``numpy_ref`` does: a missing or unknown key (when ``strict``), a
+    wrong shape or a value that is not floating-point numbers is refused with an
+    error naming the key, and then no parameter or buffer has changed.
+
+    ``strict=False`` keeps PyTorch's meaning: unknown keys are ignored and missing
+    ones left as they are (both listed in the returned ``missing_keys`` /
+    ``unexpected_keys``); a wrong shape is still refused.  Values may be tensors
+    or anything ``numpy.asarray`` takes (a NumPy module's ``state_dict()``).
+    """
+
+    def load_state_dict(self, state_dict, strict=True, assign=False):
+        checked = check_state_dict(self.state_dict(), state_dict, strict)
+        return super().load_state_dict(checked, strict=strict, assign=assign)
+
+
+def check_state_dict(expected, state_dict, strict):
+    """``state_dict`` with every value expected in ``expected`` as a tensor of the
+    expected shape; raises before anything is loaded."""
+    if not isinstance(state_dict, Mapping):
+        raise TypeError(f"state_dict must be a mapping of names to tensors, "
+                        f"got {type(state_dict).__name__}")
+    if strict:
+        missing = [k for k in expected if k not in state_dict]
+        unknown = [k for k in state_dict if k not in expected]
+        if missing:
+            raise ValueError(f"state_dict is missing key(s) {missing}")
+        if unknown:
+            raise ValueError(f"state_dict has unexpected key(s) {unknown}; "
+                             f"expected {list(expected)}")
+    checked = OrderedDict()
+    for key, value in state_dict.items():
+        if key in expected:
+            value = _as_tensor(value, key)
+            if value.shape != expected[key].shape:
+                raise ValueError(f"state_dict[{key!r}] must have shape "
+                                 f"{tuple(expected[key].shape)}, got {tuple(value.shape)}")
+        checked[key] = value
+    metadata = getattr(state_dict, "_metadata", None)
+    if metadata is not None:                      # PyTorch's per-module versions
+        checked._metadata = metadata
+    return checked
+
+
+def _as_tensor(value, key):
+    """A state_dict entry as a floating-point tensor (a NumPy array is wrapped, not copied)."""
+    if not isinstance(value, torch.Tensor):
+        try:
+            value = torch.as_tensor(np.asarray(value))
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise TypeError(f"state_dict[{key!r}] must be a tensor of floating-point "
+                            f"numbers, got {type(value).__name__} ({e})") from None
+    if not value.is_floating_point():
+        raise TypeError(f"state_dict[{key!r}] must hold floating-point numbers, "
+                        f"got dtype {value.dtype}")
+    return value

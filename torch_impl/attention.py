@@ -3,10 +3,13 @@
 Each class reads line for line like the chapter, so it can be read side by side
 with ``numpy_ref``: same names (``keys``, ``queries``, ``values``,
 ``attn_scores``, ``attn_weights``, ``context_vec``, ``head_dim``), same order of
-operations.  Two things are added, both outside the chapter's lines:
+operations.  Three things are added, all outside the chapter's lines:
 
 - one argument check at the top of every ``__init__`` and ``forward``
   (``torch_impl._checks``), so bad input is refused with a clear message;
+- every class derives from ``_checks.CheckedModule``, an ``nn.Module`` whose
+  ``load_state_dict`` checks every entry before it changes any weight (plain
+  ``nn.Module`` would leave a half-loaded model behind a refusal);
 - layers are created in the chapter's order (``W_query``, ``W_key``,
   ``W_value``, then ``out_proj``), so that after the chapter's
   ``torch.manual_seed`` the same random draws land in the same weights and the
@@ -39,7 +42,7 @@ def _causal_mask(context_length):
     return torch.triu(torch.ones(context_length, context_length), diagonal=1)
 
 
-class SimplifiedSelfAttention(nn.Module):
+class SimplifiedSelfAttention(_checks.CheckedModule):
     """Section 3.3: no trainable weights, ``q = k = v = x``, no scaling.
 
     ``x``: (T, d_in) -> context vectors (T, d_in).
@@ -53,7 +56,7 @@ class SimplifiedSelfAttention(nn.Module):
         return context_vec
 
 
-class SelfAttention_v1(nn.Module):
+class SelfAttention_v1(_checks.CheckedModule):
     """Section 3.4: ``W_query``, ``W_key``, ``W_value`` as (d_in, d_out) parameters, U[0, 1).
 
     ``x``: (T, d_in) -> (T, d_out).
@@ -77,7 +80,7 @@ class SelfAttention_v1(nn.Module):
         return context_vec
 
 
-class SelfAttention_v2(nn.Module):
+class SelfAttention_v2(_checks.CheckedModule):
     """Section 3.4, with ``nn.Linear``: each weight is stored as (d_out, d_in), i.e. v1's W transposed.
 
     ``x``: (T, d_in) -> (T, d_out).
@@ -103,7 +106,7 @@ class SelfAttention_v2(nn.Module):
         return context_vec
 
 
-class CausalAttention(nn.Module):
+class CausalAttention(_checks.CheckedModule):
     """Section 3.5: future tokens masked with -inf before the softmax, dropout on the weights.
 
     ``x``: (b, T, d_in) with T <= context_length -> (b, T, d_out).
@@ -142,7 +145,7 @@ class CausalAttention(nn.Module):
         return context_vec
 
 
-class MultiHeadAttentionWrapper(nn.Module):
+class MultiHeadAttentionWrapper(_checks.CheckedModule):
     """Section 3.6.1: ``num_heads`` independent ``CausalAttention`` heads, concatenated.
 
     ``x``: (b, T, d_in) -> (b, T, num_heads * d_out).  Each head holds its own
@@ -162,7 +165,7 @@ class MultiHeadAttentionWrapper(nn.Module):
         return torch.cat([head(x) for head in self.heads], dim=-1)
 
 
-class MultiHeadAttention(nn.Module):
+class MultiHeadAttention(_checks.CheckedModule):
     """Section 3.6.2: one projection of width d_out, split into heads of ``head_dim``.
 
     The finished class of the chapter: the heads are merged back to d_out and

@@ -10,8 +10,8 @@ import torch.nn.functional as F
 import numpy_ref as nr
 import torch_impl
 from numpy_ref.blockwise import attention_backward, attention_forward
-from parity_tests.finite_diff import SCALE_FLOOR_FRACTION, rel_error
-from parity_tests.tolerances import FLOAT64_BOUND
+from parity_tests.common.finite_diff import SCALE_FLOOR_FRACTION, rel_error
+from parity_tests.common.tolerances import FLOAT64_BOUND
 
 
 def torch_attention(q, k, v, causal, causal_offset, dout):

@@ -23,10 +23,10 @@ BAD_CONSTRUCTIONS = [
     (lambda: SelfAttention_v2(3, True), TypeError, r"d_out must be a positive integer, got the bool"),
     (lambda: SelfAttention_v2(3, "2"), TypeError, r"d_out must be a positive integer, got str"),
     (lambda: CausalAttention(3, 2, 0, 0.0), ValueError, r"context_length must be a positive integer"),
-    (lambda: CausalAttention(3, 2, 6, 1.0), ValueError, r"dropout must be in \[0, 1\), got 1.0"),
-    (lambda: CausalAttention(3, 2, 6, -0.1), ValueError, r"dropout must be in \[0, 1\)"),
-    (lambda: CausalAttention(3, 2, 6, float("nan")), ValueError, r"dropout must be in \[0, 1\)"),
-    (lambda: CausalAttention(3, 2, 6, "0.1"), TypeError, r"dropout must be a number in \[0, 1\)"),
+    (lambda: CausalAttention(3, 2, 6, 1.01), ValueError, r"dropout must be in \[0, 1\], got 1.01"),
+    (lambda: CausalAttention(3, 2, 6, -0.1), ValueError, r"dropout must be in \[0, 1\]"),
+    (lambda: CausalAttention(3, 2, 6, float("nan")), ValueError, r"dropout must be in \[0, 1\]"),
+    (lambda: CausalAttention(3, 2, 6, "0.1"), TypeError, r"dropout must be a number in \[0, 1\]"),
     # num_heads slipped by position into qkv_bias would silently turn biases on
     (lambda: CausalAttention(3, 2, 6, 0.0, 2), TypeError, r"qkv_bias must be True or False, got int"),
     (lambda: MultiHeadAttentionWrapper(3, 2, 6, 0.0, 0), ValueError, r"num_heads must be a positive integer"),
@@ -35,7 +35,7 @@ BAD_CONSTRUCTIONS = [
     (lambda: MultiHeadAttention(3, 4, 6, 0.0, 0), ValueError, r"num_heads must be a positive integer, got 0"),
     (lambda: MultiHeadAttention(3, 4, 6, 0.0, 2.0), TypeError, r"num_heads must be a positive integer"),
     (lambda: FusedMultiHeadAttention(3, 4, 6, 0.0, 3), ValueError, r"d_out must be divisible by num_heads"),
-    (lambda: FusedMultiHeadAttention(3, 4, 6, 1.5, 2), ValueError, r"dropout must be in \[0, 1\)"),
+    (lambda: FusedMultiHeadAttention(3, 4, 6, 1.5, 2), ValueError, r"dropout must be in \[0, 1\]"),
 ]
 
 

@@ -9,22 +9,13 @@ from hypothesis import given, settings, strategies as st
 
 import numpy_ref as nr
 from numpy_ref import blockwise as bw
-from parity_tests.finite_diff import SCALE_FLOOR_FRACTION, gradient_errors, rel_error
-from parity_tests.tolerances import FINITE_DIFF_BOUND, FLOOR_ULPS, LOW_PRECISION_FACTOR
-from parity_tests.tolerances import UNIT_ROUNDOFF
+from parity_tests.common.blockwise_faults import BLOCKWISE_FAULTS
+from parity_tests.common.finite_diff import SCALE_FLOOR_FRACTION, gradient_errors, rel_error
+from parity_tests.common.tolerances import FINITE_DIFF_BOUND, FLOOR_ULPS, LOW_PRECISION_FACTOR
+from parity_tests.common.tolerances import UNIT_ROUNDOFF
 
 TIGHT = 1e-12
 N = settings.default.max_examples
-BLOCKWISE_FAULTS = {   # the same planted faults as the ops tests, at module level
-    "blockwise_output_not_rescaled": ("_rescale", lambda acc, alpha: acc),
-    "blockwise_lse_without_max": ("_log_sum_exp", lambda m, l: np.log(l)),
-    "blockwise_delta_one_tile": (
-        "_scores_grad", lambda P, dP, D: P * (dP - (P * dP).sum(axis=-1, keepdims=True))),
-    "blockwise_causal_skip_off_by_one": (
-        "_key_tile_count", lambda q1, Tk, B_c, c, o: -(-min(Tk, q1 + o) // B_c) - 1),
-}
-
-
 def pair(d_in=6, d_out=8, ctx=24, dropout=0.0, heads=2, bias=True, tiles=(3, 4), seed=0):
     """(blockwise, reference) with the same weights, float64."""
     ref = nr.MultiHeadAttention(d_in, d_out, ctx, dropout, heads, bias, rng=seed)
@@ -177,17 +168,30 @@ def test_immune_to_in_place_changes_between_forward_and_backward():
     assert all(np.array_equal(m.grads[n], want[n]) for n in m.grads)
 
 
-def test_backward_misuse_is_refused():
-    m, _ = pair()
+def test_backward_misuse_is_refused_and_backward_repeats():
+    m, _ = pair(dropout=0.5)
     x, dout = inputs((1, 5, 6), 8)
     with pytest.raises(ValueError, match="before forward"):
         m.backward(dout)
     m.forward(x)
-    m.backward(dout)
-    with pytest.raises(ValueError, match="call forward again"):
-        m.backward(dout)
+    first = m.backward(dout), dict(m.grads)
+    second = m.backward(dout), dict(m.grads)
+    assert np.array_equal(first[0], second[0])
+    assert all(np.array_equal(first[1][n], second[1][n]) for n in first[1])
     with pytest.raises(ValueError, match="context_length"):
         m.forward(np.zeros((1, 25, 6)))
+    keep_mask = np.ones((1, 2, 5, 5), dtype=bool)
+    m.forward(x, keep_mask)
+    keep_mask[0, 0, 0, 0] = False
+    with pytest.raises(ValueError, match="keep_mask was changed"):
+        m.backward(dout)
+
+
+def test_dropout_one_drops_every_weight():
+    m, ref = pair(dropout=1.0)
+    x, dout = inputs((2, 6, 6), 8)
+    errs = module_errors(m, ref, x, dout)
+    assert max(errs.values()) <= TIGHT, errs
 
 
 @settings(max_examples=max(10, N // 5))
@@ -204,11 +208,15 @@ def test_property_any_shape_heads_and_tiles(T, heads, D, batch, bq, bk, bias, se
 
 @pytest.mark.parametrize("fault", list(BLOCKWISE_FAULTS))
 def test_planted_blockwise_fault_fails_the_module_checks(fault, monkeypatch):
-    helper, broken = BLOCKWISE_FAULTS[fault]
+    """Each blockwise fault makes the module differ from MultiHeadAttention; inputs
+    of scale 100 give scores that rise by thousands across key tiles, which a
+    running maximum that is not updated needs before it overflows."""
+    helper, make, _ = BLOCKWISE_FAULTS[fault]
     m, ref = pair(tiles=(4, 4))
     x, dout = inputs((2, 13, 6), 8)
-    assert max(module_errors(m.eval(), ref.eval(), x, dout).values()) <= TIGHT
-    monkeypatch.setattr(bw, helper, broken)
+    x *= 100.0 if fault == "blockwise-max-not-updated" else 1.0
+    assert max(module_errors(m.eval(), ref.eval(), x, dout).values()) <= 1e-9
+    monkeypatch.setattr(bw, helper, make(getattr(bw, helper)))
     with np.errstate(all="ignore"):
         errs = module_errors(m, ref, x, dout)
     worst = max(e if np.isfinite(e) else np.inf for e in errs.values())

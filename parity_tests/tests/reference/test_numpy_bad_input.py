@@ -17,7 +17,7 @@ CONSTRUCTOR_CASES = {
     "v2 qkv_bias str": (lambda: nr.SelfAttention_v2(3, 2, "yes"), TypeError, "qkv_bias"),
     "v1 rng str": (lambda: nr.SelfAttention_v1(3, 2, rng="seed"), TypeError, "rng"),
     "causal context zero": (lambda: nr.CausalAttention(3, 2, 0, 0.0), ValueError, "context_length"),
-    "causal dropout 1": (lambda: nr.CausalAttention(3, 2, 4, 1.0), ValueError, "dropout"),
+    "causal dropout 1": (lambda: nr.CausalAttention(3, 2, 4, 1.01), ValueError, "dropout"),
     "causal dropout negative": (lambda: nr.CausalAttention(3, 2, 4, -0.1), ValueError, "dropout"),
     "causal dropout str": (lambda: nr.CausalAttention(3, 2, 4, "0.1"), TypeError, "dropout"),
     "wrapper heads zero": (lambda: nr.MultiHeadAttentionWrapper(3, 2, 4, 0.0, 0), ValueError,
