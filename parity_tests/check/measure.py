@@ -18,8 +18,10 @@ import numpy as np
 import torch
 
 from parity_tests.common import tolerances as tol
-from parity_tests.check import cases as cases_mod
-from parity_tests.check import diagnosis, reference, targets
+import parity_tests.check.cases as cases_mod
+import parity_tests.check.diagnosis as diagnosis
+import parity_tests.check.reference as reference
+import parity_tests.check.targets as targets
 from parity_tests.check.report import Row
 
 __all__ = ["run_case", "DTYPES", "errors_of"]

@@ -15,8 +15,9 @@ import time
 
 import torch
 
-from parity_tests.check import cases as cases_mod
-from parity_tests.check import measure, targets
+import parity_tests.check.cases as cases_mod
+import parity_tests.check.measure as measure
+import parity_tests.check.targets as targets
 from parity_tests.check.report import Report, find_growth
 from parity_tests.common import tolerances as tol
 
