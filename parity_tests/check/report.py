@@ -1,7 +1,8 @@
 """Rows, the report holding them, the table, the summary and the JSON copy.
 
 A row is one tensor (``out``, ``dq``, ``dk``, ``dv``) of one case in one dtype on
-one device.  Verdicts: ``pass``; ``FAIL`` (error above the bound, a non-finite
+one device; ``where`` is the (batch, head, row) of its largest error -- a query
+row for out and dq, a key row for dk and dv.  Verdicts: ``pass``; ``FAIL`` (error above the bound, a non-finite
 value, a wrong shape, a gradient that never arrived); ``not supported`` (the
 target refused the case: never counted as a pass).
 
@@ -73,7 +74,13 @@ def _cells(r):
     verdict = r.verdict if not r.note or r.verdict == "pass" else f"{r.verdict} ({r.note})"
     where = "-" if r.where is None else ", ".join(map(str, r.where))
     return [r.target, r.case, r.dtype, r.device, r.tensor, _sci(r.error), _sci(r.baseline),
-            _sci(r.bound), "-" if r.ratio is None else f"{r.ratio:.2f}", verdict, where]
+            _sci(r.bound), _ratio(r.ratio), verdict, where]
+
+
+def _ratio(x):
+    if x is None:
+        return "-"
+    return f"{x:.2f}" if x < 100 else _sci(x)
 
 
 def find_growth(rows):
