@@ -15,7 +15,9 @@ dV has no scale in it, so "missing the scale" applies to dQ and dK only.
 
 A `Hypothesis` has an ``id`` (stable, for tests and JSON), the words that
 complete "matches the reference with ...", and ``predict()`` -> a dict of the
-tensors it models (``out``, ``dq``, ``dk``, ``dv``), float64 NumPy, (B, H, T, D).
+tensors it models (``out``, ``dq``, ``dk``, ``dv``), float64 NumPy, (B, H, T, D);
+``predict(grads=False)`` gives out alone, without autograd (a forward mistake
+that does not reproduce the output is not tried on the gradients).
 Two entries are judged elsewhere, since no recomputation reproduces them:
 dropout left on (the kernel disagrees with itself on a second call) and a
 wrong softmax denominator (out is the reference with each row multiplied by
@@ -37,7 +39,7 @@ STALE_BLOCKS = (16, 32, 64, 128, 256)
 class Hypothesis:
     id: str
     says: str
-    predict: object          # () -> {tensor: array}
+    predict: object          # (grads=True) -> {tensor: array}; grads=False: out alone
     tensors: tuple = ("out", "dq", "dk", "dv")
 
 
@@ -59,13 +61,13 @@ def _stale_max(S, v, block):
     m = torch.full(S.shape[:-1], -torch.inf, dtype=S.dtype)
     l = torch.zeros(S.shape[:-1], dtype=S.dtype)
     acc = torch.zeros(S.shape[:-1] + (v.shape[-1],), dtype=S.dtype)
-    for j0 in range(0, S.shape[-1], block):
-        Sb = S[..., j0:j0 + block]
+    # split, not S[..., j0:j1]: a slice's backward writes a full-size zero gradient per block
+    for Sb, vb in zip(S.split(block, dim=-1), v.split(block, dim=-2)):
         m = torch.maximum(m, Sb.amax(-1))
         shift = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
         p = torch.exp(Sb - shift[..., None])
         l = l + p.sum(-1)                       # the mistake: l and acc not multiplied
-        acc = acc + p @ v[..., j0:j0 + block, :]  # by exp(m_old - m_new)
+        acc = acc + p @ vb                      # by exp(m_old - m_new)
     return acc / torch.where(l > 0, l, torch.ones_like(l))[..., None]
 
 
@@ -83,12 +85,14 @@ def _forward_mistake(inputs, dout, **knobs):
     """Predict out, dq, dk, dv of a kernel whose forward is ``attention64(**knobs)``."""
     swap = knobs.pop("swap_layout", False)
 
-    def predict():
-        q, k, v = (torch.tensor(a, requires_grad=True) for a in inputs)
+    def predict(grads=True):
+        q, k, v = (torch.tensor(a, requires_grad=grads) for a in inputs)
         if swap:       # (B, T, H, D) read as (B, H, T, D): attention runs across the heads
             out = attention64(*(t.transpose(1, 2) for t in (q, k, v)), **knobs).transpose(1, 2)
         else:
             out = attention64(q, k, v, **knobs)
+        if not grads:
+            return {"out": out.numpy()}
         grads = torch.autograd.grad(out, (q, k, v), torch.from_numpy(dout))
         return {name: t.detach().numpy() for name, t in zip(("out", "dq", "dk", "dv"), (out,) + grads)}
     return predict
@@ -96,7 +100,7 @@ def _forward_mistake(inputs, dout, **knobs):
 
 def _no_delta(inputs, dout, case, offset):
     """Backward with dS = P ∘ dP: the D = rowsum(dO ∘ O) correction dropped."""
-    def predict():
+    def predict(grads=True):
         q, k, v = (torch.from_numpy(a) for a in inputs)
         dO = torch.from_numpy(dout)
         S = (q @ k.transpose(-1, -2)) * case.scale
@@ -144,7 +148,7 @@ def catalogue(case, offset, align, inputs, dout, golden):
                               _no_delta(inputs, dout, case, offset), tensors=("dq", "dk")))
         s = case.scale
         out.append(Hypothesis("dq-missing-scale", "dq missing the scale",
-                              lambda: {"dq": golden[1] / s}, tensors=("dq",)))
+                              lambda grads=True: {"dq": golden[1] / s}, tensors=("dq",)))
         out.append(Hypothesis("dk-missing-scale", "dk missing the scale",
-                              lambda: {"dk": golden[2] / s}, tensors=("dk",)))
+                              lambda grads=True: {"dk": golden[2] / s}, tensors=("dk",)))
     return out

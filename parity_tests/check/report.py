@@ -110,7 +110,7 @@ def find_growth(rows):
                 "(no catalogued mistake matches)", r.error, r.bound)
 
 
-@dataclass
+@dataclass(repr=False)
 class Report:
     target: str
     rows: list = field(default_factory=list)
@@ -159,7 +159,11 @@ class Report:
             lines.append(f"  ... and {len(self.diagnoses) - limit} more (all of them in --json)")
         return lines
 
+    def __repr__(self):
+        return f"<Report {self.summary()}>"
+
     def __str__(self):
+        """The failing rows, their diagnoses and the summary: ``assert report.passed, str(report)``."""
         parts = []
         if self.failures:
             parts += ["failing rows:", self.table(self.failures), "", "diagnosis:"] + self.diagnosis_lines()
