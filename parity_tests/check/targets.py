@@ -54,7 +54,7 @@ class Target:
     refuses: object = field(default=lambda case, dtype, device, align: None)
 
 
-def _sdpa(backend, why_cuda_only=False):
+def _sdpa(backend):
     from torch.nn.attention import sdpa_kernel, SDPBackend
     chosen = getattr(SDPBackend, backend)
 
