@@ -113,12 +113,15 @@ def diagnose(failing, got, golden, denoms, bounds, case, offset, align, inputs, 
                                   "rerun with --tokens 4096 or less")
         return result
     g_got, g_ref, g_in, g_dout = sub
-    hyps = mistakes.catalogue(case, offset, align, g_in, g_dout, (None,) + tuple(g_ref[n] for n in TENSORS[1:]))
+    hyps = mistakes.catalogue(case, offset, align, g_in, g_dout, g_ref)
     cache = {}
     out_fits = _out_fits(hyps, cache, g_got, denoms["out"], bounds["out"])
     for t in rest:
         tried = hyps if t == "out" else [h for h in hyps if "out" not in h.tensors or out_fits[id(h)]]
         result[t] = _diagnose_tensor(t, tried, cache, g_got, g_ref, denoms[t], bounds[t], sel)
+        if sel != (slice(None), slice(None)):
+            result[t].sentence += (f" (judged on (batch, head) {tuple(int(i) for i in sel)} alone, the one "
+                                   "with the largest error: the whole case is too large to recompute)")
     return result
 
 

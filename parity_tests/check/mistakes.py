@@ -114,7 +114,8 @@ def _no_delta(inputs, dout, case, offset):
 
 
 def catalogue(case, offset, align, inputs, dout, golden):
-    """The hypotheses that can be told apart from the reference on this case."""
+    """The hypotheses that can be told apart from the reference on this case
+    (``golden``: tensor name -> the reference's array)."""
     fwd = lambda **knobs: _forward_mistake(inputs, dout, **knobs)
     base = dict(scale=case.scale, causal=case.causal, offset=offset)
     out = []
@@ -148,7 +149,7 @@ def catalogue(case, offset, align, inputs, dout, golden):
                               _no_delta(inputs, dout, case, offset), tensors=("dq", "dk")))
         s = case.scale
         out.append(Hypothesis("dq-missing-scale", "dq missing the scale",
-                              lambda grads=True: {"dq": golden[1] / s}, tensors=("dq",)))
+                              lambda grads=True: {"dq": golden["dq"] / s}, tensors=("dq",)))
         out.append(Hypothesis("dk-missing-scale", "dk missing the scale",
-                              lambda grads=True: {"dk": golden[2] / s}, tensors=("dk",)))
+                              lambda grads=True: {"dk": golden["dk"] / s}, tensors=("dk",)))
     return out

@@ -56,3 +56,17 @@ def test_an_error_growing_with_length_is_named():
     out = [r for r in report.rows if r.tensor == "out"]
     assert out[0].passed and out[1].passed and out[-1].failed       # fine short, wrong long
     assert "passes up to Tk = 32" in out[-1].diagnosis.sentence
+
+
+def test_a_case_too_large_to_recompute_whole_is_diagnosed_on_its_worst_slice(monkeypatch):
+    from parity_tests.check import diagnosis
+    kernel = GALLERY["one_head_wrong"][0]
+    grid = {**SMALL, "tokens": ["17"], "heads": [3]}
+    monkeypatch.setattr(diagnosis, "DENSE_LIMIT", 17 * 17)          # one (batch, head) slice fits
+    report = parity_tests.check(kernel, causal="yes", **grid)
+    assert report.diagnosis == "no-causal-mask"
+    assert "judged on (batch, head) (0, 1) alone" in report.failures[0].diagnosis.sentence
+    monkeypatch.setattr(diagnosis, "DENSE_LIMIT", 17 * 17 - 1)      # not even one
+    report = parity_tests.check(kernel, causal="yes", **grid)
+    assert report.diagnosis == "not-diagnosed"
+    assert "too large for the dense float64 recomputation" in report.failures[0].diagnosis.sentence
