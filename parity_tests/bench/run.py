@@ -59,6 +59,8 @@ def parse_args(argv):
                    help="dtype of weights, input and computation (default: float32)")
     p.add_argument("--no-memory", action="store_true",
                    help="skip the untimed memory run of each implementation")
+    p.add_argument("--no-warmup", action="store_true",
+                   help="no untimed first run (for one long run: does T = 32768 complete?)")
     p.add_argument("--threads", type=_positive_int, default=None,
                    help="torch.set_num_threads(N), and NumPy's BLAS limited to N threads when "
                         "threadpoolctl is installed (default: each library's own default)")
@@ -110,16 +112,19 @@ SETTLE_S = 0.3
 
 
 def time_interleaved(steps, repeats, settle=SETTLE_S):
-    """Round-robin over the implementations, ``repeats`` times; seconds per run."""
+    """Round-robin over the implementations, ``repeats`` times -> (seconds per
+    run, the last run's (out, dx) of each)."""
     times = {name: [] for name in steps}
+    results = {}
     for _ in range(repeats):
         for name, step in steps.items():
+            results.pop(name, None)
             gc.collect()
             time.sleep(settle)
             start = time.perf_counter()
-            step()
+            results[name] = step()
             times[name].append(time.perf_counter() - start)
-    return times
+    return times, results
 
 
 def growth_exponent(tokens, seconds):
@@ -140,7 +145,8 @@ def summarize(samples):
 
 
 def bench_one(args, params, T, rng):
-    """Warm-up (also used to check agreement), interleaved timing, peak memory."""
+    """Warm-up, interleaved timing (the last run's results checked for agreement),
+    peak memory."""
     dtype = np.dtype(args.dtype)
     x = rng.standard_normal((args.batch, T, args.d_model)).astype(dtype)
     dout = rng.standard_normal((args.batch, T, args.d_model)).astype(dtype)
@@ -153,8 +159,10 @@ def bench_one(args, params, T, rng):
             continue
         modules[name] = impls.build(name, args, T, params)
         steps[name] = impls.make_step(name, modules[name], x, dout)
-    warm = {name: step() for name, step in steps.items()}
-    times = time_interleaved(steps, args.repeats, 0.0 if T < 256 else SETTLE_S)
+    if not args.no_warmup:
+        for step in steps.values():
+            step()
+    times, warm = time_interleaved(steps, args.repeats, 0.0 if T < 256 else SETTLE_S)
     reference = next((n for n in ("eager", "fused") + NUMPY_IMPLS if n in warm), None)
     array_bytes = args.batch * T * args.d_model * 4             # one (B, T, d) float32
     matrix_bytes = args.batch * args.heads * T * T * 4          # one (B, H, T, T) float32
