@@ -122,6 +122,11 @@ def diagnose(failing, got, golden, denoms, bounds, case, offset, align, inputs, 
         if sel != (slice(None), slice(None)):
             result[t].sentence += (f" (judged on (batch, head) {tuple(int(i) for i in sel)} alone, the one "
                                    "with the largest error: the whole case is too large to recompute)")
+    named = result.get("out")
+    if named is not None and named.id not in ("none", "not-diagnosed"):
+        for t in rest:                # a gradient no entry explains, of an output one does
+            if result[t].id == "none":
+                result[t].sentence += f" (out of this case: {named.id})"
     return result
 
 
@@ -180,6 +185,8 @@ def _diagnose_tensor(t, hyps, cache, got, ref, denom, bound, sel):
     by_slice = _by_slice(t, candidates, a, r, denom, bound, sel)
     if by_slice is not None:
         return by_slice
+    if best[0] >= slice_errors(a, r, denom).max():       # nothing comes closer than the reference
+        return Diagnosis("none", f"{t} matches none of the catalogued mistakes")
     return Diagnosis("none", f"{t} matches none of the catalogued mistakes (closest: {best[2]}, "
                      f"{_fmt(best[0])} vs bound {_fmt(bound)})", best[0], bound)
 

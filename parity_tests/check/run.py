@@ -11,6 +11,7 @@ passes; at least one row must pass), 1 some row fails, 2 bad arguments.
 
 import argparse
 import sys
+import textwrap
 import time
 
 import torch
@@ -112,11 +113,13 @@ def build_parser():
     listing += "\n" + "\n".join(f"  {n:<17} {d} (CUDA only)" for n, d in cuda_only.items())
     p = argparse.ArgumentParser(
         prog="attention-parity check", formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Hold an attention kernel to the float64 NumPy reference: out, dq, dk, dv on a grid "
-                    "of shapes, each held to error <= k x baseline + floor, where the baseline is a plain "
-                    "PyTorch computation in the same dtype on the same device (k = "
-                    f"{tol.CHECK_FACTOR:g}, floors in parity_tests/common/tolerances.py). A failing "
-                    "tensor is diagnosed against a catalogue of common mistakes.",
+        description=textwrap.fill(
+            "Hold an attention kernel to the float64 NumPy reference: out, dq, dk, dv on a grid "
+            "of shapes (default: T = 1, 17, 113x203, 1023, 2049; D = 40..128; causal and not), each "
+            "held to error <= k x baseline + floor, where the baseline is a plain PyTorch computation "
+            f"in the same dtype on the same device (k = {tol.CHECK_FACTOR:g}, floors in "
+            "parity_tests/common/tolerances.py). A failing tensor is diagnosed against a catalogue "
+            "of common mistakes.", 88),
         epilog=f"targets built in:\n{listing}\n  module.path:callable  your function "
                "fn(q, k, v, *, causal, scale) -> out\n\n"
                "Exit status: 0 every row passed, 1 some row failed (or none could run), 2 bad arguments.")
