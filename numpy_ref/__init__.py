@@ -22,11 +22,14 @@ from numpy_ref.attention import (
     MultiHeadAttention,
 )
 from numpy_ref.fast import FastMultiHeadAttention
+from numpy_ref.blockwise import attention_forward, attention_backward
+from numpy_ref.blockwise_attention import BlockwiseMultiHeadAttention
 
 __all__ = [
     "softmax", "softmax_naive", "softmax_jacobian", "softmax_backward",
     "sum_normalize", "sum_normalize_jacobian", "ops", "Module",
     "SimplifiedSelfAttention", "SelfAttention_v1", "SelfAttention_v2",
     "CausalAttention", "MultiHeadAttentionWrapper", "MultiHeadAttention",
-    "FastMultiHeadAttention",
+    "FastMultiHeadAttention", "attention_forward", "attention_backward",
+    "BlockwiseMultiHeadAttention",
 ]

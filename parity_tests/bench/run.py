@@ -1,22 +1,24 @@
-"""``attention-parity bench``: speed and memory of NumPy's MultiHeadAttention.
+"""``attention-parity bench``: speed and memory of the chapter's MultiHeadAttention.
 
-One run times forward + backward (with a random upstream gradient) of four
-implementations of the chapter's ``MultiHeadAttention``, all holding the same
-weights (moved by the contract's ``state_dict`` transfer), on the CPU:
+One run times forward + backward (with a random upstream gradient) of the chosen
+implementations (``--impl``; see `parity_tests.bench.impls`), all holding the
+same weights, on the CPU.  By default the two that reach long sequences,
+``blockwise`` (NumPy, O(T) memory) and ``fused`` (PyTorch's SDPA), at T from
+1024 to 16384; the paths holding (B, H, T, T) arrays are skipped where those
+would not fit.
 
-    numpy       numpy_ref.MultiHeadAttention            m.forward(x); m.backward(dout)
-    numpy_fast  numpy_ref.fast.FastMultiHeadAttention   the same, causal query blocks
-    eager       torch_impl.MultiHeadAttention           out = m(x); out.backward(dout)
-    fused       torch_impl.FusedMultiHeadAttention      the same, attention by SDPA
-
-Runs are interleaved (numpy, numpy_fast, eager, fused, numpy, ...) so that a
-burst of noise on the machine hits all of them alike; each figure is a median.
-NumPy's peak memory is read by ``tracemalloc`` (NumPy reports its data buffers
-to it) on a separate, untimed run, and also expressed in units of one
-(B, H, T, T) float32 matrix, the size of ``attn_weights``.  The load average
-before and after is printed: on a busy machine the figures are noisy.  The growth exponent is the slope
-of log(time) against log(T) over the largest token counts: 2 means the T x T
-work dominates.
+Runs are interleaved (blockwise, fused, blockwise, ...) so that a burst of noise
+on the machine hits all of them alike; each figure is a median.  Peak memory is
+measured on a separate, untimed run and given in MiB, in (B, T, d_model) float32
+arrays (x's size; the blockwise module's target is at most 10) and, for the
+paths that hold them, in (B, H, T, T) float32 matrices.  NumPy's BLAS (library,
+version, threads and the kernel OpenBLAS selected, via threadpoolctl) and the
+BLAS environment are printed with the results: OPENBLAS_CORETYPE and
+OPENBLAS_L2_SIZE change the kernel and its speed (compare a run under
+``env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE``).  The growth exponent is the
+slope of log(time) against log(T) over the largest token counts: 2 means the
+T x T work dominates.  The blockwise module chooses its tiles and threads per T
+itself; the choice is printed.
 
 Figures are printed, never asserted: timings belong to a machine, not to a test.
 """
@@ -27,31 +29,40 @@ import json
 import os
 import platform
 import time
-import tracemalloc
 
 import numpy as np
 
+from parity_tests.bench import impls
+from parity_tests.bench.impls import IMPLS, NUMPY_IMPLS, TORCH_IMPLS
 from parity_tests.common import outputs
 from parity_tests.common.verdicts import parse_verb_args
 
-IMPLS = ("numpy", "numpy_fast", "eager", "fused")
-NUMPY_IMPLS = ("numpy", "numpy_fast")
-RATIOS = [(a, b) for a in NUMPY_IMPLS for b in ("eager", "fused")]
 FIT_POINTS = 3   # the growth exponent is fitted over this many largest T
 BLAS_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")
+DEFAULT_TOKENS = [1024, 2048, 4096, 8192, 16384]
 
 
 def parse_args(argv):
     p = argparse.ArgumentParser(
         prog="attention-parity bench",
         description="Time forward+backward of NumPy vs PyTorch MultiHeadAttention on the CPU.")
-    p.add_argument("--tokens", type=_int_list, default=[128, 256, 512, 1024, 2048],
-                   help="comma-separated token counts T (default: 128,256,512,1024,2048)")
+    p.add_argument("--tokens", type=_int_list, default=DEFAULT_TOKENS,
+                   help="comma-separated token counts T (default: 1024,2048,4096,8192,16384)")
+    p.add_argument("--impl", type=_impl_list, default=list(impls.DEFAULT_IMPLS),
+                   help=f"comma-separated implementations among {','.join(IMPLS)} "
+                        f"(default: {','.join(impls.DEFAULT_IMPLS)}); those holding (T, T) "
+                        f"arrays are skipped where these would not fit")
     p.add_argument("--repeats", type=_positive_int, default=5,
                    help="timed runs per implementation and T, interleaved (default: 5)")
     p.add_argument("--batch", type=_positive_int, default=1, help="batch size B (default: 1)")
     p.add_argument("--d-model", type=_positive_int, default=768, help="d_in = d_out (default: 768)")
     p.add_argument("--heads", type=_positive_int, default=12, help="number of heads H (default: 12)")
+    p.add_argument("--dtype", choices=["float32", "float64"], default="float32",
+                   help="dtype of weights, input and computation (default: float32)")
+    p.add_argument("--no-memory", action="store_true",
+                   help="skip the untimed memory run of each implementation")
+    p.add_argument("--no-warmup", action="store_true",
+                   help="no untimed first run (for one long run: does T = 32768 complete?)")
     p.add_argument("--threads", type=_positive_int, default=None,
                    help="torch.set_num_threads(N), and NumPy's BLAS limited to N threads when "
                         "threadpoolctl is installed (default: each library's own default)")
@@ -81,105 +92,50 @@ def _int_list(text):
     return sorted(set(values))
 
 
-# --- the four implementations, same weights -------------------------------------
-
-def _classes():
-    """The benchmarked classes, imported here so ``--help`` needs no torch."""
-    import numpy_ref
-    import numpy_ref.fast
-    import torch_impl
-    return {
-        "numpy": numpy_ref.MultiHeadAttention,
-        "numpy_fast": numpy_ref.fast.FastMultiHeadAttention,
-        "eager": torch_impl.MultiHeadAttention,
-        "fused": torch_impl.FusedMultiHeadAttention,
-    }
+def _impl_list(text):
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    unknown = [n for n in names if n not in IMPLS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"expected implementations among {','.join(IMPLS)}, "
+                                         f"got {text!r}")
+    return [n for n in IMPLS if n in names]
 
 
-def build_modules(args, context_length):
-    """Eager module seeded by torch; fused and the NumPy ones loaded from its state_dict.
-    NumPy entries are factories (the memory run wants a fresh module)."""
-    import torch
-    classes = _classes()
-    torch.manual_seed(args.seed)
-    shape = (args.d_model, args.d_model, context_length, 0.0, args.heads)
-    eager = classes["eager"](*shape).eval()
-    fused = classes["fused"](*shape).eval()
-    fused.load_state_dict(eager.state_dict())
-
-    def numpy_factory(cls):
-        def make():
-            m = cls(*shape, rng=args.seed)
-            m.load_state_dict(eager.state_dict())
-            m.eval()
-            return m
-        return make
-
-    modules = {name: numpy_factory(classes[name]) for name in NUMPY_IMPLS}
-    modules.update(eager=eager, fused=fused)
-    return modules
-
-
-def make_steps(modules, x, dout):
-    """One callable per implementation: forward + backward, returning (out, dx) as arrays."""
-    import torch
-    dout_t = torch.from_numpy(dout)
-
-    def numpy_step(make):
-        m = make()
-        def step():
-            out = m.forward(x)
-            return out, m.backward(dout)
-        return step
-
-    def torch_step(m):
-        def step():
-            m.zero_grad(set_to_none=True)
-            x_t = torch.from_numpy(x).requires_grad_(True)
-            out = m(x_t)
-            out.backward(dout_t)
-            return out.detach().numpy(), x_t.grad.numpy()
-        return step
-
-    steps = {name: numpy_step(modules[name]) for name in NUMPY_IMPLS}
-    steps.update(eager=torch_step(modules["eager"]), fused=torch_step(modules["fused"]))
-    return {name: steps[name] for name in IMPLS}
+def ratio_pairs(names):
+    """(NumPy impl, PyTorch impl) pairs whose time ratio is reported."""
+    return [(a, b) for a in names if a in NUMPY_IMPLS for b in names if b in TORCH_IMPLS]
 
 
 # --- measurements ----------------------------------------------------------------
 
-def time_interleaved(steps, repeats):
-    """Round-robin over the implementations, ``repeats`` times; seconds per run."""
+# Pause before each timed run: a library's worker threads keep spinning for a
+# while after it returns (OpenMP, OpenBLAS), and on a small machine they would
+# slow down whichever implementation runs next.
+SETTLE_S = 0.3
+
+
+def time_interleaved(steps, repeats, settle=SETTLE_S):
+    """Round-robin over the implementations, ``repeats`` times -> (seconds per
+    run, the last run's (out, dx) of each)."""
     times = {name: [] for name in steps}
+    results = {}
     for _ in range(repeats):
         for name, step in steps.items():
+            results.pop(name, None)
             gc.collect()
+            time.sleep(settle)
             start = time.perf_counter()
-            step()
+            results[name] = step()
             times[name].append(time.perf_counter() - start)
-    return times
-
-
-def numpy_peak_bytes(make_numpy, x, dout):
-    """Peak bytes NumPy allocates during one forward + backward of a fresh module."""
-    m = make_numpy()
-    gc.collect()
-    tracemalloc.start()
-    try:
-        m.forward(x)
-        m.backward(dout)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    return peak
+    return times, results
 
 
 def growth_exponent(tokens, seconds):
     """Least-squares slope of log(seconds) vs log(T) over the largest FIT_POINTS T."""
-    if len(tokens) < 2:
+    pairs = [(t, s) for t, s in zip(tokens, seconds) if s is not None][-FIT_POINTS:]
+    if len(pairs) < 2:
         return None
-    t = np.log(np.asarray(tokens[-FIT_POINTS:], dtype=float))
-    s = np.log(np.asarray(seconds[-FIT_POINTS:], dtype=float))
+    t, s = np.log(np.array(pairs, dtype=float)).T
     slope, _ = np.polyfit(t, s, 1)
     return float(slope)
 
@@ -191,27 +147,48 @@ def summarize(samples):
             "iqr_s": float(q3 - q1), "samples_s": [float(v) for v in s]}
 
 
-def bench_one(args, modules, T, rng):
-    """Warm-up (also used to check agreement), interleaved timing, NumPy's peak memory."""
-    x = rng.standard_normal((args.batch, T, args.d_model)).astype(np.float32)
-    dout = rng.standard_normal((args.batch, T, args.d_model)).astype(np.float32)
-    steps = make_steps(modules, x, dout)
-    warm = {name: step() for name, step in steps.items()}
-    times = time_interleaved(steps, args.repeats)
-    matrix_bytes = args.batch * args.heads * T * T * 4     # one (B, H, T, T) float32
-    row = {"tokens": T}
-    for name in IMPLS:
+def bench_one(args, params, T, rng):
+    """Warm-up, interleaved timing (the last run's results checked for agreement),
+    peak memory."""
+    dtype = np.dtype(args.dtype)
+    x = rng.standard_normal((args.batch, T, args.d_model)).astype(dtype)
+    dout = rng.standard_normal((args.batch, T, args.d_model)).astype(dtype)
+    row = {"tokens": T, "skipped": {}}
+    modules, steps = {}, {}
+    for name in args.impl:
+        why = impls.too_large(name, T, args.batch, args.heads)
+        if why:
+            row["skipped"][name] = why
+            continue
+        modules[name] = impls.build(name, args, T, params)
+        steps[name] = impls.make_step(name, modules[name], x, dout)
+    if not args.no_warmup:
+        for step in steps.values():
+            step()
+    times, warm = time_interleaved(steps, args.repeats, 0.0 if T < 256 else SETTLE_S)
+    reference = next((n for n in ("eager", "fused") + NUMPY_IMPLS if n in warm), None)
+    array_bytes = args.batch * T * args.d_model * 4             # one (B, T, d) float32
+    matrix_bytes = args.batch * args.heads * T * T * 4          # one (B, H, T, T) float32
+    for name in steps:
         row[name] = summarize(times[name])
-        if name != "eager":
-            row[name]["max_abs_diff_vs_eager"] = {
-                "output": float(np.max(np.abs(warm[name][0] - warm["eager"][0]))),
-                "input_grad": float(np.max(np.abs(warm[name][1] - warm["eager"][1]))),
-            }
-    for name in NUMPY_IMPLS:
-        peak = numpy_peak_bytes(modules[name], x, dout)
-        row[name]["peak_mib"] = peak / 2**20
-        row[name]["peak_matrices"] = peak / matrix_bytes
-    row["ratios"] = {f"{a}/{b}": row[a]["median_s"] / row[b]["median_s"] for a, b in RATIOS}
+        row[name]["max_abs_diff_vs"] = reference
+        row[name]["max_abs_diff"] = {
+            "output": float(np.max(np.abs(warm[name][0] - warm[reference][0]))),
+            "input_grad": float(np.max(np.abs(warm[name][1] - warm[reference][1]))),
+        }
+        if name == "blockwise":
+            m = modules[name]
+            row[name]["tiles"] = list(m._tiles(T))
+            row[name]["workers"] = m._workers(T)
+    del warm
+    if not args.no_memory:
+        for name, step in steps.items():
+            peak = impls.peak_bytes(name, step)
+            row[name]["peak_mib"] = peak / 2**20
+            row[name]["peak_arrays"] = peak / array_bytes
+            row[name]["peak_matrices"] = peak / matrix_bytes
+    row["ratios"] = {f"{a}/{b}": row[a]["median_s"] / row[b]["median_s"]
+                     for a, b in ratio_pairs(args.impl) if a in steps and b in steps}
     return row
 
 
@@ -272,10 +249,10 @@ def run(args):
             pass
     machine = machine_info()
     try:
-        modules = build_modules(args, context_length=max(args.tokens))
+        params = impls.weights(args)
         threads = thread_info()
         rng = np.random.default_rng(args.seed)
-        rows = [bench_one(args, modules, T, rng) for T in args.tokens]
+        rows = [bench_one(args, params, T, rng) for T in args.tokens]
     finally:
         if limiter is not None:
             limiter.restore_original_limits()
@@ -285,11 +262,13 @@ def run(args):
         "machine": machine,
         "threads": threads,
         "config": {"batch": args.batch, "d_in": args.d_model, "d_out": args.d_model,
-                   "num_heads": args.heads, "dtype": "float32", "dropout": 0.0,
-                   "repeats": args.repeats, "tokens": tokens, "seed": args.seed},
+                   "num_heads": args.heads, "dtype": args.dtype, "dropout": 0.0,
+                   "repeats": args.repeats, "tokens": tokens, "seed": args.seed,
+                   "impls": list(args.impl)},
         "rows": rows,
-        "growth_exponent": {name: growth_exponent(tokens, [r[name]["median_s"] for r in rows])
-                            for name in IMPLS},
+        "growth_exponent": {name: growth_exponent(tokens, [r[name]["median_s"] if name in r
+                                                           else None for r in rows])
+                            for name in args.impl},
         "fit_tokens": tokens[-FIT_POINTS:],
         "runtime_s": time.perf_counter() - started,
     }
@@ -297,9 +276,14 @@ def run(args):
 
 # --- the report --------------------------------------------------------------------
 
-TIME_HEADERS = ["T"] + [f"{name} ms" for name in IMPLS] + [f"{a}/{b}" for a, b in RATIOS]
 DETAIL_HEADERS = ["T", "impl", "median ms", "min ms", "IQR ms", "peak MiB",
-                  "peak in (B,H,T,T) f32", "max|diff| out vs eager", "max|diff| dx vs eager"]
+                  "peak in (B,T,d) f32", "peak in (B,H,T,T) f32", "max|diff| out",
+                  "max|diff| dx", "vs", "tiles, threads"]
+
+
+def time_headers(names):
+    return (["T"] + [f"{name} ms" for name in names]
+            + [f"{a}/{b}" for a, b in ratio_pairs(names)])
 
 
 def _ms(seconds):
@@ -307,22 +291,31 @@ def _ms(seconds):
     return f"{ms:.1f}" if ms >= 10 else f"{ms:.2f}"
 
 
+def _num(value, fmt):
+    return "-" if value is None else format(value, fmt)
+
+
 def time_rows(result):
-    return [[r["tokens"]] + [_ms(r[name]["median_s"]) for name in IMPLS]
-            + [f"{r['ratios'][f'{a}/{b}']:.2f}" for a, b in RATIOS] for r in result["rows"]]
+    names = result["config"]["impls"]
+    return [[r["tokens"]] + [_ms(r[n]["median_s"]) if n in r else "skipped" for n in names]
+            + [_num(r["ratios"].get(f"{a}/{b}"), ".2f") for a, b in ratio_pairs(names)]
+            for r in result["rows"]]
 
 
 def detail_rows(result):
     rows = []
     for r in result["rows"]:
-        for name in IMPLS:
+        for name in result["config"]["impls"]:
+            if name not in r:
+                rows.append([r["tokens"], name] + ["-"] * 9 + [r["skipped"].get(name, "")])
+                continue
             s = r[name]
-            diff = s.get("max_abs_diff_vs_eager")
+            diff = s["max_abs_diff"]
+            choice = f"{s['tiles'][0]}x{s['tiles'][1]}, {s['workers']}" if "tiles" in s else ""
             rows.append([r["tokens"], name, _ms(s["median_s"]), _ms(s["min_s"]), _ms(s["iqr_s"]),
-                         f"{s['peak_mib']:.1f}" if "peak_mib" in s else "-",
-                         f"{s['peak_matrices']:.2f}" if "peak_matrices" in s else "-",
-                         f"{diff['output']:.1e}" if diff else "-",
-                         f"{diff['input_grad']:.1e}" if diff else "-"])
+                         _num(s.get("peak_mib"), ".1f"), _num(s.get("peak_arrays"), ".2f"),
+                         _num(s.get("peak_matrices"), ".3f"), f"{diff['output']:.1e}",
+                         f"{diff['input_grad']:.1e}", s["max_abs_diff_vs"], choice])
     return rows
 
 
@@ -347,7 +340,7 @@ def render(result):
         f"{c['dtype']}, eval mode (dropout 0); forward + backward with a random upstream "
         f"gradient; median of {c['repeats']} interleaved runs",
         "",
-        format_table(TIME_HEADERS, time_rows(result)),
+        format_table(time_headers(c["impls"]), time_rows(result)),
         "",
         f"growth exponent of time in T (log-log fit over T = "
         f"{', '.join(map(str, result['fit_tokens']))}): {fit}",

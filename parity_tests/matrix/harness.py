@@ -72,6 +72,8 @@ class Config:
     num_heads: int = 1
     context_length: int = 0       # 0: exactly `tokens`
     qkv_bias: bool = False
+    input_scale: float = 1.0      # x is drawn from N(0, input_scale^2)
+    dtypes: tuple = ()            # the dtypes this config runs in; () = all
 
     @property
     def ctx(self):
@@ -87,6 +89,8 @@ class ModuleSpec:
     kind: str                     # simplified | v1 | v2 | causal | wrapper | mha
     configs: tuple
     modes: tuple = ("eval",)
+    torch_name: str = ""          # torch_impl class when it is not `name`
+    numpy_attrs: tuple = ()       # (attribute, value) set on the NumPy module after building
 
     @property
     def batched(self):
@@ -110,6 +114,21 @@ CONFIGS_CAUSAL = (
     Config("d_in 5 != d_out, B=3", tokens=6, d_in=5, head_dim=4, batch=3, num_heads=2),
 )
 
+# Blockwise attention: lengths that are not multiples of the (3, 4) tiles, so the
+# online softmax rescales and diagonal tiles are masked; and large inputs whose
+# scores rise by thousands from one key tile to the next (a running maximum that
+# is not updated overflows there, and only there).
+CONFIGS_BLOCKWISE = (
+    Config("one token, B=1", tokens=1, d_in=4, head_dim=2, num_heads=2, context_length=4),
+    Config("T 13, tiles 3x4, bias", tokens=13, d_in=5, head_dim=3, batch=2, num_heads=2,
+           context_length=16, qkv_bias=True),
+    # float64 only: with scores of thousands, the float32 L = m + log ℓ is rounded by
+    # ~1e-4 (as in every FlashAttention), which a nearly one-hot softmax exposes
+    Config("T 9, large scores", tokens=9, d_in=4, head_dim=2, num_heads=2, input_scale=100.0,
+           dtypes=("float64",)),
+)
+BLOCKWISE_TILES = (("block_q", 3), ("block_k", 4))
+
 MODULES = (
     ModuleSpec("SimplifiedSelfAttention", "SimplifiedSelfAttention", "simplified", CONFIGS_2D),
     ModuleSpec("SelfAttention_v1", "SelfAttention_v1", "v1", CONFIGS_2D),
@@ -121,6 +140,11 @@ MODULES = (
     # SDPA draws its own dropout mask inside the kernel and cannot be handed one,
     # so the fused module is compared in eval mode only.
     ModuleSpec("FusedMultiHeadAttention", "MultiHeadAttention", "mha", CONFIGS_CAUSAL),
+    # numpy_ref's blockwise module held to torch_impl.MultiHeadAttention (rows say
+    # "BlockwiseMultiHeadAttention"), with small tiles so that tiling shows.
+    ModuleSpec("BlockwiseMultiHeadAttention", "BlockwiseMultiHeadAttention", "mha",
+               CONFIGS_BLOCKWISE, ("eval", "train"), torch_name="MultiHeadAttention",
+               numpy_attrs=BLOCKWISE_TILES),
 )
 
 
@@ -170,7 +194,8 @@ def build_cases(dtypes=("float64", "float32"), devices=("cpu",), modules=None):
     specs = [s for s in MODULES if modules is None or s.name in modules]
     return [Case(spec, config, mode, dtype, device)
             for device in devices for dtype in dtypes if dtype_supported(dtype, device)
-            for spec in specs for config in spec.configs for mode in spec.modes]
+            for spec in specs for config in spec.configs for mode in spec.modes
+            if not config.dtypes or dtype in config.dtypes]
 
 
 # ----------------------------------------------------------------- building
@@ -207,7 +232,7 @@ def make_inputs(case):
     """float64 input, upstream gradient and (training mode) keep-mask, from the case's seed."""
     rng = np.random.default_rng(case.seed)
     x_shape, out_shape, keep_shape = _shapes(case.spec, case.config)
-    x = rng.standard_normal(x_shape)
+    x = rng.standard_normal(x_shape) * case.config.input_scale
     grad_out = rng.standard_normal(out_shape)
     keep = None
     if case.mode == "train" and keep_shape is not None:
@@ -218,7 +243,8 @@ def make_inputs(case):
 def build_torch(case):
     """The PyTorch module, initialised from the case's seed, in the case's dtype and device."""
     torch.manual_seed(case.seed)
-    module = getattr(torch_impl, case.spec.name)(*_ctor_args(case.spec, case.config))
+    cls = getattr(torch_impl, case.spec.torch_name or case.spec.name)
+    module = cls(*_ctor_args(case.spec, case.config))
     return module.to(device=case.device, dtype=DTYPES[case.dtype])
 
 
@@ -257,14 +283,23 @@ def build_numpy(case):
     """A fresh NumPy module of the case's reference class, with its own initial state."""
     cls = getattr(numpy_ref, case.spec.reference)
     args = _ctor_args(case.spec, case.config)
-    return cls(*args, rng=0) if args else cls()
+    module = cls(*args, rng=0) if args else cls()
+    for attribute, value in case.spec.numpy_attrs:
+        setattr(module, attribute, value)
+    return module
 
 
 def run_numpy(case, state, x, grad_out, keep):
     """Forward and backward of a NumPy module holding ``state``; computes in ``x``'s dtype."""
     module = build_numpy(case)
     if state:
-        module.load_state_dict(state)
+        try:
+            module.load_state_dict(state)
+        except ValueError:
+            # a NumPy module that refuses the PyTorch state (the blockwise module
+            # refuses a mask other than the causal one): every tensor missing,
+            # so every row of the case fails
+            return {}
     module.train() if case.mode == "train" else module.eval()
     out = module.forward(x, keep_mask=keep) if keep is not None else module.forward(x)
     dx = module.backward(grad_out)

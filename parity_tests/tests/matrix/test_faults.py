@@ -18,7 +18,8 @@ from parity_tests.matrix import run as run_parity
 
 # What each fault must break (every failing row satisfies it), and where it must show.
 CAUSAL = ("CausalAttention", "MultiHeadAttentionWrapper", "MultiHeadAttention",
-          "FusedMultiHeadAttention")
+          "FusedMultiHeadAttention", "BlockwiseMultiHeadAttention")
+BLOCKWISE = lambda r: r["module"] == "BlockwiseMultiHeadAttention"  # noqa: E731
 SPLIT_HEADS = ("MultiHeadAttention", "FusedMultiHeadAttention")
 
 EXPECTED = {
@@ -33,6 +34,11 @@ EXPECTED = {
     "heads-merged-wrong-order": lambda r: r["module"] in SPLIT_HEADS,
     "torch-mask-off-by-one": lambda r: r["module"] in CAUSAL,
     "torch-heads-reversed": lambda r: r["module"] == "MultiHeadAttentionWrapper",
+    "blockwise-max-not-updated": lambda r: BLOCKWISE(r) and r["config"] == "T 9, large scores",
+    "blockwise-output-not-rescaled": BLOCKWISE,
+    "blockwise-lse-without-max": lambda r: BLOCKWISE(r) and r["tensor"] != "output",
+    "blockwise-delta-one-tile": lambda r: BLOCKWISE(r) and r["tensor"] != "output",
+    "blockwise-causal-skip-off-by-one": BLOCKWISE,
 }
 
 

@@ -17,9 +17,15 @@ from parity_tests.matrix.run import format_rows
 N = settings.default.max_examples
 
 
+# The chapter's modules.  The blockwise family has property tests of its own
+# (reference/test_blockwise_*.py, over tile sizes too); leaving it out keeps the
+# derandomized examples drawn here what they were.
+SPECS = [s for s in harness.MODULES if s.name != "BlockwiseMultiHeadAttention"]
+
+
 @st.composite
 def cases(draw, dtypes=("float64", "float32")):
-    spec = draw(st.sampled_from(harness.MODULES))
+    spec = draw(st.sampled_from(SPECS))
     tokens = draw(st.integers(1, 6))
     config = harness.Config(
         label="",                                   # set below: it seeds the case
