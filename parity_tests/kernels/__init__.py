@@ -1,4 +1,4 @@
-"""Checking outside code: ``attention-parity check TARGET`` and ``parity_tests.check``.
+"""Checking outside kernels: ``attention-parity check TARGET`` and ``parity_tests.check(...)``.
 
 Holds any attention kernel (PyTorch's SDPA backends, FlexAttention, this
 project's modules, or a user's ``module.path:callable``) to the float64 NumPy
@@ -13,21 +13,4 @@ mistake when a tensor fails.
 - ``diagnosis``  the catalogue of mistakes, recomputed, the best match named
 - ``report``     the rows, their table, the summary, the JSON copy
 - ``run``        the command line and ``check(...)``, the Python entry point
-
-The package itself is callable: ``parity_tests.check(target, **options)`` is
-``parity_tests.check.run.check`` (a package and a function cannot share the
-name ``parity_tests.check`` otherwise: importing the package would replace the
-function).
 """
-
-import sys
-import types
-
-
-class _CallableModule(types.ModuleType):
-    def __call__(self, target, **options):
-        from parity_tests.check.run import check
-        return check(target, **options)
-
-
-sys.modules[__name__].__class__ = _CallableModule

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from parity_tests import cli
-from parity_tests.check import cases, reference
+from parity_tests.kernels import cases, reference
 from parity_tests.common import tolerances as tol
 
 SMALL = ["--tokens", "17,45x77", "--head-dim", "16", "--heads", "2"]

@@ -26,7 +26,6 @@ its own factor, fitted row by row); see ``diagnosis``.
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 __all__ = ["Hypothesis", "catalogue", "STALE_BLOCKS", "attention64"]

@@ -18,11 +18,11 @@ import numpy as np
 import torch
 
 from parity_tests.common import tolerances as tol
-import parity_tests.check.cases as cases_mod
-import parity_tests.check.diagnosis as diagnosis
-import parity_tests.check.reference as reference
-import parity_tests.check.targets as targets
-from parity_tests.check.report import Row
+import parity_tests.kernels.cases as cases_mod
+import parity_tests.kernels.diagnosis as diagnosis
+import parity_tests.kernels.reference as reference
+import parity_tests.kernels.targets as targets
+from parity_tests.kernels.report import Row
 
 __all__ = ["run_case", "DTYPES", "errors_of"]
 

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import parity_tests
-from parity_tests.check import targets
+from parity_tests.kernels import targets
 from check_gallery import GALLERY
 
 TINY = dict(tokens=["1", "17", "45x77"], head_dims=[40], heads=[2], batch=[2])

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-import parity_tests.check.mistakes as mistakes
+import parity_tests.kernels.mistakes as mistakes
 
 __all__ = ["Diagnosis", "diagnose", "slice_errors", "DENSE_LIMIT"]
 

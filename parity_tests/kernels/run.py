@@ -16,10 +16,10 @@ import time
 
 import torch
 
-import parity_tests.check.cases as cases_mod
-import parity_tests.check.measure as measure
-import parity_tests.check.targets as targets
-from parity_tests.check.report import Report, find_growth
+import parity_tests.kernels.cases as cases_mod
+import parity_tests.kernels.measure as measure
+import parity_tests.kernels.targets as targets
+from parity_tests.kernels.report import Report, find_growth
 from parity_tests.common import tolerances as tol
 
 __all__ = ["check", "main", "build_parser"]

@@ -85,7 +85,7 @@ def _ratio(x):
 
 def find_growth(rows):
     """Mark failing rows that match nothing but fail only above some key length."""
-    from parity_tests.check.diagnosis import Diagnosis
+    from parity_tests.kernels.diagnosis import Diagnosis
     groups = {}
     for r in rows:
         if r.verdict in ("pass", "FAIL") and r.error is not None:

@@ -59,7 +59,7 @@ def test_an_error_growing_with_length_is_named():
 
 
 def test_a_case_too_large_to_recompute_whole_is_diagnosed_on_its_worst_slice(monkeypatch):
-    from parity_tests.check import diagnosis
+    from parity_tests.kernels import diagnosis
     kernel = GALLERY["one_head_wrong"][0]
     grid = {**SMALL, "tokens": ["17"], "heads": [3]}
     monkeypatch.setattr(diagnosis, "DENSE_LIMIT", 17 * 17)          # one (batch, head) slice fits

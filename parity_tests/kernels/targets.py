@@ -101,7 +101,7 @@ def _selection_module(cls, case, dtype, device, causal):
 def _through_module(cls_name):
     def fn(q, k, v, *, causal, scale):
         import torch_impl
-        from parity_tests.check.cases import Case
+        from parity_tests.kernels.cases import Case
         b, h, t, d = q.shape                                            # (B, H, T, D)
         case = Case(b, h, t, t, d, causal)
         m = _selection_module(getattr(torch_impl, cls_name), case, q.dtype, q.device, causal)
