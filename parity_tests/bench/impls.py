@@ -18,7 +18,6 @@ import gc
 import os
 import tracemalloc
 
-import numpy as np
 
 IMPLS = ("numpy", "numpy_fast", "blockwise", "eager", "fused")
 NUMPY_IMPLS = ("numpy", "numpy_fast", "blockwise")

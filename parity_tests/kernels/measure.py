@@ -1,0 +1,152 @@
+"""One case of one target in one dtype: four rows (out, dq, dk, dv).
+
+1. Draw q, k, v, dO (``cases.draw_inputs``), round them to the dtype once.
+2. Golden (float64, blockwise NumPy) and baseline (plain PyTorch, the dtype, the
+   device) from the same rounded numbers (``reference``).
+3. Call the target on leaf tensors in its layout, backpropagate dO (a random
+   upstream gradient, never out.sum(): softmax rows sum to 1, so that gradient
+   is ~0 and checks almost nothing).  A target that raises on the forward is
+   "not supported" for the case; one that runs its forward only without
+   gradients (FlexAttention on CPU) is checked on out, its gradients "not
+   supported (forward only)".
+4. Each tensor: error and baseline error against the golden result, the bound
+   ``tolerances.check_bound``, the verdict, where the largest error sits.
+5. Failing tensors go to ``diagnosis``.
+"""
+
+import numpy as np
+import torch
+
+from parity_tests.common import tolerances as tol
+import parity_tests.kernels.cases as cases_mod
+import parity_tests.kernels.diagnosis as diagnosis
+import parity_tests.kernels.reference as reference
+import parity_tests.kernels.targets as targets
+from parity_tests.kernels.report import Row
+
+__all__ = ["run_case", "DTYPES", "errors_of"]
+
+DTYPES = {"float64": torch.float64, "float32": torch.float32,
+          "bfloat16": torch.bfloat16, "float16": torch.float16}
+TENSORS = ("out", "dq", "dk", "dv")
+
+
+def denominators(golden):
+    """Normwise denominators: out by its own size; gradients by theirs, floored at
+    SCALE_FLOOR x the largest gradient (dq = dk = 0 exactly with one key)."""
+    grads = max(float(np.abs(golden[n]).max(initial=0.0)) for n in TENSORS[1:])
+    den = {"out": max(float(np.abs(golden["out"]).max(initial=0.0)), 1e-300)}
+    for n in TENSORS[1:]:
+        den[n] = max(float(np.abs(golden[n]).max(initial=0.0)), tol.SCALE_FLOOR * grads, 1e-300)
+    return den
+
+
+def errors_of(a, ref, denom):
+    """(error, (batch, head, row)) of ``a`` against ``ref``; inf at the first non-finite entry."""
+    a = np.asarray(a, dtype=np.float64)
+    bad = ~np.isfinite(a)
+    if bad.any():
+        b, h, i, _ = np.unravel_index(np.argmax(bad), a.shape)
+        return float("inf"), (int(b), int(h), int(i))
+    diff = np.abs(a - ref)
+    if diff.size == 0:
+        return 0.0, None
+    flat = int(np.argmax(diff))
+    b, h, i, _ = np.unravel_index(flat, diff.shape)
+    return float(diff.flat[flat] / denom), (int(b), int(h), int(i))
+
+
+def _leaves(arrays, dtype, device, layout, grad):
+    return [targets.to_layout(torch.from_numpy(a).to(device=device, dtype=dtype), layout)
+            .requires_grad_(grad) for a in arrays]
+
+
+def _numpy(t, layout):
+    return targets.from_layout(t.detach(), layout).to("cpu", torch.float64).numpy()
+
+
+def _reason(e):
+    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return f"{type(e).__name__}: {text}"[:200] if not isinstance(e, targets.Unsupported) else text[:200]
+
+
+def _call(target, case, q, k, v, dout, dtype, device, align):
+    """``(results dict, note)``: tensor -> float64 array, or a tensor -> reason dict for what did not run."""
+    layout = target.layout
+    opts = dict(causal=case.causal, scale=case.scale, align=align)
+    leaves = _leaves((q, k, v), dtype, device, layout, True)
+    try:
+        out = targets.call(target, *leaves, **opts)
+    except Exception as e:                            # noqa: BLE001 - any refusal is reported
+        forward_error = _reason(e)
+        try:
+            with torch.no_grad():
+                out = targets.call(target, *_leaves((q, k, v), dtype, device, layout, False), **opts)
+        except Exception:                             # noqa: BLE001
+            return {n: forward_error for n in TENSORS}
+        missing = f"forward only: {forward_error}"
+        return {"out": _numpy(out, layout), **{n: missing for n in TENSORS[1:]}}
+    expected = targets.to_layout(torch.empty(q.shape[:-1] + (v.shape[-1],), device="meta"), layout).shape
+    if tuple(out.shape) != tuple(expected):
+        wrong = f"wrong shape: output {tuple(out.shape)}, expected {tuple(expected)}"
+        return {n: ("FAIL", wrong) for n in TENSORS}
+    got = {"out": _numpy(out, layout)}
+    try:
+        g = targets.to_layout(torch.from_numpy(dout).to(device=device, dtype=out.dtype), layout)
+        out.backward(g)
+    except Exception as e:                            # noqa: BLE001
+        return {**got, **{n: f"backward refused: {_reason(e)}" for n in TENSORS[1:]}}
+    for n, leaf in zip(TENSORS[1:], leaves):
+        got[n] = _numpy(leaf.grad, layout) if leaf.grad is not None else ("FAIL", f"no gradient reached {n[1]}")
+    return got
+
+
+def run_case(target, case, dtype, device, align="top-left", seed=0, reference_functions=None):
+    """The four rows of ``target`` on ``case`` in ``dtype`` on ``device``."""
+    tdtype = DTYPES[dtype]
+    offset = case.offset(align)
+    raw = cases_mod.draw_inputs(case, seed)
+    rounded = [torch.from_numpy(a).to(tdtype).to(torch.float64).numpy() for a in raw]
+    q, k, v, dout = rounded
+    row = lambda tensor, **kw: Row(target=target.name, case=str(case), dims=case.as_dict(), dtype=dtype,
+                                   device=device, tensor=tensor, align=align, **kw)
+    refused = target.refuses(case, dtype, device, align)
+    if refused:
+        return [row(n, verdict="not supported", note=refused) for n in TENSORS]
+    got = _call(target, case, q, k, v, dout, tdtype, device, align)
+    if all(isinstance(got[n], str) for n in TENSORS):
+        return [row(n, verdict="not supported", note=got[n]) for n in TENSORS]
+
+    gold = dict(zip(TENSORS, reference.golden(q, k, v, dout, case, offset, reference_functions)))
+    dev = [torch.from_numpy(a).to(device=device, dtype=tdtype) for a in rounded]
+    base = dict(zip(TENSORS, reference.baseline(*dev, case, offset)))
+    den = denominators(gold)
+    rows, failing, bounds = {}, [], {}
+    for n in TENSORS:
+        if isinstance(got[n], str):
+            rows[n] = row(n, verdict="not supported", note=got[n])
+            continue
+        base_err, _ = errors_of(base[n], gold[n], den[n])
+        bounds[n] = tol.check_bound(dtype, base_err)
+        if isinstance(got[n], tuple):                 # ("FAIL", why)
+            rows[n] = row(n, error=float("inf"), baseline=base_err, bound=bounds[n], verdict="FAIL",
+                          note=got[n][1])
+            continue
+        err, where = errors_of(got[n], gold[n], den[n])
+        ok = err <= bounds[n]
+        rows[n] = row(n, error=err, baseline=base_err, bound=bounds[n], verdict="pass" if ok else "FAIL",
+                      where=where)
+        if not ok:
+            failing.append(n)
+    if failing:
+        arrays = {n: got[n] for n in TENSORS if isinstance(got[n], np.ndarray)}
+
+        def rerun():
+            again = _call(target, case, q, k, v, dout, tdtype, device, align)
+            return {n: a for n, a in again.items() if isinstance(a, np.ndarray)}
+
+        found = diagnosis.diagnose(failing, arrays, gold, den, bounds, case, offset, align,
+                                   (q, k, v), dout, rerun)
+        for n, d in found.items():
+            rows[n].diagnosis = d
+    return [rows[n] for n in TENSORS]

@@ -1,0 +1,185 @@
+"""Rows, the report holding them, the table, the summary and the JSON copy.
+
+A row is one tensor (``out``, ``dq``, ``dk``, ``dv``) of one case in one dtype on
+one device; ``where`` is the (batch, head, row) of its largest error -- a query
+row for out and dq, a key row for dk and dv.  Verdicts: ``pass``; ``FAIL`` (error above the bound, a non-finite
+value, a wrong shape, a gradient that never arrived); ``not supported`` (the
+target refused the case: never counted as a pass).
+
+After a run, failing rows that no catalogued mistake explains are looked at
+together: when a tensor passes at every shorter key length and fails at every
+longer one, the error grows with the sequence length -- the signature of an
+accumulator kept in a low precision -- and the rows say so.
+"""
+
+import json
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+from parity_tests.common.tables import format_table
+
+__all__ = ["Row", "Report", "find_growth"]
+
+HEADERS = ("target", "case", "dtype", "device", "tensor", "error", "baseline", "bound",
+           "ratio", "verdict", "worst at (b, h, row)")
+
+
+@dataclass
+class Row:
+    target: str
+    case: str
+    dims: dict
+    dtype: str
+    device: str
+    tensor: str
+    align: str = "top-left"
+    error: float = None
+    baseline: float = None
+    bound: float = None
+    verdict: str = "pass"
+    where: tuple = None
+    note: str = ""
+    diagnosis: object = None          # a diagnosis.Diagnosis for failing rows
+
+    @property
+    def passed(self):
+        return self.verdict == "pass"
+
+    @property
+    def failed(self):
+        return self.verdict == "FAIL"
+
+    @property
+    def ratio(self):
+        if self.error is None or not self.bound:
+            return None
+        return self.error / self.bound if math.isfinite(self.error) else math.inf
+
+    def as_dict(self):
+        num = lambda x: None if x is None or not math.isfinite(x) else float(x)
+        return {"target": self.target, "case": self.case, **self.dims, "dtype": self.dtype,
+                "device": self.device, "align": self.align, "tensor": self.tensor,
+                "error": num(self.error), "baseline": num(self.baseline), "bound": num(self.bound),
+                "ratio": num(self.ratio), "verdict": self.verdict, "passed": self.passed,
+                "where": None if self.where is None else list(self.where), "note": self.note,
+                "diagnosis": None if self.diagnosis is None else self.diagnosis.as_dict()}
+
+
+def _sci(x):
+    return "-" if x is None else ("inf" if not math.isfinite(x) else f"{x:.1e}")
+
+
+def _cells(r):
+    verdict = r.verdict if not r.note or r.verdict == "pass" else f"{r.verdict} ({r.note})"
+    where = "-" if r.where is None else ", ".join(map(str, r.where))
+    return [r.target, r.case, r.dtype, r.device, r.tensor, _sci(r.error), _sci(r.baseline),
+            _sci(r.bound), _ratio(r.ratio), verdict, where]
+
+
+def _ratio(x):
+    if x is None:
+        return "-"
+    return f"{x:.2f}" if x < 100 else _sci(x)
+
+
+def find_growth(rows):
+    """Mark failing rows that match nothing but fail only above some key length."""
+    from parity_tests.kernels.diagnosis import Diagnosis
+    groups = {}
+    for r in rows:
+        if r.verdict in ("pass", "FAIL") and r.error is not None:
+            groups.setdefault((r.target, r.dtype, r.device, r.tensor), []).append(r)
+    for group in groups.values():
+        unexplained = [r for r in group if r.failed and r.diagnosis is not None and r.diagnosis.id == "none"]
+        passing = [r for r in group if r.passed]
+        if not unexplained or len({r.dims["tk"] for r in passing}) < 2:
+            continue
+        fail_from = min(r.dims["tk"] for r in group if r.failed)
+        pass_upto = max(r.dims["tk"] for r in passing)
+        if pass_upto >= fail_from:
+            continue
+        short = max(passing, key=lambda r: (r.dims["tk"], r.ratio))
+        long = max((r for r in group if r.failed), key=lambda r: r.dims["tk"])
+        for r in unexplained:
+            r.diagnosis = Diagnosis(
+                "grows-with-length",
+                f"{r.tensor} error grows with the key length: passes up to Tk = {pass_upto}, fails from "
+                f"Tk = {fail_from} (ratio {short.ratio:.2f} at Tk = {short.dims['tk']}, {long.ratio:.2f} at "
+                f"Tk = {long.dims['tk']}): the signature of an accumulator kept in a low precision "
+                "(no catalogued mistake matches)", r.error, r.bound)
+
+
+@dataclass(repr=False)
+class Report:
+    target: str
+    rows: list = field(default_factory=list)
+    seconds: float = 0.0
+    settings: dict = field(default_factory=dict)
+
+    @property
+    def failures(self):
+        return [r for r in self.rows if r.failed]
+
+    @property
+    def unsupported(self):
+        return [r for r in self.rows if r.verdict == "not supported"]
+
+    @property
+    def passed(self):
+        """Every row passed or was not supported, and at least one row passed."""
+        return not self.failures and any(r.passed for r in self.rows)
+
+    @property
+    def diagnoses(self):
+        """``[(row, Diagnosis)]`` of every failing row that has one."""
+        return [(r, r.diagnosis) for r in self.failures if r.diagnosis is not None]
+
+    @property
+    def diagnosis(self):
+        """The id explaining the most failing rows (the catalogue's name), or None."""
+        ids = Counter(d.id for _, d in self.diagnoses if d.id not in ("none", "not-diagnosed"))
+        return ids.most_common(1)[0][0] if ids else (self.diagnoses[0][1].id if self.diagnoses else None)
+
+    def summary(self):
+        counts = Counter(r.verdict for r in self.rows)
+        text = (f"{self.target}: {len(self.rows)} rows, {counts['pass']} pass, {counts['FAIL']} FAIL, "
+                f"{counts['not supported']} not supported in {self.seconds:.1f} s")
+        if self.settings:
+            s = self.settings
+            text += f" ({s.get('device')}; {', '.join(s.get('dtypes', []))}; causal {s.get('align')})"
+        return text
+
+    def table(self, rows=None):
+        return format_table(HEADERS, [_cells(r) for r in (self.rows if rows is None else rows)])
+
+    def diagnosis_lines(self, limit=40):
+        lines = [f"  {r.case} {r.dtype}: {d.sentence}" for r, d in self.diagnoses[:limit]]
+        if len(self.diagnoses) > limit:
+            lines.append(f"  ... and {len(self.diagnoses) - limit} more (all of them in --json)")
+        return lines
+
+    def __repr__(self):
+        return f"<Report {self.summary()}>"
+
+    def __str__(self):
+        """The failing rows, their diagnoses and the summary: ``assert report.passed, str(report)``."""
+        parts = []
+        if self.failures:
+            parts += ["failing rows:", self.table(self.failures), "", "diagnosis:"] + self.diagnosis_lines()
+        if not any(r.passed for r in self.rows):
+            parts.append("no row passed: nothing was checked")
+        parts.append(self.summary())
+        return "\n".join(parts)
+
+    def as_dict(self):
+        counts = Counter(r.verdict for r in self.rows)
+        return {"rows": [r.as_dict() for r in self.rows],
+                "summary": {"target": self.target, "passed": self.passed, "rows": len(self.rows),
+                            "pass": counts["pass"], "fail": counts["FAIL"],
+                            "not_supported": counts["not supported"], "seconds": self.seconds,
+                            "diagnosis": self.diagnosis, **self.settings}}
+
+    def write_json(self, path):
+        with open(path, "w") as f:
+            json.dump(self.as_dict(), f, indent=1)

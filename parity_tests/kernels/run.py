@@ -1,0 +1,184 @@
+"""``attention-parity check TARGET`` and ``parity_tests.check(target, **options)``.
+
+    attention-parity check sdpa-math                   PyTorch's math backend, default grid
+    attention-parity check sdpa-flash --dtype bf16     the CPU flash kernel in bfloat16
+    attention-parity check mypkg.attn:my_attention --layout bthd --tokens 128x512,4096
+    attention-parity check --list                      the built-in targets on this device
+
+Exit status: 0 every row passes (rows a target refuses are "not supported", not
+passes; at least one row must pass), 1 some row fails, 2 bad arguments.
+"""
+
+import argparse
+import sys
+import textwrap
+import time
+
+import torch
+
+import parity_tests.kernels.cases as cases_mod
+import parity_tests.kernels.measure as measure
+import parity_tests.kernels.targets as targets
+from parity_tests.kernels.report import Report, find_growth
+from parity_tests.common import tolerances as tol
+
+__all__ = ["check", "main", "build_parser"]
+
+DTYPE_ALIASES = {"f64": "float64", "double": "float64", "fp64": "float64", "f32": "float32",
+                 "float": "float32", "fp32": "float32", "bf16": "bfloat16", "f16": "float16",
+                 "fp16": "float16", "half": "float16"}
+DEFAULT_DTYPES = {"cpu": ("float32", "bfloat16"), "cuda": ("float32", "bfloat16", "float16")}
+CAUSAL = {"yes": (True,), "no": (False,), "both": (True, False)}
+
+
+def _dtypes(dtypes, device):
+    if dtypes is None:
+        return list(DEFAULT_DTYPES[device])
+    if isinstance(dtypes, str):
+        dtypes = [dtypes]
+    names = [DTYPE_ALIASES.get(str(d).lower(), str(d).lower()).removeprefix("torch.") for d in dtypes]
+    unknown = [d for d in names if d not in measure.DTYPES]
+    if unknown or not names:
+        raise ValueError(f"dtypes must be among {', '.join(measure.DTYPES)}; got {', '.join(unknown) or 'none'}")
+    return list(dict.fromkeys(names))
+
+
+def _device(device):
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda': no CUDA device is available (torch.cuda.is_available() is False)")
+    return device
+
+
+def _progress_line(name, total, start):
+    def show(i, label):
+        end = "\n" if i == total else ""
+        print(f"\r  check {name}: {i}/{total} {label:<45} {time.perf_counter() - start:6.1f} s",
+              end=end, file=sys.stderr, flush=True)
+    return show
+
+
+def check(target, *, device="cpu", dtypes=None, tokens=None, head_dims=None, heads=None, batch=None,
+          causal="both", align="top-left", layout="bhtd", long=False, seed=0, progress=False,
+          reference_functions=None):
+    """Hold ``target`` (a built-in name, ``"module.path:callable"`` or a callable taking
+    ``(q, k, v, *, causal, scale)``) to the float64 reference; returns a `Report`
+    (``.passed``, ``.rows``, ``.failures``, ``.diagnoses``, ``.diagnosis``).
+
+    ``tokens``: lengths ``T`` or ``(Tq, Tk)`` / ``"TqxTk"``; ``causal``: "yes", "no"
+    or "both"; ``align``: where a causal mask sits when Tq != Tk, "top-left"
+    (SDPA's ``is_causal``) or "bottom-right" (FlashAttention's).
+    """
+    plan = _plan(target, device, dtypes, tokens, head_dims, heads, batch, causal, align, layout, long)
+    return _run(plan, align, seed, progress, reference_functions)
+
+
+def _plan(target, device, dtypes, tokens, head_dims, heads, batch, causal, align, layout, long):
+    """The target, the dtypes and the cases; ValueError/TypeError for a bad option."""
+    device = _device(device)
+    names = _dtypes(dtypes, device)
+    if causal not in CAUSAL:
+        raise ValueError(f"causal must be 'yes', 'no' or 'both', got {causal!r}")
+    if align not in targets.ALIGNMENTS:
+        raise ValueError(f"align must be 'top-left' or 'bottom-right', got {align!r}")
+    listify = lambda x: [x] if isinstance(x, (int, str)) else x
+    grid = cases_mod.build_grid(tokens=listify(tokens), head_dims=listify(head_dims), heads=listify(heads),
+                                batch=listify(batch), causal=CAUSAL[causal], long=long, device=device)
+    return targets.resolve(target, device, layout), device, names, grid
+
+
+def _run(plan, align, seed, progress, reference_functions):
+    tgt, device, names, grid = plan
+    work = [(case, d) for d in names for case in grid]
+    start = time.perf_counter()
+    show = _progress_line(tgt.name, len(work), start) if progress else None
+    rows = []
+    for i, (case, d) in enumerate(work, 1):
+        if show:
+            show(i - 1, f"({d}, {case})")
+        rows += measure.run_case(tgt, case, d, device, align, seed, reference_functions)
+    if show:
+        show(len(work), "")
+    find_growth(rows)
+    return Report(tgt.name, rows, time.perf_counter() - start,
+                  {"device": device, "dtypes": names, "align": align, "layout": tgt.layout,
+                   "factor": tol.CHECK_FACTOR, "floor_ulps": tol.CHECK_FLOOR_ULPS})
+
+
+def build_parser():
+    cpu = targets.builtin_names("cpu")
+    cuda_only = {n: d for n, d in targets.builtin_names("cuda").items() if n not in cpu}
+    listing = "\n".join(f"  {n:<17} {d}" for n, d in cpu.items())
+    listing += "\n" + "\n".join(f"  {n:<17} {d} (CUDA only)" for n, d in cuda_only.items())
+    p = argparse.ArgumentParser(
+        prog="attention-parity check", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=textwrap.fill(
+            "Hold an attention kernel to the float64 NumPy reference: out, dq, dk, dv on a grid "
+            "of shapes (default: T = 1, 17, 113x203, 1023, 2049; D = 40..128; causal and not), each "
+            "held to error <= k x baseline + floor, where the baseline is a plain PyTorch computation "
+            f"in the same dtype on the same device (k = {tol.CHECK_FACTOR:g}, floors in "
+            "parity_tests/common/tolerances.py). A failing tensor is diagnosed against a catalogue "
+            "of common mistakes.", 88),
+        epilog=f"targets built in:\n{listing}\n  module.path:callable  your function "
+               "fn(q, k, v, *, causal, scale) -> out\n\n"
+               "Exit status: 0 every row passed, 1 some row failed (or none could run), 2 bad arguments.")
+    p.add_argument("target", nargs="?", help="a built-in name or module.path:callable")
+    p.add_argument("--list", action="store_true", help="list the built-in targets on --device")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--dtype", action="append", metavar="DTYPE",
+                   help="float32, bfloat16, float16, float64 (repeat or comma-separate; default "
+                        "float32,bfloat16 on cpu, plus float16 on cuda)")
+    p.add_argument("--tokens", action="append", metavar="T|TqxTk", help="sequence lengths, e.g. 128x512,4096")
+    p.add_argument("--head-dim", action="append", metavar="D", help="head dims, e.g. 64,80,128")
+    p.add_argument("--heads", action="append", metavar="H")
+    p.add_argument("--batch", action="append", metavar="B")
+    p.add_argument("--causal", choices=list(CAUSAL), default="both")
+    p.add_argument("--align", choices=list(targets.ALIGNMENTS), default="top-left",
+                   help="where the causal mask sits when Tq != Tk: top-left (SDPA's is_causal, "
+                        "default) or bottom-right (FlashAttention's)")
+    p.add_argument("--layout", choices=["bhtd", "bthd"], default="bhtd",
+                   help="the layout a callable takes: (B, H, T, D) (default) or (B, T, H, D)")
+    p.add_argument("--long", action="store_true", help="add T = 16384 (and 32768 on cuda)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", metavar="PATH", help='also write {"rows": [...], "summary": {...}} to PATH')
+    p.add_argument("--quiet", "-q", action="store_true", help="print only failing rows and the summary")
+    return p
+
+
+def _split(values, convert=str):
+    items = [v.strip() for value in values or [] for v in value.split(",") if v.strip()]
+    try:
+        return [convert(v) for v in items] or None
+    except ValueError:
+        raise ValueError(f"expected integers, got {', '.join(items)}") from None
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    if args.list:
+        for name, text in targets.builtin_names(args.device).items():
+            print(f"{name:<17} {text}")
+        return 0
+    if not args.target:
+        print("attention-parity check: error: TARGET is required (see --help or --list)", file=sys.stderr)
+        return 2
+    try:
+        plan = _plan(args.target, args.device, _split(args.dtype), _split(args.tokens),
+                     _split(args.head_dim, int), _split(args.heads, int), _split(args.batch, int),
+                     args.causal, args.align, args.layout, args.long)
+    except (ValueError, TypeError) as e:
+        print(f"attention-parity check: error: {e}", file=sys.stderr)
+        return 2
+    report = _run(plan, args.align, args.seed, sys.stderr.isatty(), None)
+    if not args.quiet:
+        print(report.table())
+        if report.failures:
+            print("\ndiagnosis:\n" + "\n".join(report.diagnosis_lines()))
+    elif report.failures:
+        print(str(report).rsplit("\n", 1)[0])
+    print(("\n" if not args.quiet or report.failures else "") + report.summary())
+    if args.json:
+        report.write_json(args.json)
+    return 0 if report.passed else 1

@@ -1,0 +1,246 @@
+"""What can be checked: built-in targets by name, or a user's ``module.path:callable``.
+
+Every target is called as ``fn(q, k, v, *, causal, scale)`` with tensors in its
+layout -- (B, H, T, D), or (B, T, H, D) for ``layout="bthd"`` (the layout of
+``flash_attn_func``) -- and returns the output in the same layout.  A target
+that cannot run a case raises; the check reports that case "not supported"
+with the message, never as a pass.
+
+Built in:
+
+- ``sdpa-math``, ``sdpa-flash`` (CPU and CUDA), ``sdpa-efficient``,
+  ``sdpa-cudnn`` (CUDA): ``scaled_dot_product_attention`` restricted to one
+  backend with ``torch.nn.attention.sdpa_kernel``.  Causal is ``is_causal``
+  (top-left) or, for bottom-right alignment with Tq != Tk, the
+  ``causal_lower_right`` bias.
+- ``torch_impl-mha``: the attention core of ``torch_impl.MultiHeadAttention``
+  (mask, softmax, weights @ values), reached through the module itself with
+  projections that select q, k and v out of one input and an identity output
+  projection: selecting with 0/1 weights is exact in every dtype, so the module's
+  own arithmetic is what is measured.  Self-attention: Tq = Tk only.  Not
+  causal: the ``mask`` buffer zeroed.
+- ``torch_impl-fused``: the same through ``FusedMultiHeadAttention``; causal only
+  (it always passes ``is_causal=True``).
+- ``flex``: ``flex_attention`` with a causal ``mask_mod``; compiled on CUDA,
+  eager (unfused) on CPU, where PyTorch refuses its backward: forward only.
+"""
+
+import importlib
+import os
+import sys
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["Target", "Unsupported", "builtin_names", "resolve", "user_target", "call",
+           "to_layout", "from_layout"]
+
+ALIGNMENTS = ("top-left", "bottom-right")
+
+
+class Unsupported(Exception):
+    """A target refuses a case (a backend that does not take the shape or dtype)."""
+
+
+@dataclass
+class Target:
+    name: str
+    fn: object                       # fn(q, k, v, *, causal, scale) -> out
+    layout: str = "bhtd"
+    description: str = ""
+    # returns None when the case can run, else why not (checked before calling)
+    refuses: object = field(default=lambda case, dtype, device, align: None)
+
+
+def _sdpa(backend):
+    from torch.nn.attention import sdpa_kernel, SDPBackend
+    chosen = getattr(SDPBackend, backend)
+
+    def fn(q, k, v, *, causal, scale, align="top-left"):
+        mask, is_causal = None, False
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            if causal and align == "bottom-right" and q.shape[-2] != k.shape[-2]:
+                # (warns that rows seeing no key are NaN with Tq > Tk; SDPA returns zeros there)
+                from torch.nn.attention.bias import causal_lower_right
+                mask = causal_lower_right(q.shape[-2], k.shape[-2])
+            else:
+                is_causal = causal
+            try:
+                with sdpa_kernel([chosen]):
+                    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                                          is_causal=is_causal, scale=scale)
+            except RuntimeError as e:
+                reasons = [str(w.message).splitlines()[0] for w in seen
+                           if "causal_lower_right" not in str(w.message)]
+                raise Unsupported("; ".join(reasons[-2:]) or str(e).splitlines()[0]) from None
+    fn.takes_align = True
+    return fn
+
+
+def _selection_module(cls, case, dtype, device, causal):
+    """``cls(3 H D, H D, T, 0.0, H)`` whose projections pick q, k, v out of x = [q | k | v]."""
+    h, d = case.heads, case.head_dim
+    width = h * d
+    m = cls(3 * width, width, max(case.tq, 1), 0.0, h).to(device=device, dtype=dtype).eval()
+    eye = torch.eye(width, dtype=dtype, device=device)
+    zero = torch.zeros(width, width, dtype=dtype, device=device)
+    with torch.no_grad():
+        m.W_query.weight.copy_(torch.cat([eye, zero, zero], dim=1))      # (H D, 3 H D)
+        m.W_key.weight.copy_(torch.cat([zero, eye, zero], dim=1))
+        m.W_value.weight.copy_(torch.cat([zero, zero, eye], dim=1))
+        m.out_proj.weight.copy_(eye)
+        m.out_proj.bias.zero_()
+        if not causal:
+            m.mask.zero_()
+    return m
+
+
+def _through_module(cls_name):
+    def fn(q, k, v, *, causal, scale):
+        import torch_impl
+        from parity_tests.kernels.cases import Case
+        b, h, t, d = q.shape                                            # (B, H, T, D)
+        case = Case(b, h, t, t, d, causal)
+        m = _selection_module(getattr(torch_impl, cls_name), case, q.dtype, q.device, causal)
+        merge = lambda x: x.transpose(1, 2).reshape(b, t, h * d)          # (B, T, H D)
+        x = torch.cat([merge(q), merge(k), merge(v)], dim=-1)            # (B, T, 3 H D)
+        out = m(x)                                                       # (B, T, H D)
+        return out.view(b, t, h, d).transpose(1, 2)                      # (B, H, T, D)
+    return fn
+
+
+def _self_attention_only(case, dtype, device, align):
+    if case.tq != case.tk:
+        return "self-attention module: query and key lengths must be equal"
+    return None
+
+
+def _causal_self_attention_only(case, dtype, device, align):
+    if not case.causal:
+        return "FusedMultiHeadAttention is causal by construction"
+    return _self_attention_only(case, dtype, device, align)
+
+
+def _flex(q, k, v, *, causal, scale, align="top-left"):
+    from torch.nn.attention.flex_attention import flex_attention, create_block_mask
+    tq, tk = q.shape[-2], k.shape[-2]
+    block_mask, attend = None, flex_attention
+    if q.is_cuda:
+        attend = _compiled_flex()
+    if causal:
+        offset = 0 if align == "top-left" else tk - tq
+        mask_mod = lambda b, h, i, j: j <= i + offset
+        block_mask = create_block_mask(mask_mod, None, None, tq, tk, device=q.device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")      # "called without torch.compile": eager on CPU on purpose
+        try:
+            return attend(q, k, v, block_mask=block_mask, scale=scale)
+        except NotImplementedError as e:
+            raise Unsupported(str(e).split(". ")[0]) from None
+
+
+_flex.takes_align = True
+_COMPILED = {}
+
+
+def _compiled_flex():
+    if "flex" not in _COMPILED:
+        from torch.nn.attention.flex_attention import flex_attention
+        _COMPILED["flex"] = torch.compile(flex_attention)
+    return _COMPILED["flex"]
+
+
+def _builtins(device):
+    targets = {
+        "sdpa-math": Target("sdpa-math", _sdpa("MATH"), description="SDPA, math backend"),
+        "sdpa-flash": Target("sdpa-flash", _sdpa("FLASH_ATTENTION"),
+                             description="SDPA, FlashAttention backend (the CPU flash kernel on CPU)"),
+    }
+    if device == "cuda":
+        targets["sdpa-efficient"] = Target("sdpa-efficient", _sdpa("EFFICIENT_ATTENTION"),
+                                           description="SDPA, memory-efficient backend")
+        targets["sdpa-cudnn"] = Target("sdpa-cudnn", _sdpa("CUDNN_ATTENTION"),
+                                       description="SDPA, cuDNN backend")
+    targets["torch_impl-mha"] = Target(
+        "torch_impl-mha", _through_module("MultiHeadAttention"),
+        description="torch_impl.MultiHeadAttention's attention core", refuses=_self_attention_only)
+    targets["torch_impl-fused"] = Target(
+        "torch_impl-fused", _through_module("FusedMultiHeadAttention"),
+        description="torch_impl.FusedMultiHeadAttention's attention core (SDPA, causal)",
+        refuses=_causal_self_attention_only)
+    targets["flex"] = Target("flex", _flex, description="FlexAttention (forward only on CPU)")
+    return targets
+
+
+def builtin_names(device="cpu"):
+    """``{name: description}`` of the built-in targets on ``device``."""
+    return {n: t.description for n, t in _builtins(device).items()}
+
+
+def user_target(fn, layout="bhtd", name=None):
+    if not callable(fn):
+        raise TypeError(f"target must be a callable or a name, got {type(fn).__name__}")
+    return Target(name or getattr(fn, "__qualname__", repr(fn)), fn, layout=layout,
+                  description="user callable")
+
+
+def _import_callable(spec):
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"target must be a built-in name or module.path:callable, got {spec!r}")
+    if os.getcwd() not in sys.path:         # a module in the current directory, as python -m would
+        sys.path.insert(0, os.getcwd())
+    try:
+        obj = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ValueError(f"target {spec!r}: cannot import {module_name!r} ({e})") from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"target {spec!r}: {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    return obj
+
+
+def resolve(target, device="cpu", layout="bhtd"):
+    """A `Target` from a built-in name, ``module.path:callable`` or a callable."""
+    if layout not in ("bhtd", "bthd"):
+        raise ValueError(f"layout must be 'bhtd' or 'bthd', got {layout!r}")
+    if isinstance(target, Target):
+        return target
+    if callable(target):
+        return user_target(target, layout)
+    if not isinstance(target, str):
+        raise TypeError(f"target must be a callable or a name, got {type(target).__name__}")
+    builtins = _builtins(device)
+    if target in builtins:
+        if layout != "bhtd":
+            raise ValueError(f"layout applies to user callables; the built-in {target!r} takes (B, H, T, D)")
+        return builtins[target]
+    if ":" not in target:
+        raise ValueError(f"target must be one of {', '.join(builtins)} on {device}, "
+                         f"or module.path:callable; got {target!r}")
+    return user_target(_import_callable(target), layout, name=target)
+
+
+def to_layout(x, layout):
+    """(B, H, T, D) -> the target's layout, contiguous (a kernel sees what it would in use)."""
+    return x.transpose(1, 2).contiguous() if layout == "bthd" else x.contiguous()
+
+
+def from_layout(x, layout):
+    """The target's layout -> (B, H, T, D)."""
+    return x.transpose(1, 2) if layout == "bthd" else x
+
+
+def call(target, q, k, v, *, causal, scale, align):
+    """``target.fn`` on tensors already in its layout; the output, checked to be a tensor."""
+    kwargs = {"causal": causal, "scale": scale}
+    if getattr(target.fn, "takes_align", False):
+        kwargs["align"] = align
+    out = target.fn(q, k, v, **kwargs)
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"target {target.name} returned {type(out).__name__}, expected a tensor")
+    return out

@@ -1,0 +1,115 @@
+"""``attention-parity check``: the table, --json, exit statuses, the reference pieces."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from parity_tests import cli
+from parity_tests.kernels import cases, reference
+from parity_tests.common import tolerances as tol
+
+SMALL = ["--tokens", "17,45x77", "--head-dim", "16", "--heads", "2"]
+
+
+def test_a_passing_target_exits_0_with_rows_and_json(tmp_path, capsys):
+    path = tmp_path / "check.json"
+    assert cli.main(["check", "sdpa-math", *SMALL, "--json", str(path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:5] == ["target", "case", "dtype", "device", "tensor"]
+    assert lines[-1].startswith("sdpa-math: 32 rows, 32 pass, 0 FAIL, 0 not supported")
+    report = json.loads(path.read_text())
+    row = report["rows"][0]
+    for key in ("target", "case", "dtype", "device", "tensor", "error", "baseline", "bound",
+                "ratio", "verdict", "passed", "where", "diagnosis"):
+        assert key in row
+    assert report["summary"]["passed"] is True and report["summary"]["factor"] == tol.CHECK_FACTOR
+
+
+def test_a_failing_user_target_exits_1_with_its_diagnosis(tmp_path, capsys):
+    path = tmp_path / "check.json"
+    status = cli.main(["check", "check_gallery:no_scale", *SMALL, "--dtype", "float32", "-q",
+                       "--json", str(path)])
+    out = capsys.readouterr().out
+    assert status == 1
+    assert "out matches the reference with no scale (1 instead of 1/sqrt(D)) to" in out
+    failing = [r for r in json.loads(path.read_text())["rows"] if not r["passed"]]
+    assert failing and all(r["diagnosis"]["id"] == "no-scale" for r in failing)
+
+
+@pytest.mark.parametrize("argv", [
+    ["nosuchtarget"], ["nomodule.anywhere:fn"], ["sdpa-math", "--tokens", "12y4"],
+    ["sdpa-math", "--dtype", "float8"], ["sdpa-math", "--heads", "0"],
+    ["sdpa-math", "--layout", "bthd"], ["sdpa-math", "--causal", "maybe"], [],
+])
+def test_bad_arguments_exit_2(argv, capsys):
+    assert cli.main(["check", *argv]) == 2
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is present")
+def test_cuda_without_a_gpu_exits_2(capsys):
+    assert cli.main(["check", "sdpa-math", "--device", "cuda"]) == 2
+    assert "no CUDA device" in capsys.readouterr().err
+
+
+def test_help_lists_the_builtin_targets(capsys):
+    assert cli.main(["check", "--help"]) == 0
+    text = capsys.readouterr().out
+    for name in ("sdpa-math", "sdpa-flash", "sdpa-efficient", "torch_impl-mha", "flex", "module.path:callable"):
+        assert name in text
+
+
+def test_importing_the_package_imports_no_torch():
+    code = "import parity_tests, sys; assert 'torch' not in sys.modules; print(callable(parity_tests.check))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=".")
+    assert done.returncode == 0 and done.stdout.strip() == "True", done.stderr
+
+
+def _dense(q, k, v, dout, scale, offset):
+    """The plain float64 formulas, for rows that see at least one key."""
+    S = q @ k.swapaxes(-1, -2) * scale
+    i, j = np.arange(q.shape[-2])[:, None], np.arange(k.shape[-2])[None, :]
+    S = np.where(j <= i + offset, S, -np.inf)
+    P = np.exp(S - S.max(-1, keepdims=True))
+    P /= P.sum(-1, keepdims=True)
+    out = P @ v
+    dS = P * (dout @ v.swapaxes(-1, -2) - (dout * out).sum(-1, keepdims=True))
+    return out, dS @ k * scale, dS.swapaxes(-1, -2) @ q * scale, P.swapaxes(-1, -2) @ dout
+
+
+def test_golden_pads_rows_that_see_no_key_with_zeros():
+    case = cases.Case(1, 2, 9, 4, 8, True)            # bottom-right: rows 0..4 see nothing
+    q, k, v, dout = cases.draw_inputs(case)
+    offset = case.offset("bottom-right")
+    out, dq, dk, dv = reference.golden(q, k, v, dout, case, offset)
+    assert np.all(out[..., :5, :] == 0) and np.all(dq[..., :5, :] == 0)
+    want = _dense(q[..., 5:, :], k, v, dout[..., 5:, :], case.scale, offset + 5)
+    for got, exp in zip((out[..., 5:, :], dq[..., 5:, :], dk, dv), want):
+        np.testing.assert_allclose(got, exp, rtol=1e-12, atol=1e-12)
+
+
+def test_baseline_in_chunks_is_the_dense_computation(monkeypatch):
+    case = cases.Case(1, 2, 70, 50, 8, True)
+    arrays = cases.draw_inputs(case)
+    tensors = [torch.from_numpy(a) for a in arrays]
+    dense = reference.baseline(*tensors, case, 0)
+    monkeypatch.setattr(reference, "_CHUNK_ELEMENTS", 64 * 50 // 4)       # several chunks of 64 rows
+    chunked = reference.baseline(*tensors, case, 0)
+    for a, b, exp in zip(dense, chunked, _dense(*arrays, case.scale, 0)):
+        np.testing.assert_allclose(a, exp, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(b, exp, rtol=1e-12, atol=1e-12)
+
+
+def test_the_bound_refuses_an_unknown_dtype():
+    assert tol.check_bound("float32", 1e-7) == tol.CHECK_FACTOR * 1e-7 + 8 * 2.0 ** -24
+    with pytest.raises(ValueError, match="dtype"):
+        tol.check_bound("int8", 1e-7)
+
+
+def test_tokens_parse():
+    assert cases.parse_tokens("128x512") == (128, 512) and cases.parse_tokens("7") == (7, 7)
+    with pytest.raises(ValueError, match="tokens"):
+        cases.parse_tokens("0x4")

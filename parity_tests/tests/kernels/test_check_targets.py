@@ -1,0 +1,85 @@
+"""The built-in targets pass; refusals are "not supported", never passes; layouts,
+alignments and dtypes are what they say."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import parity_tests
+from parity_tests.kernels import targets
+from check_gallery import GALLERY
+
+TINY = dict(tokens=["1", "17", "45x77"], head_dims=[40], heads=[2], batch=[2])
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.parametrize("name", list(targets.builtin_names("cpu")))
+def test_every_builtin_target_passes_on_cpu(name):
+    report = parity_tests.check(name, dtypes=["float32", "bfloat16"], **TINY)
+    assert report.passed, str(report)
+    ran = [r for r in report.rows if r.verdict == "pass"]
+    assert ran and all(r.error <= r.bound for r in ran)
+
+
+def test_flex_is_checked_forward_only_on_cpu():
+    report = parity_tests.check("flex", dtypes=["float32"], tokens=["17"], causal="yes")
+    verdicts = {r.tensor: (r.verdict, r.note) for r in report.rows}
+    assert verdicts["out"][0] == "pass"
+    for grad in ("dq", "dk", "dv"):
+        assert verdicts[grad][0] == "not supported" and verdicts[grad][1].startswith("forward only")
+
+
+def test_a_refused_case_is_not_supported_never_a_pass():
+    report = parity_tests.check("torch_impl-fused", dtypes=["float32"], tokens=["17"], causal="no")
+    assert {r.verdict for r in report.rows} == {"not supported"}
+    assert "causal by construction" in report.rows[0].note
+    assert not report.passed                 # nothing ran: nothing was checked
+
+    def refuses(q, k, v, *, causal, scale):
+        raise NotImplementedError("head_dim 40 is not supported")
+    report = parity_tests.check(refuses, dtypes=["float32"], tokens=["17"], head_dims=[40])
+    assert {r.verdict for r in report.rows} == {"not supported"} and not report.passed
+    assert "head_dim 40" in report.rows[0].note
+
+
+def test_float64_where_the_target_takes_it():
+    assert parity_tests.check("sdpa-math", dtypes=["float64"], **TINY).passed
+
+
+def test_a_user_kernel_in_bthd_layout():
+    def flash_like(q, k, v, *, causal, scale):          # (B, T, H, D) in and out
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                             is_causal=causal, scale=scale)
+        return out.transpose(1, 2)
+    assert parity_tests.check(flash_like, layout="bthd", dtypes=["float32"], **TINY).passed
+    wrong = parity_tests.check(flash_like, dtypes=["float32"], **TINY)      # handed (B, H, T, D)
+    assert wrong.diagnosis == "layout-bthd-as-bhtd"
+
+
+def test_bottom_right_alignment_is_an_option():
+    kernel = GALLERY["bottom_right"][0]
+    grid = dict(tokens=["45x77", "77x45"], head_dims=[16], heads=[2], batch=[1], dtypes=["float32"])
+    assert parity_tests.check(kernel, align="bottom-right", causal="yes", **grid).passed
+    # SDPA with the causal_lower_right bias; Tq > Tk leaves rows that see no key: zeros
+    report = parity_tests.check("sdpa-math", align="bottom-right", causal="yes", **grid)
+    assert report.passed, str(report)
+
+
+def test_wrong_outputs_fail_with_a_reason():
+    def wrong_shape(q, k, v, *, causal, scale):
+        return q[..., :-1, :]
+    report = parity_tests.check(wrong_shape, dtypes=["float32"], tokens=["17"], causal="no")
+    assert {r.verdict for r in report.rows} == {"FAIL"} and "wrong shape" in report.rows[0].note
+
+    def nan(q, k, v, *, causal, scale):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal) * torch.nan
+    report = parity_tests.check(nan, dtypes=["float32"], tokens=["17"], causal="no")
+    assert not report.passed and report.rows[0].where == (0, 0, 0)
+
+
+@pytest.mark.cuda
+@needs_cuda
+@pytest.mark.parametrize("name", list(targets.builtin_names("cuda")))
+def test_every_builtin_target_on_cuda(name):
+    report = parity_tests.check(name, device="cuda", dtypes=["float32", "bfloat16", "float16"], **TINY)
+    assert not report.failures, str(report)

@@ -1,0 +1,64 @@
+"""Every bound constant of ``attention-parity check`` is tight enough to matter.
+
+A kernel that is SDPA's own plus a *slip* of a fixed size (a literal here, not
+derived from the constants) on one output entry is judged by the real check.
+The slip must fail today, and pass with that one constant loosened tenfold: so
+loosening it tenfold in tolerances.py makes this test, and the suite, fail.
+One token makes the baseline exact (the output is v), so the bound is the floor
+alone; 64 tokens give a baseline for the factor to multiply.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import parity_tests
+from parity_tests.common import tolerances as tol
+
+# (dtype, tokens, relative slip of the largest |out|, the constant it guards)
+SCENARIOS = [
+    ("float32", "64", 5e-6, "CHECK_FACTOR"),           # baseline 4.0e-7, bound 2.1e-6
+    ("float64", "1", 3e-15, "CHECK_FLOOR_ULPS[float64]"),    # bound 8 u = 8.9e-16
+    ("float32", "1", 2e-6, "CHECK_FLOOR_ULPS[float32]"),     # bound 8 u = 4.8e-7
+    ("bfloat16", "1", 0.03, "CHECK_FLOOR_ULPS[bfloat16]"),   # bound 2 u = 7.8e-3
+    ("float16", "1", 4e-3, "CHECK_FLOOR_ULPS[float16]"),     # bound 2 u = 9.8e-4
+]
+
+
+def _slipped(rel):
+    def kernel(q, k, v, *, causal, scale):
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+        slip = torch.zeros_like(out)
+        slip.view(-1)[0] = rel * out.detach().abs().max()      # a constant: gradients unchanged
+        return out + slip
+    return kernel
+
+
+def _out_row(dtype, tokens, rel):
+    report = parity_tests.check(_slipped(rel), dtypes=[dtype], tokens=[tokens], head_dims=[32],
+                                heads=[1], batch=[1], causal="no")
+    (row,) = [r for r in report.rows if r.tensor == "out"]
+    return row
+
+
+def _loosen(monkeypatch, constant):
+    name, _, key = constant.partition("[")
+    value = getattr(tol, name)
+    if key:
+        monkeypatch.setitem(value, key.rstrip("]"), value[key.rstrip("]")] * 10)
+    else:
+        monkeypatch.setattr(tol, name, value * 10)
+
+
+@pytest.mark.parametrize("dtype, tokens, rel, constant", SCENARIOS, ids=[s[3] for s in SCENARIOS])
+def test_a_slip_fails_and_would_pass_with_the_constant_ten_times_looser(
+        monkeypatch, dtype, tokens, rel, constant):
+    row = _out_row(dtype, tokens, rel)
+    assert row.failed, f"a {rel:g} slip passes in {dtype}: is {constant} too loose? {row}"
+    _loosen(monkeypatch, constant)
+    assert _out_row(dtype, tokens, rel).passed, f"{constant} x 10 still fails: it guards nothing"
+
+
+def test_every_check_constant_is_guarded():
+    constants = {"CHECK_FACTOR"} | {f"CHECK_FLOOR_ULPS[{k}]" for k in tol.CHECK_FLOOR_ULPS}
+    assert constants == {s[3] for s in SCENARIOS}
