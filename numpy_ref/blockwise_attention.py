@@ -235,7 +235,7 @@ class BlockwiseMultiHeadAttention(MultiHeadAttention):
         dout = self._check_grad_out(grad_out)                         # (B, T, d_out)
         c = self._cache
         b, num_tokens, d_out = c["out_shape"]
-        H, D, dtype = self.num_heads, d_out // self.num_heads, c["dtype"]
+        D, dtype = d_out // self.num_heads, c["dtype"]
         x, W_qkv, qkv, context_vec, W_out = (c[n] for n in ("x", "W_qkv", "qkv",
                                                             "context_vec", "W_out"))
         lse, drop, (B_r, B_c), scale = c["lse"], c["drop"], c["tiles"], c["scale"]
