@@ -33,16 +33,7 @@ CHAPTER_VERBS = ("chapter", "jacobian", "claims")
 # Blocks whose figures predate a change of the command's rows (keyed by their first
 # line).  Each fails today; strict, so that once README.md shows a real run again
 # the mark itself fails and must be removed.
-STALE = {
-    "module              config                  mode   dtype    device  check"
-    "            tensor           error     bound     result":
-        "CausalAttention float32 W_key.weight: bound 2.44e-06 before the 4-draw baseline",
-    "$ attention-parity --plant-fault heads-merged-wrong-order -q":
-        "904 passed, 96 failed: a real run gives 892 / 108",
-    "softmax(attn_scores_2)             [0.1385, 0.2379, 0.2333, 0.1240, 0.1082, 0.1581]"
-    "  [0.1385, ...]  pass":
-        "the claims rows now also print ln FLT_MAX and ln 2^-150",
-}
+STALE = {}
 
 
 def _blocks():
