@@ -18,6 +18,8 @@ from parity_tests.common import finite_diff
 from parity_tests.common import tolerances as tol
 from parity_tests.matrix import harness
 
+from loosen import loosen
+
 # (case: module, config, dtype; tensor; check; relative slip; constants it guards)
 # The slips: float64 rows are held to 1e-10; the float32 "input" row below has a
 # 4-draw baseline of 8.4e-7 (bound 5.3e-6); the one-token output of the simplified
@@ -53,16 +55,6 @@ def _case(module, config, dtype):
     return harness.Case(spec, config, "eval", dtype, "cpu")
 
 
-def _loosen(monkeypatch, constant):
-    """``constant`` (``NAME`` or ``NAME[key]``) made ten times looser."""
-    name, _, key = constant.partition("[")
-    value = getattr(tol, name)
-    if key:
-        monkeypatch.setitem(value, key.rstrip("]"), value[key.rstrip("]")] * 10)
-    else:
-        monkeypatch.setattr(tol, name, value * 10)
-
-
 def _judged(monkeypatch, case, tensor, check, rel):
     """The row of ``tensor`` / ``check`` once PyTorch's ``tensor`` is off by ``rel``
     (of its largest entry, or of the largest gradient for a zero-by-theory one)."""
@@ -95,7 +87,7 @@ def test_a_slip_fails_and_would_pass_with_a_constant_ten_times_looser(
                                f"{constants} looser than it should be? {row}")
     for constant in constants:
         with monkeypatch.context() as m:
-            _loosen(m, constant)
+            loosen(m, constant)
             loose = _judged(m, case, tensor, check, rel)
         assert loose["passed"], f"{constant} x 10 still fails the slip: it does not guard it"
 
