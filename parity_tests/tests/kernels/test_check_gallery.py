@@ -2,6 +2,7 @@
 ranked first names its mistake."""
 
 import pytest
+import torch
 
 import parity_tests
 from check_gallery import GALLERY
@@ -70,3 +71,22 @@ def test_a_case_too_large_to_recompute_whole_is_diagnosed_on_its_worst_slice(mon
     report = parity_tests.check(kernel, causal="yes", **grid)
     assert report.diagnosis == "not-diagnosed"
     assert "too large for the dense float64 recomputation" in report.failures[0].diagnosis.sentence
+
+
+def _in_dtype(scale_of):
+    """A kernel with a scale mistake, computed in its input's dtype as a real kernel is:
+    its own rounding then exceeds the reference's budget (the softmax is sharper)."""
+    def kernel(q, k, v, *, causal, scale):
+        return torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, is_causal=causal, scale=scale_of(q.shape[-1]))
+    return kernel
+
+
+@pytest.mark.parametrize("scale_of, expected", [(lambda d: 1.0, "no-scale"),
+                                                (lambda d: 1.0 / d, "scale-1/D")],
+                         ids=["no-scale", "scale-1/D"])
+def test_a_scale_mistake_computed_in_float32_is_named(scale_of, expected):
+    report = parity_tests.check(_in_dtype(scale_of), dtypes=["float32"], tokens=["17", "64"],
+                                head_dims=[64], heads=[2], batch=[1])
+    assert not report.passed
+    assert {d.id for _, d in report.diagnoses} == {expected}, str(report)
