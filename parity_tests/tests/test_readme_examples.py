@@ -12,7 +12,13 @@ Every plain fenced block of README.md that shows output of the command is rerun:
   verb's summary, and every other row of such a block must appear in the output
   of one of the chapter verbs.
 
-The bench table is left out: its figures belong to a machine (the README says so).
+- a block opening with ``$ attention-parity backprop``, ``grade --list`` or
+  ``check`` on a built-in target is that command's output: every line it shows
+  (but elisions and the seconds of a summary) is a line of the real output.
+
+The bench table is left out: its figures belong to a machine (the README says so);
+so are the blocks that need a file of the reader's (``grade FILE``, ``check
+module:callable``).
 """
 
 import contextlib
@@ -49,7 +55,24 @@ def _blocks():
                 current = None
         elif current is not False and current is not None:
             current.append(line)
-    return [b for b in blocks if any(SUMMARY.match(l) or " checks: " in l for l in b)]
+    return [b for b in blocks if any(SUMMARY.match(l) or " checks: " in l for l in b)
+            or _verb_argv(b) is not None]
+
+
+def _verb_argv(block):
+    """The argv of a block showing a verb's output that needs no file of the reader's."""
+    if not block[0].startswith("$ attention-parity "):
+        return None
+    argv = shlex.split(block[0][2:])[1:]
+    if argv[:1] == ["backprop"] or argv[:2] == ["grade", "--list"]:
+        return tuple(argv)
+    if argv[:1] == ["check"] and len(argv) > 1 and ":" not in argv[1]:
+        return tuple(argv)
+    return None
+
+
+def _untimed(line):
+    return re.sub(r" in [\d.]+ s\b", " in - s", line)
 
 
 def _cells(line):
@@ -99,6 +122,15 @@ def _check_chapter_block(block):
             assert _cells(line) in every_row, f"not a row of the chapter verbs: {line}"
 
 
+def _check_verb_block(block):
+    argv = _verb_argv(block)
+    real = {_cells(_untimed(l)) for l in _output(argv).splitlines() if l.strip()}
+    for line in block[1:]:
+        if "..." in line or not line.strip("- "):
+            continue                       # an elision, a blank or a rule
+        assert _cells(_untimed(line)) in real, f"not a line of `attention-parity {' '.join(argv)}`: {line}"
+
+
 def _params():
     for block in _blocks():
         marks = [pytest.mark.xfail(strict=True, reason=STALE[block[0]])] if block[0] in STALE else []
@@ -107,7 +139,9 @@ def _params():
 
 @pytest.mark.parametrize("block", list(_params()))
 def test_readme_example_is_a_real_run(block):
-    if any(SUMMARY.match(l) for l in block):
+    if _verb_argv(block) is not None:
+        _check_verb_block(block)
+    elif any(SUMMARY.match(l) for l in block):
         _check_matrix_block(block)
     else:
         _check_chapter_block(block)
