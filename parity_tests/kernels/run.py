@@ -20,6 +20,7 @@ import parity_tests.kernels.cases as cases_mod
 import parity_tests.kernels.measure as measure
 import parity_tests.kernels.targets as targets
 from parity_tests.kernels.report import Report, find_growth
+from parity_tests.common import outputs
 from parity_tests.common import tolerances as tol
 
 __all__ = ["check", "main", "build_parser"]
@@ -140,7 +141,8 @@ def build_parser():
     p.add_argument("--layout", choices=["bhtd", "bthd"], default="bhtd",
                    help="the layout a callable takes: (B, H, T, D) (default) or (B, T, H, D)")
     p.add_argument("--long", action="store_true", help="add T = 16384 (and 32768 on cuda)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=outputs.seed, default=0,
+                   help="seed of the inputs drawn, 0 .. 2**32 - 1 (default: 0)")
     p.add_argument("--json", metavar="PATH", help='also write {"rows": [...], "summary": {...}} to PATH')
     p.add_argument("--quiet", "-q", action="store_true", help="print only failing rows and the summary")
     return p
@@ -163,6 +165,10 @@ def main(argv=None):
         return 0
     if not args.target:
         print("attention-parity check: error: TARGET is required (see --help or --list)", file=sys.stderr)
+        return 2
+    problem = args.json and outputs.output_file_problem("--json", args.json)   # before the run
+    if problem:
+        print(f"attention-parity check: error: {problem}", file=sys.stderr)
         return 2
     try:
         plan = _plan(args.target, args.device, _split(args.dtype), _split(args.tokens),

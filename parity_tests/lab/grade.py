@@ -30,6 +30,7 @@ import shutil
 import sys
 from importlib import resources
 
+from parity_tests.common import outputs
 from parity_tests.common.help_text import plain
 from parity_tests.common.tolerances import FINITE_DIFF_BOUND, FLOAT64_BOUND
 from parity_tests.lab import diagnose, loader
@@ -242,6 +243,9 @@ def main(argv=None):
             return copy_template(args.template, args.out)
         if not args.target:
             raise loader.UsageError("give FILE[:NAME] to grade, or --list, or --template NAME")
+        problem = args.json not in (None, "-") and outputs.output_file_problem("--json", args.json)
+        if problem:                                   # before the learner's file runs
+            raise loader.UsageError(problem)
         path, name = split_target(args.target)
         module = loader.load(path)
         todo = targets(module, name, args.exercise)

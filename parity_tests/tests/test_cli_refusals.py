@@ -5,6 +5,7 @@ on stderr, and nothing on stdout: no row was computed and no time was spent.
 """
 
 import os
+import pathlib
 
 import pytest
 
@@ -12,8 +13,11 @@ from parity_tests import cli
 from verb_run import needs_matplotlib
 
 BENCH_SMALL = ["--tokens", "8", "--repeats", "1", "--d-model", "8", "--heads", "2"]
-JSON_VERBS = [[], ["bench", *BENCH_SMALL]]                    # take --json PATH
-PLOT_VERBS = [["chapter"], ["jacobian"], ["claims"]]          # take --plot DIR
+SOLUTION = pathlib.Path(__file__).resolve().parents[1] / "lab" / "exercises" / "solutions" / "softmax_backward.py"
+CHECK_SMALL = ["check", "sdpa-math", "--tokens", "4", "--dtype", "float32"]
+JSON_VERBS = [[], ["bench", *BENCH_SMALL], CHECK_SMALL, ["backprop"],
+              ["grade", str(SOLUTION)]]                                  # take --json PATH
+PLOT_VERBS = [["chapter"], ["jacobian"], ["claims"], ["backprop"]]      # take --plot DIR
 
 
 def _refused(capsys, argv):
@@ -37,7 +41,7 @@ def _bad_files(tmp_path):
     return bad
 
 
-@pytest.mark.parametrize("verb", JSON_VERBS, ids=["matrix", "bench"])
+@pytest.mark.parametrize("verb", JSON_VERBS, ids=["matrix", "bench", "check", "backprop", "grade"])
 def test_json_path_that_cannot_be_written_is_refused_first(verb, tmp_path, capsys):
     for what, (path, message) in _bad_files(tmp_path).items():
         err = _refused(capsys, [*verb, "--json", str(path)])
@@ -69,6 +73,7 @@ def test_plot_dir_that_cannot_be_written_is_refused_first(verb, tmp_path, capsys
 @pytest.mark.parametrize("argv", [
     ["claims", "--seed", "-1"], ["claims", "--seed", str(2**70)], ["claims", "--seed", "x"],
     ["bench", *BENCH_SMALL, "--seed", "-1"], ["bench", *BENCH_SMALL, "--seed", str(2**32)],
+    [*CHECK_SMALL, "--seed", "-1"], [*CHECK_SMALL, "--seed", str(2**32)],
 ])
 def test_a_seed_out_of_range_is_refused(argv, capsys):
     err = _refused(capsys, argv)
