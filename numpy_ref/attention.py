@@ -197,15 +197,19 @@ class _Causal(_LinearLayers):
     buffer, dropout, and the masked-softmax-dropout-weighted-sum core."""
 
     def _setup(self, d_in, d_out, context_length, dropout, qkv_bias, rng):
+        self._setup_sizes(d_in, d_out, context_length, dropout, qkv_bias, rng)
+        # register_buffer('mask', torch.triu(torch.ones(ctx, ctx), diagonal=1))
+        ones = np.ones((self.context_length, self.context_length), dtype=np.float32)
+        self._buffers["mask"] = np.triu(ones, k=1)
+
+    def _setup_sizes(self, d_in, d_out, context_length, dropout, qkv_bias, rng):
+        """The constructor's arguments, checked and kept (everything but the buffer)."""
         self.d_in = check_size("d_in", d_in)
         self.d_out = check_size("d_out", d_out)
         self.context_length = check_size("context_length", context_length)
         self.dropout = check_dropout(dropout)
         self.qkv_bias = check_bias(qkv_bias)
         self.rng = make_rng(rng)
-        # register_buffer('mask', torch.triu(torch.ones(ctx, ctx), diagonal=1))
-        ones = np.ones((self.context_length, self.context_length), dtype=np.float32)
-        self._buffers["mask"] = np.triu(ones, k=1)
 
     def _keep_mask(self, keep_mask, shape, layout):
         """(keep-mask this forward uses, guards): the mask is None when dropout is

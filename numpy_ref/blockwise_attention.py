@@ -41,8 +41,7 @@ from numpy_ref import ops
 from numpy_ref import _blas_threads, blockwise as bw
 from numpy_ref.attention import MultiHeadAttention
 from numpy_ref.module import (
-    _as_array, check_bias, check_dropout, check_input, check_keep_mask, check_size,
-    fingerprint, make_rng,
+    _as_array, check_dropout, check_input, check_keep_mask, check_size, fingerprint,
 )
 
 __all__ = ["BlockwiseMultiHeadAttention"]
@@ -72,12 +71,7 @@ class BlockwiseMultiHeadAttention(MultiHeadAttention):
 
     def _setup(self, d_in, d_out, context_length, dropout, qkv_bias, rng):
         # MultiHeadAttention's sizes and checks, without the (ctx, ctx) buffer
-        self.d_in = check_size("d_in", d_in)
-        self.d_out = check_size("d_out", d_out)
-        self.context_length = check_size("context_length", context_length)
-        self.dropout = check_dropout(dropout)
-        self.qkv_bias = check_bias(qkv_bias)
-        self.rng = make_rng(rng)
+        self._setup_sizes(d_in, d_out, context_length, dropout, qkv_bias, rng)
         self._mask_dtype = np.dtype(np.float32)
 
     # -- the mask buffer, on demand ---------------------------------------------
