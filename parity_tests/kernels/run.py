@@ -20,14 +20,11 @@ import parity_tests.kernels.cases as cases_mod
 import parity_tests.kernels.measure as measure
 import parity_tests.kernels.targets as targets
 from parity_tests.kernels.report import Report, find_growth
-from parity_tests.common import outputs
+from parity_tests.common import options, outputs
 from parity_tests.common import tolerances as tol
 
 __all__ = ["check", "main", "build_parser"]
 
-DTYPE_ALIASES = {"f64": "float64", "double": "float64", "fp64": "float64", "f32": "float32",
-                 "float": "float32", "fp32": "float32", "bf16": "bfloat16", "f16": "float16",
-                 "fp16": "float16", "half": "float16"}
 DEFAULT_DTYPES = {"cpu": ("float32", "bfloat16"), "cuda": ("float32", "bfloat16", "float16")}
 CAUSAL = {"yes": (True,), "no": (False,), "both": (True, False)}
 
@@ -37,7 +34,7 @@ def _dtypes(dtypes, device):
         return list(DEFAULT_DTYPES[device])
     if isinstance(dtypes, str):
         dtypes = [dtypes]
-    names = [DTYPE_ALIASES.get(str(d).lower(), str(d).lower()).removeprefix("torch.") for d in dtypes]
+    names = [options.dtype_name(d) for d in dtypes]
     unknown = [d for d in names if d not in measure.DTYPES]
     if unknown or not names:
         raise ValueError(f"dtypes must be among {', '.join(measure.DTYPES)}; got {', '.join(unknown) or 'none'}")
@@ -148,12 +145,14 @@ def build_parser():
     return p
 
 
-def _split(values, convert=str):
-    items = [v.strip() for value in values or [] for v in value.split(",") if v.strip()]
+def _split(values, flag, convert=str):
+    """A comma-separated option's items (None when not given), converted."""
+    items = options.split_list(values, flag)
     try:
         return [convert(v) for v in items] or None
     except ValueError:
-        raise ValueError(f"expected integers, got {', '.join(items)}") from None
+        raise ValueError(f"{flag} expects integers, got {', '.join(items)}") from None
+
 
 
 def main(argv=None):
@@ -171,8 +170,9 @@ def main(argv=None):
         print(f"attention-parity check: error: {problem}", file=sys.stderr)
         return 2
     try:
-        plan = _plan(args.target, args.device, _split(args.dtype), _split(args.tokens),
-                     _split(args.head_dim, int), _split(args.heads, int), _split(args.batch, int),
+        plan = _plan(args.target, args.device, _split(args.dtype, "--dtype"),
+                     _split(args.tokens, "--tokens"), _split(args.head_dim, "--head-dim", int),
+                     _split(args.heads, "--heads", int), _split(args.batch, "--batch", int),
                      args.causal, args.align, args.layout, args.long)
     except (ValueError, TypeError) as e:
         print(f"attention-parity check: error: {e}", file=sys.stderr)

@@ -19,22 +19,15 @@ import time
 
 import torch
 
-from parity_tests.common import faults, outputs
+from parity_tests.common import faults, options, outputs
 from parity_tests.matrix import harness
 from parity_tests.common import tolerances
 from parity_tests.common.tables import format_table
 
 __all__ = ["main", "build_parser", "format_rows"]
 
-DTYPE_ALIASES = {"f64": "float64", "double": "float64", "fp64": "float64",
-                 "f32": "float32", "float": "float32", "fp32": "float32",
-                 "bf16": "bfloat16", "f16": "float16", "fp16": "float16", "half": "float16"}
 HEADERS = ["module", "config", "mode", "dtype", "device", "check", "tensor",
            "error", "bound", "result"]
-
-
-class _Exit(Exception):
-    """An argument refused after parsing: message, exit status 2."""
 
 
 def build_parser():
@@ -67,23 +60,11 @@ def build_parser():
     return p
 
 
-def _split(values, flag):
-    """Names given to a repeatable, comma-separated option; a value naming nothing
-    ('' or ',') is refused rather than read as "the default"."""
-    names = []
-    for value in values or []:
-        parts = [v.strip() for v in value.split(",") if v.strip()]
-        if not parts:
-            raise _Exit(f"{flag} needs at least one name; got {value!r}")
-        names += parts
-    return names
-
-
 def _dtypes(values):
-    dtypes = [DTYPE_ALIASES.get(d.lower(), d.lower()) for d in _split(values, "--dtype")] or ["float64", "float32"]
+    dtypes = [options.dtype_name(d) for d in options.split_list(values, "--dtype")] or ["float64", "float32"]
     unknown = [d for d in dtypes if d not in harness.DTYPES]
     if unknown:
-        raise _Exit(f"--dtype must be among {', '.join(harness.DTYPES)}; got {', '.join(unknown)}")
+        raise ValueError(f"--dtype must be among {', '.join(harness.DTYPES)}; got {', '.join(unknown)}")
     return list(dict.fromkeys(dtypes))
 
 
@@ -91,17 +72,17 @@ def _devices(choice):
     if choice == "all":
         return harness.available_devices()
     if choice == "cuda" and not torch.cuda.is_available():
-        raise _Exit("--device cuda: no CUDA device is available (torch.cuda.is_available() "
+        raise ValueError("--device cuda: no CUDA device is available (torch.cuda.is_available() "
                     "is False); use --device cpu or --device all")
     return [choice]
 
 
 def _modules(values):
-    names = _split(values, "--module")
+    names = options.split_list(values, "--module")
     known = [s.name for s in harness.MODULES]
     unknown = [n for n in names if n not in known]
     if unknown:
-        raise _Exit(f"--module must be among {', '.join(known)}; got {', '.join(unknown)}")
+        raise ValueError(f"--module must be among {', '.join(known)}; got {', '.join(unknown)}")
     return names or None
 
 
@@ -161,7 +142,7 @@ def _parse(argv):
     except SystemExit as e:          # --help (0) or a usage error (2): report, do not exit
         return None, int(e.code or 0)
     if args.plant_fault is not None and args.plant_fault not in faults.FAULTS:
-        raise _Exit(f"--plant-fault must be one of {', '.join(faults.FAULTS)}; got {args.plant_fault!r}")
+        raise ValueError(f"--plant-fault must be one of {', '.join(faults.FAULTS)}; got {args.plant_fault!r}")
     return args, None
 
 
@@ -176,8 +157,8 @@ def main(argv=None):
         dtypes, devices, modules = _dtypes(args.dtype), _devices(args.device), _modules(args.module)
         problem = outputs.output_file_problem("--json", args.json)   # before the run, not after
         if problem:
-            raise _Exit(problem)
-    except _Exit as e:
+            raise ValueError(problem)
+    except ValueError as e:          # an argument refused after parsing
         print(f"attention-parity: error: {e}", file=sys.stderr)
         return 2
     skipped = [f"{d} on {dev}" for dev in devices for d in dtypes if not harness.dtype_supported(d, dev)]

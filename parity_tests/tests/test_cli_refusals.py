@@ -82,7 +82,9 @@ def test_a_seed_out_of_range_is_refused(argv, capsys):
 
 @pytest.mark.parametrize("argv", [["--dtype", ""], ["--dtype", ","], ["--dtype", " , "],
                                   ["--module", ""], ["--module", ","],
-                                  ["--dtype", "float32", "--dtype", ""]])
+                                  ["--dtype", "float32", "--dtype", ""],
+                                  ["check", "sdpa-math", "--dtype", ""],
+                                  ["check", "sdpa-math", "--tokens", ","]])
 def test_an_option_naming_nothing_is_refused_not_read_as_the_default(argv, capsys):
     err = _refused(capsys, argv)
     assert err.count("\n") == 1 and argv[-2] in err and "at least one name" in err
