@@ -188,14 +188,21 @@ def plant(name):
     if name not in FAULTS:
         raise ValueError(f"fault must be one of {', '.join(FAULTS)}; got {name!r}")
     fault = FAULTS[name]
-    swaps = [(fault.target, fault.attribute, fault.make)] + _COMPANIONS.get(name, [])
+    with swapped([(fault.target, fault.attribute, fault.make)] + _COMPANIONS.get(name, [])):
+        yield fault
+
+
+@contextlib.contextmanager
+def swapped(swaps):
+    """For the ``with`` block, ``target.attribute = make(original)`` for each
+    ``(target, attribute, make)``; every original is restored after, in reverse."""
     saved = []
     try:
         for target, attribute, make in swaps:
             original = getattr(target, attribute)
             saved.append((target, attribute, original))
             setattr(target, attribute, make(original))
-        yield fault
+        yield
     finally:
         for target, attribute, original in reversed(saved):
             setattr(target, attribute, original)

@@ -133,15 +133,8 @@ def _applied(mistake, module):
         with faults.plant(mistake.fault):
             yield
         return
-    swaps = mistake.swaps(module)
-    saved = [(t, a, getattr(t, a)) for t, a, _ in swaps]
-    try:
-        for t, a, replacement in swaps:
-            setattr(t, a, replacement)
+    with faults.swapped([(t, a, lambda _original, r=r: r) for t, a, r in mistake.swaps(module)]):
         yield
-    finally:
-        for t, a, original in reversed(saved):
-            setattr(t, a, original)
 
 
 def mistakes_for(entry):

@@ -15,6 +15,7 @@ import contextlib
 import numpy as np
 
 import numpy_ref.ops as ops
+from parity_tests.common import faults
 
 TAPPED = ("weighted_sum_backward", "dropout_backward", "softmax_backward",
           "causal_mask_backward", "scores_backward", "linear_backward",
@@ -34,7 +35,7 @@ def _copy(value):
 def tap():
     """Within the block, every call of a TAPPED op appends ``(name, args, result)``
     (copies) to the yielded list."""
-    calls, saved = [], {}
+    calls = []
 
     def wrap(name, original):
         def recorded(*args, **kwargs):
@@ -44,14 +45,8 @@ def tap():
             return result
         return recorded
 
-    try:
-        for name in TAPPED:
-            saved[name] = getattr(ops, name)
-            setattr(ops, name, wrap(name, saved[name]))
+    with faults.swapped([(ops, name, lambda original, n=name: wrap(n, original)) for name in TAPPED]):
         yield calls
-    finally:
-        for name, original in saved.items():
-            setattr(ops, name, original)
 
 
 def run(m, x, G, keep_masks=None):
