@@ -2,9 +2,13 @@
 
 - ``tolerances``      every bound the suite holds a comparison to, each with its reason
 - ``finite_diff``     centred finite differences: the oracle that needs no PyTorch
-- ``faults``          the catalogue of planted mistakes the checks must catch
+- ``faults``          the catalogue of planted mistakes the checks must catch (with
+                      ``blockwise_faults``), and ``swapped``, which plants them
 - ``chapter_values``  the chapter's inputs, seeds and printed numbers
 - ``tables``          plain-text tables
 - ``verdicts``        rows of claim / computed / chapter / verdict, and a verb's argument step
 - ``plots``           PNG heatmaps (matplotlib, the ``plot`` extra)
+- ``outputs``         output paths and seeds, checked before any work
+- ``options``         dtype names and comma-separated lists as every verb reads them
+- ``help_text``       a module docstring as plain ``--help`` text
 """
