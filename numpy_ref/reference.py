@@ -51,7 +51,7 @@ from numbers import Integral, Real
 import numpy as np
 
 from numpy_ref import variants
-from numpy_ref.blockwise import choose_tiles
+from numpy_ref.blockwise import _same, choose_tiles
 
 __all__ = ["reference_attention"]
 
@@ -199,7 +199,7 @@ def reference_attention(q, k, v, dout=None, *, scale=None, causal=False, align="
     o = _options(q, k, scale, causal, align, window, softcap, alibi_slopes, bias, sinks,
                  seqlens_q, seqlens_k, block_q, block_k)
     if dout is not None:
-        dout = _array("dout", dout, (B, Hq, Tq, Dv), dtype)
+        dout = _same("dout", dout, (B, Hq, Tq, Dv), dtype)
     kv = [variants.kv_head(h, Hq, Hkv) for h in range(Hq)]          # GQA: h // (Hq // Hkv)
     out = np.empty((B, Hq, Tq, Dv), dtype=dtype)
     lse = np.empty((B, Hq, Tq), dtype=dtype)
@@ -237,15 +237,6 @@ def _head_view(bias4, b, h):
 
 # ----------------------------------------------------------------------------
 # Argument checks
-
-def _array(name, a, shape, dtype):
-    a = np.asarray(a)
-    if a.dtype != dtype:
-        raise TypeError(f"{name} must have dtype {dtype} like q, got {a.dtype}")
-    if a.shape != shape:
-        raise ValueError(f"{name} must have shape {shape}, got {a.shape}")
-    return a
-
 
 def _qkv(q, k, v):
     q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
