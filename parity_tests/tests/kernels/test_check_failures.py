@@ -71,3 +71,34 @@ def test_sys_exit_in_a_kernel_is_a_failing_row_and_exit_1(capsys):
     assert status == 1
     assert "FAIL (called sys.exit(3))" in out
     assert out.splitlines()[-1].startswith("crashing_kernels:exits: 4 rows, 0 pass, 4 FAIL")
+
+
+def test_a_report_whose_rows_all_failed_does_not_say_nothing_was_checked(capsys):
+    report = parity_tests.check(bad.computes_in_float64, tokens=["17"], **ONE)
+    assert "nothing was checked" not in str(report)
+    assert cli.main(["check", "crashing_kernels:computes_in_float64", "--tokens", "17", "--head-dim",
+                     "16", "--dtype", "float32", "--causal", "no", "-q"]) == 1
+    assert "nothing was checked" not in capsys.readouterr().out
+
+
+def test_a_report_of_only_refusals_says_nothing_was_checked():
+    report = parity_tests.check("torch_impl-fused", dtypes=["float32"], tokens=["17"], causal="no")
+    assert "nothing was checked" in str(report) and not report.passed
+
+
+def test_a_closure_is_named_by_its_plain_function_name():
+    def make():
+        def attention(q, k, v, *, causal, scale):
+            return bad.sdpa(q, k, v, causal=causal, scale=scale)
+        return attention
+    report = parity_tests.check(make(), tokens=["17"], **ONE)
+    assert report.target == "attention" and report.rows[0].target == "attention"
+
+
+def test_a_report_that_names_no_mistake_has_diagnosis_none():
+    def off_by_a_constant(q, k, v, *, causal, scale):
+        return bad.sdpa(q, k, v, causal=causal, scale=scale) + 0.01
+    report = parity_tests.check(off_by_a_constant, tokens=["17"], **ONE)
+    assert report.failures[0].diagnosis.id == "none"
+    assert report.diagnosis is None                      # None, not the string 'none'
+    assert report.as_dict()["summary"]["diagnosis"] is None
