@@ -102,3 +102,41 @@ def test_a_report_that_names_no_mistake_has_diagnosis_none():
     assert report.failures[0].diagnosis.id == "none"
     assert report.diagnosis is None                      # None, not the string 'none'
     assert report.as_dict()["summary"]["diagnosis"] is None
+
+
+def test_a_kernel_that_hangs_fails_the_case_on_time():
+    report = parity_tests.check(bad.hangs, tokens=["17"], timeout=0.3, **ONE)
+    assert {r.verdict for r in report.rows} == {"FAIL"} and not report.passed
+    assert report.rows[0].note == "timed out after 0.3 s"
+    assert report.seconds < 30                           # the loop was stopped, not waited out
+
+
+def test_timeout_on_the_command_line(capsys):
+    argv = ["check", "crashing_kernels:hangs", "--tokens", "17", "--head-dim", "16", "--dtype",
+            "float32", "--causal", "no", "-q", "--timeout", "0.3"]
+    assert cli.main(argv) == 1
+    assert "FAIL (timed out after 0.3 s)" in capsys.readouterr().out
+    for bad_value in ("-1", "soon", "nan", "inf"):
+        assert cli.main([*argv[:-1], bad_value]) == 2
+        assert "--timeout" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="timeout must be a number of seconds"):
+        parity_tests.check(bad.sdpa, tokens=["17"], timeout="soon", **ONE)
+
+
+def test_a_time_limit_leaves_an_outer_alarm_in_place():
+    import signal
+    from parity_tests.kernels import measure
+    if not hasattr(signal, "setitimer"):
+        pytest.skip("no SIGALRM here")
+    fired = []
+    previous = signal.signal(signal.SIGALRM, lambda *_: fired.append(True))
+    signal.setitimer(signal.ITIMER_REAL, 60.0)
+    try:
+        with measure.time_limit(5.0):
+            pass
+        remaining, _ = signal.getitimer(signal.ITIMER_REAL)
+        assert 50.0 < remaining <= 60.0 and signal.getsignal(signal.SIGALRM) is not signal.SIG_DFL
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert not fired
