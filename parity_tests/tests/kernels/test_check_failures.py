@@ -2,6 +2,7 @@
 happened; "not supported" is only a declared refusal (``targets.Unsupported``)."""
 
 import pytest
+import torch
 
 import parity_tests
 from parity_tests import cli
@@ -140,3 +141,38 @@ def test_a_time_limit_leaves_an_outer_alarm_in_place():
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
     assert not fired
+
+
+def _nan_rows(rows):
+    def kernel(q, k, v, *, causal, scale):
+        out = bad.sdpa(q, k, v, causal=causal, scale=scale)
+        return out.index_fill(-2, torch.tensor(rows), float("nan")) if rows else out * float("nan")
+    return kernel
+
+
+@pytest.mark.parametrize("rows, said", [
+    ([], "out has 544 NaN and 0 infinite entries of 544, in query rows 0 .. 16"),
+    ([5], "out has 32 NaN and 0 infinite entries of 544, in query rows 5 (first at (b, h, row) = (0, 0, 5))"),
+])
+def test_nan_is_counted_and_located_not_called_dropout(rows, said):
+    report = parity_tests.check(_nan_rows(rows), tokens=["17"], **ONE)
+    out = report.failures[0]
+    assert out.tensor == "out" and out.diagnosis.id == "non-finite"
+    assert out.diagnosis.sentence.startswith(said), out.diagnosis.sentence
+    assert "dropout" not in str(report)
+
+
+def test_rows_that_see_no_key_are_said_to_expect_zeros():
+    def my_attention(q, k, v, *, causal, scale):            # the README's, in (B, H, T, D)
+        scores = (q @ k.transpose(-2, -1)) * scale
+        tq, tk = scores.shape[-2:]
+        seen = torch.ones(tq, tk, dtype=torch.bool).tril(tk - tq)
+        return torch.softmax(scores.masked_fill(~seen, float("-inf")), dim=-1) @ v
+    report = parity_tests.check(my_attention, tokens=["45x20"], align="bottom-right",
+                                **{**ONE, "causal": "yes"})
+    out = next(r for r in report.failures if r.tensor == "out")
+    sentence = out.diagnosis.sentence
+    assert out.diagnosis.id == "non-finite" and "in query rows 0 .. 24" in sentence
+    assert ("query rows 0 .. 24 see no key (bottom-right causal mask with Tq = 45 > Tk = 20): the check "
+            "expects zeros there, as SDPA and FlashAttention return") in sentence
+    assert "dropout" not in str(report)
