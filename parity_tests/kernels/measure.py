@@ -35,11 +35,37 @@ import parity_tests.kernels.reference as reference
 import parity_tests.kernels.targets as targets
 from parity_tests.kernels.report import Row
 
-__all__ = ["run_case", "DTYPES", "errors_of", "DEFAULT_TIMEOUT", "time_limit"]
+__all__ = ["run_case", "DTYPES", "errors_of", "DEFAULT_TIMEOUT", "time_limit", "case_memory"]
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32,
           "bfloat16": torch.bfloat16, "float16": torch.float16}
 TENSORS = ("out", "dq", "dk", "dv")
+
+
+def case_memory(case, dtype, device):
+    """``{part: (bytes on the host, bytes on the device)}`` that one case holds at once.
+
+    Counted in sets of the four (B, H, T, D) tensors q, k, v, dO (or out, dq, dk, dv):
+    inputs -- drawn and rounded in float64, copied to the device for the target and
+    for the baseline, plus the target's gradient dO; golden -- its results and the
+    blockwise backward's own accumulators, float64; baseline -- its results, their
+    float64 copies, and one chunk of its (rows, Tk) arrays (S, P, dP, dS and their
+    temporaries: 7 at once, measured, in the dtype; ``reference`` keeps a chunk near
+    2^25 elements per (batch, head)); target -- its output and gradients, and their float64 copies.
+    Not counted: the target's own workspace (a kernel that forms the (Tq, Tk) scores
+    adds B H Tq Tk elements per array it keeps) and a failing case's diagnosis
+    (bounded by ``diagnosis.DENSE_LIMIT``).
+    """
+    size = torch.empty((), dtype=DTYPES[dtype]).element_size()
+    bh, d = case.batch * case.heads, case.head_dim
+    one_set = bh * (2 * case.tq + 2 * case.tk) * d           # elements of q, k, v, dO
+    rows = min(case.tq, max(64, reference._CHUNK_ELEMENTS // max(case.tk, 1)))
+    chunk = 7 * bh * rows * case.tk * size
+    host = {"inputs": 2 * one_set * 8, "golden": 2 * one_set * 8, "baseline": one_set * 8, "target": one_set * 8}
+    dev = {"inputs": 2 * one_set * size, "golden": 0, "baseline": one_set * size + chunk, "target": one_set * size}
+    if torch.device(device).type == "cpu":
+        return {part: (host[part] + dev[part], 0) for part in host}
+    return {part: (host[part], dev[part]) for part in host}
 
 
 def denominators(golden):
