@@ -267,4 +267,33 @@ def run_case(target, case, dtype, device, align="top-left", seed=0, reference_fu
                                    (q, k, v), dout, rerun)
         for n, d in found.items():
             rows[n].diagnosis = d
+        _lower_precision(rows, failing, dtype, rounded, case, offset, gold, den, device)
     return [rows[n] for n in TENSORS]
+
+
+# A kernel computing in a lower precision than it is checked in: its error sits within
+# this factor of a plain computation's in that precision (measured: bfloat16 inside a
+# float32 check gives 0.4 .. 1.3 x the bfloat16 baseline's error; float16's is ~8x smaller).
+LOWER_SHARE = 3.0
+LOWER = {"float64": ("float32", "bfloat16", "float16"), "float32": ("bfloat16", "float16")}
+
+
+def _lower_precision(rows, failing, dtype, rounded, case, offset, gold, den, device):
+    """Rows that no mistake explains whose error is the size of a lower precision's say so."""
+    unnamed = [n for n in failing if rows[n].diagnosis is not None and rows[n].diagnosis.id == "none"]
+    named_out = rows["out"].diagnosis is not None and rows["out"].diagnosis.id != "none"
+    unnamed = [n for n in unnamed if not named_out]       # a gradient of a named output keeps that name
+    if not unnamed or dtype not in LOWER:
+        return
+    for low in LOWER[dtype]:
+        dev = [torch.from_numpy(a).to(device=device, dtype=DTYPES[low]) for a in rounded]
+        base = dict(zip(TENSORS, reference.baseline(*dev, case, offset)))
+        for n in list(unnamed):
+            low_err, _ = errors_of(base[n], gold[n], den[n])
+            if low_err and 1 / LOWER_SHARE <= rows[n].error / low_err <= LOWER_SHARE:
+                d = rows[n].diagnosis
+                d.id, d.residual = "lower-precision", rows[n].error
+                d.sentence = (f"{n}'s error {rows[n].error:.1e} is the size of {low}'s (a plain {low} "
+                              f"computation: {low_err:.1e}): the kernel appears to compute in {low} inside this "
+                              f"{dtype} check" + (" -- " + d.sentence if "(closest" in d.sentence else ""))
+                unnamed.remove(n)
