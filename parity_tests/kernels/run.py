@@ -10,6 +10,7 @@ passes; at least one row must pass), 1 some row fails, 2 bad arguments.
 """
 
 import argparse
+import os
 import sys
 import textwrap
 import time
@@ -49,6 +50,15 @@ def _device(device):
     return device
 
 
+def _timeout(timeout):
+    """Seconds per case, or None for no limit (None or 0)."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 <= timeout < float("inf"):
+        raise ValueError(f"timeout must be a number of seconds >= 0 (0: no limit), got {timeout!r}")
+    return float(timeout) or None
+
+
 def _progress_line(name, total, start):
     def show(i, label):
         end = "\n" if i == total else ""
@@ -59,17 +69,21 @@ def _progress_line(name, total, start):
 
 def check(target, *, device="cpu", dtypes=None, tokens=None, head_dims=None, heads=None, batch=None,
           causal="both", align="top-left", layout="bhtd", long=False, seed=0, progress=False,
-          reference_functions=None):
+          reference_functions=None, timeout=measure.DEFAULT_TIMEOUT):
     """Hold ``target`` (a built-in name, ``"module.path:callable"`` or a callable taking
     ``(q, k, v, *, causal, scale)``) to the float64 reference; returns a `Report`
     (``.passed``, ``.rows``, ``.failures``, ``.diagnoses``, ``.diagnosis``).
 
     ``tokens``: lengths ``T`` or ``(Tq, Tk)`` / ``"TqxTk"``; ``causal``: "yes", "no"
     or "both"; ``align``: where a causal mask sits when Tq != Tk, "top-left"
-    (SDPA's ``is_causal``) or "bottom-right" (FlashAttention's).
+    (SDPA's ``is_causal``) or "bottom-right" (FlashAttention's); ``timeout``: seconds the
+    target may take on one case (default ``measure.DEFAULT_TIMEOUT``, 0 or None: no limit),
+    past which the case FAILS "timed out" -- a pure-Python loop is stopped, one long call
+    into C only when it returns (``measure.time_limit``).
     """
+    limit = _timeout(timeout)
     plan = _plan(target, device, dtypes, tokens, head_dims, heads, batch, causal, align, layout, long)
-    return _run(plan, align, seed, progress, reference_functions)
+    return _run(plan, align, seed, progress, reference_functions, limit)
 
 
 def _plan(target, device, dtypes, tokens, head_dims, heads, batch, causal, align, layout, long):
@@ -83,10 +97,43 @@ def _plan(target, device, dtypes, tokens, head_dims, heads, batch, causal, align
     listify = lambda x: [x] if isinstance(x, (int, str)) else x
     grid = cases_mod.build_grid(tokens=listify(tokens), head_dims=listify(head_dims), heads=listify(heads),
                                 batch=listify(batch), causal=CAUSAL[causal], long=long, device=device)
+    _refuse_what_does_not_fit(grid, names, device)
     return targets.resolve(target, device, layout), device, names, grid
 
 
-def _run(plan, align, seed, progress, reference_functions):
+def available_memory(device):
+    """``(host bytes, device bytes)`` free now; None where it cannot be told."""
+    host = None
+    try:
+        with open("/proc/meminfo") as f:
+            host = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        try:
+            host = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            pass
+    gpu = torch.cuda.mem_get_info()[0] if device == "cuda" else None
+    return host, gpu
+
+
+def _refuse_what_does_not_fit(grid, dtypes, device):
+    """ValueError, before any work, when the largest case needs more memory than is free."""
+    host_free, device_free = available_memory(device)
+    gib = lambda n: f"{n / 2 ** 30:.1f} GiB"
+    for case in grid:
+        for d in dtypes:
+            parts = measure.case_memory(case, d, device)
+            for i, (free, where) in enumerate(((host_free, "this machine has"), (device_free, f"{device} has"))):
+                need = sum(p[i] for p in parts.values())
+                if free is not None and need > free:
+                    terms = " + ".join(f"{name} {gib(p[i])}" for name, p in parts.items() if p[i])
+                    raise ValueError(
+                        f"tokens: the case {case} in {d} needs about {gib(need)} ({terms}, not counting "
+                        f"the target's own workspace), more than the {gib(free)} {where} free; "
+                        "ask for fewer tokens, heads or batch")
+
+
+def _run(plan, align, seed, progress, reference_functions, timeout=measure.DEFAULT_TIMEOUT):
     tgt, device, names, grid = plan
     work = [(case, d) for d in names for case in grid]
     start = time.perf_counter()
@@ -95,7 +142,7 @@ def _run(plan, align, seed, progress, reference_functions):
     for i, (case, d) in enumerate(work, 1):
         if show:
             show(i - 1, f"({d}, {case})")
-        rows += measure.run_case(tgt, case, d, device, align, seed, reference_functions)
+        rows += measure.run_case(tgt, case, d, device, align, seed, reference_functions, timeout)
     if show:
         show(len(work), "")
     find_growth(rows)
@@ -140,9 +187,24 @@ def build_parser():
     p.add_argument("--long", action="store_true", help="add T = 16384 (and 32768 on cuda)")
     p.add_argument("--seed", type=outputs.seed, default=0,
                    help="seed of the inputs drawn, 0 .. 2**32 - 1 (default: 0)")
+    p.add_argument("--timeout", type=_seconds, default=measure.DEFAULT_TIMEOUT, metavar="SECONDS",
+                   help="seconds the target may take on one case before the case FAILS 'timed out' "
+                        f"(default: {measure.DEFAULT_TIMEOUT:g}; 0: no limit). A Python loop is stopped "
+                        "on time; one long call into C (a single huge matmul, a CUDA wait) only when it returns")
     p.add_argument("--json", metavar="PATH", help='also write {"rows": [...], "summary": {...}} to PATH')
     p.add_argument("--quiet", "-q", action="store_true", help="print only failing rows and the summary")
     return p
+
+
+def _seconds(text):
+    """argparse type of --timeout: a number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0 (0: no limit), got {text!r}")
+    return value
 
 
 def _split(values, flag, convert=str):
@@ -177,7 +239,7 @@ def main(argv=None):
     except (ValueError, TypeError) as e:
         print(f"attention-parity check: error: {e}", file=sys.stderr)
         return 2
-    report = _run(plan, args.align, args.seed, sys.stderr.isatty(), None)
+    report = _run(plan, args.align, args.seed, sys.stderr.isatty(), None, _timeout(args.timeout))
     if not args.quiet:
         print(report.table())
         if report.failures:
