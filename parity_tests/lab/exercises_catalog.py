@@ -4,8 +4,10 @@ An exercise is one template of ``exercises/``.  `case(name)` builds its inputs
 (the chapter's six tokens, seeded weights, a random upstream gradient: never
 ``out.sum()``, whose softmax gradient is ~0) and two sets of right answers: the
 reference (``numpy_ref``'s backward) and centred finite differences of the
-forward.  `run(name, learner, case)` calls the learner's code on copies of the
-inputs and returns its tensors under the same names.
+forward.  `probe(name)` gives inputs of other shapes where the interface
+promises any leading axes.  `run(name, learner, case)` calls the learner's code
+on copies of the inputs and returns its tensors under the same names, and the
+names of the inputs it changed in place.
 """
 
 from dataclasses import dataclass
@@ -30,20 +32,24 @@ class Exercise:
     kind: str              # "function" or "module"
     summary: str
     outputs: tuple         # names of the tensors returned (functions)
+    args: tuple            # names of the arguments, to say which one was changed in place
 
 
 EXERCISES = {e.name: e for e in (
     Exercise("softmax_backward", "softmax_backward", "function",
-             "the softmax backward (w, g) -> dx", ("dx",)),
+             "the softmax backward (w, g) -> dx", ("dx",), ("w", "g")),
     Exercise("scores_backward", "scores_backward", "function",
              "the scores backward (dscores, queries, keys) -> (dqueries, dkeys)",
-             ("dqueries", "dkeys")),
+             ("dqueries", "dkeys"), ("dscores", "queries", "keys")),
     Exercise("linear_backward", "linear_backward", "function",
-             "the linear layer backward (dout, x, W, b) -> (dx, dW, db)", ("dx", "dW", "db")),
+             "the linear layer backward (dout, x, W, b) -> (dx, dW, db)", ("dx", "dW", "db"),
+             ("dout", "x", "W", "b")),
     Exercise("causal_attention", "CausalAttention", "module",
-             "CausalAttention's forward(x, keep_mask) and backward(dout) -> dx, grads", ()),
+             "CausalAttention's forward(x, keep_mask) and backward(dout) -> dx, grads", (),
+             ("x", "keep_mask", "dout")),
     Exercise("multihead_attention", "MultiHeadAttention", "module",
-             "MultiHeadAttention's forward(x, keep_mask) and backward(dout) -> dx, grads", ()),
+             "MultiHeadAttention's forward(x, keep_mask) and backward(dout) -> dx, grads", (),
+             ("x", "keep_mask", "dout")),
 )}
 BY_ENTRY = {e.entry: e for e in EXERCISES.values()}
 
@@ -140,26 +146,65 @@ def case(name):
     return c
 
 
+PROBE_SEED = 7            # numpy.random.default_rng: the inputs of the other shapes
+PROMISES = {             # exercises whose interface promises any leading axes
+    "softmax_backward": "w and g are (..., n), the softmax along the last axis",
+    "scores_backward": "dscores is (..., Tq, Tk), queries (..., Tq, d_k), keys (..., Tk, d_k)",
+}
+
+
+def probe(name):
+    """Inputs of another shape than the chapter's, where the interface promises
+    any leading axes (`PROMISES`), with the reference's answers; None elsewhere.
+    Leading axes (2, 3) and unequal sizes: an axis counted from the front
+    (``axis=1``, ``.T``) or a Tq taken for a Tk gives other numbers."""
+    if name not in PROMISES:
+        return None
+    rng = np.random.default_rng(PROBE_SEED)
+    if name == "softmax_backward":
+        w = numpy_ref.softmax(rng.standard_normal((2, 3, 4, 5)))
+        g = rng.standard_normal(w.shape)
+        return dict(inputs=(w, g), reference={"dx": numpy_ref.softmax_backward(w, g)},
+                    described=f"{PROMISES[name]}: w, g random, (2, 3, 4, 5)")
+    q, k = rng.standard_normal((2, 3, 4, 3)), rng.standard_normal((2, 3, 5, 3))
+    ds = rng.standard_normal((2, 3, 4, 5))
+    dq, dk = ops.scores_backward(ds, (q, k, True))
+    return dict(inputs=(ds, q, k), reference={"dqueries": dq, "dkeys": dk},
+                described=f"{PROMISES[name]}: random, Tq = 4, Tk = 5, d_k = 3, "
+                          f"leading axes (2, 3)")
+
+
 def _copies(arrays):
     return tuple(None if a is None else np.array(a) for a in arrays)
 
 
+def _changed(ex, given, originals):
+    """Names of the arguments the learner's code changed in place."""
+    return [n for n, a, b in zip(ex.args, given, originals)
+            if a is not None and not np.array_equal(a, b, equal_nan=True)]
+
+
 def run_function(ex, fn, c):
-    """The learner's function on copies of the inputs -> {name: array}; a wrong return
-    shape of the result (not a tuple of the right length) raises TypeError."""
-    result = fn(*_copies(c["inputs"]))
+    """The learner's function on copies of the inputs -> ({name: array}, names of the
+    arguments it changed in place); a wrong return shape of the result (not a tuple
+    of the right length) raises TypeError."""
+    given = _copies(c["inputs"])
+    result = fn(*given)
+    changed = _changed(ex, given, c["inputs"])
     if len(ex.outputs) == 1:
         result = (result,)
     if not isinstance(result, (tuple, list)) or len(result) != len(ex.outputs):
         raise TypeError(f"{ex.entry} must return {len(ex.outputs)} arrays "
                         f"({', '.join(ex.outputs)}), got {type(result).__name__}")
     return {n: (None if r is None else np.asarray(r, dtype=np.float64))
-            for n, r in zip(ex.outputs, result)}
+            for n, r in zip(ex.outputs, result)}, changed
 
 
 def run_module(ex, cls, c):
-    """The learner's class: built, loaded, forward, backward -> {name: array}."""
-    x, keep_mask, G = _copies(c["inputs"])
+    """The learner's class: built, loaded, forward, backward -> ({name: array}, names
+    of the arguments it changed in place)."""
+    given = _copies(c["inputs"])
+    x, keep_mask, G = given
     m = cls(**MODULE_ARGS[ex.entry])
     m.load_state_dict({k: np.array(v) for k, v in c["state"].items()})
     out = m.forward(x, keep_mask)
@@ -170,8 +215,11 @@ def run_module(ex, cls, c):
                         f"name -> gradient, got {type(grads).__name__}")
     tensors = {"output": out, "input": dx}
     tensors.update({k: v for k, v in grads.items()})
-    return {k: (None if v is None else np.asarray(v, dtype=np.float64)) for k, v in tensors.items()}
+    return ({k: (None if v is None else np.asarray(v, dtype=np.float64))
+             for k, v in tensors.items()}, _changed(ex, given, c["inputs"]))
 
 
 def run(ex, learner, c):
+    """(tensors, changed): `run_function` or `run_module`; ``c`` needs only the case's
+    "inputs" (and "state" for a module)."""
     return (run_module if ex.kind == "module" else run_function)(ex, learner, c)
