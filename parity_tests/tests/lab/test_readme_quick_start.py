@@ -15,7 +15,7 @@ def _quick_start():
 
 def test_the_cpu_note_comes_before_the_commands():
     section = _quick_start()
-    assert section.index("download.pytorch.org/whl/cpu") < section.index("pip install -e")
+    assert section.index("download.pytorch.org/whl/cpu") < section.index("```bash")
 
 
 def test_the_test_command_runs_the_notebook_and_plot_tests():
