@@ -44,6 +44,11 @@ EXERCISES = {e.name: e for e in (
     Exercise("linear_backward", "linear_backward", "function",
              "the linear layer backward (dout, x, W, b) -> (dx, dW, db)", ("dx", "dW", "db"),
              ("dout", "x", "W", "b")),
+    Exercise("softcap_backward", "softcap_backward", "function",
+             "the softcap's backward (dS, S, cap) -> dS_raw", ("dS_raw",), ("dS", "S", "cap")),
+    Exercise("sink_gradient", "sink_gradient", "function",
+             "an attention sink's gradient (dO, O, p_sink) -> dsink", ("dsink",),
+             ("dO", "O", "p_sink")),
     Exercise("causal_attention", "CausalAttention", "module",
              "CausalAttention's forward(x, keep_mask) and backward(dout) -> dx, grads", (),
              ("x", "keep_mask", "dout")),
@@ -82,6 +87,20 @@ def reference_module(entry, state):
     return m
 
 
+SOFTCAP = 2.0               # the softcap exercise's c
+SINKS = (0.5, -1.0)         # the sink exercise's logits, one head each
+
+
+def _sink_forward(S, values, sinks):
+    """Causal attention with one sink column per head: (O (H, T, d), p_sink (H, T))."""
+    T = S.shape[-1]
+    masked = np.where(np.triu(np.ones((T, T), dtype=bool), k=1), -np.inf, S)
+    logits = np.concatenate([np.broadcast_to(masked, (len(sinks), T, T)),
+                             np.broadcast_to(sinks[:, None, None], (len(sinks), T, 1))], axis=-1)
+    P = numpy_ref.softmax(logits)
+    return P[..., :T] @ values, P[..., T]
+
+
 def _function_case(name):
     rng = np.random.default_rng(GRADIENT_SEED)
     state = _seeded_state("CausalAttention")
@@ -107,6 +126,27 @@ def _function_case(name):
                         "dkeys": eval_numerical_gradient_array(f, keys, ds)},
                     described="queries, keys of the chapter's batch, (2, 6, 2), d_k = 2; "
                               "dscores random, (2, 6, 6)")
+    if name == "softcap_backward":
+        S = 3 * (queries @ np.swapaxes(keys, -1, -2))           # (2, 6, 6), some near the cap
+        dS = rng.standard_normal(S.shape)
+        f = lambda: SOFTCAP * np.tanh(S / SOFTCAP)
+        return dict(inputs=(dS, S, SOFTCAP),
+                    reference={"dS_raw": dS * (1 - np.tanh(S / SOFTCAP) ** 2)},
+                    fd={"dS_raw": eval_numerical_gradient_array(f, S, dS)},
+                    described=f"S = 3 q kᵀ of the chapter's batch, (2, 6, 6), cap = {SOFTCAP}; "
+                              f"dS random, (2, 6, 6)")
+    if name == "sink_gradient":
+        values = x[0] @ state["W_value.weight"].T + state["W_value.bias"]      # (6, 2)
+        S = queries[0] @ keys[0].T / np.sqrt(2)
+        sinks = np.array(SINKS)
+        dO = rng.standard_normal((len(SINKS), 6, 2))
+        O, p_sink = _sink_forward(S, values, sinks)
+        f = lambda: _sink_forward(S, values, sinks)[0]
+        return dict(inputs=(dO, O, p_sink), reference={"dsink": -np.sum(p_sink * np.sum(
+                        dO * O, axis=-1), axis=-1)},
+                    fd={"dsink": eval_numerical_gradient_array(f, sinks, dO)},
+                    described=f"causal attention of the chapter's input, one head per sink "
+                              f"s = {SINKS}: O (2, 6, 2) and p_sink (2, 6); dO random, (2, 6, 2)")
     dout = rng.standard_normal((2, 6, 2))
     W, b = W_q.copy(), b_q.copy()
     dx, dW, db = ops.linear_backward(dout, (x, W, True))

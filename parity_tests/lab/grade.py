@@ -2,7 +2,8 @@
 classic mistake you made.
 
 FILE may define any of: ``softmax_backward(w, g)``, ``scores_backward(dscores,
-queries, keys)``, ``linear_backward(dout, x, W, b)``, ``class CausalAttention``,
+queries, keys)``, ``linear_backward(dout, x, W, b)``, ``softcap_backward(dS, S,
+cap)``, ``sink_gradient(dO, O, p_sink)``, ``class CausalAttention``,
 ``class MultiHeadAttention`` (the interfaces of the templates: ``--list``).
 Without NAME every one of them FILE defines is graded; with NAME only that one
 (another name is graded as the exercise its signature fits, or ``--exercise``).

@@ -120,5 +120,36 @@ LINEAR = [
             compute=lambda dout, x, W, b: _linear(dout, x, W, b, dx=-(dout @ W))),
 ]
 
+SOFTCAP_LINE = ("capped = c · tanh(S / c), so dS_raw = dS ∘ c · (1 − tanh²(S / c)) · (1 / c) "
+                "= dS ∘ (1 − tanh²(S / c))")
+
+SOFTCAP = [
+    Mistake("softcap-tanh-derivative-left-out", "the softcap's 1 − tanh² left out: dS_raw = dS",
+            SOFTCAP_LINE, compute=lambda dS, S, c: (dS.copy(),)),
+    Mistake("softcap-outer-c-kept", "the outer c kept, the inner 1/c forgotten: "
+            "dS ∘ c (1 − tanh²)", SOFTCAP_LINE,
+            compute=lambda dS, S, c: (dS * c * (1 - np.tanh(S / c) ** 2),)),
+    Mistake("softcap-tanh-not-squared", "1 − tanh instead of 1 − tanh²", SOFTCAP_LINE,
+            compute=lambda dS, S, c: (dS * (1 - np.tanh(S / c)),)),
+]
+
+SINK_LINE = ("the sink is a softmax column whose value is 0: dL/ds = Σ_i p_sink,i "
+             "(0 − ⟨P_i, dP_i⟩) = −Σ_i p_sink,i D_i, D_i = rowsum(dO ∘ O)")
+
+
+def _D(dO, O):
+    return np.sum(dO * O, axis=-1)
+
+
+SINK = [
+    Mistake("sink-gradient-sign-flipped", "the sink's gradient with the wrong sign: +Σ p_sink D",
+            SINK_LINE, compute=lambda dO, O, p: (np.sum(p * _D(dO, O), axis=-1),)),
+    Mistake("sink-D-without-output", "D taken as rowsum(dO), without the output O",
+            SINK_LINE, compute=lambda dO, O, p: (-np.sum(p * dO.sum(axis=-1), axis=-1),)),
+    Mistake("sink-not-weighted", "the rows' D summed without their sink weight p_sink",
+            SINK_LINE, compute=lambda dO, O, p: (-np.sum(_D(dO, O), axis=-1),)),
+]
+
 FUNCTION_MISTAKES = {"softmax_backward": SOFTMAX, "scores_backward": SCORES,
-                     "linear_backward": LINEAR}
+                     "linear_backward": LINEAR, "softcap_backward": SOFTCAP,
+                     "sink_gradient": SINK}

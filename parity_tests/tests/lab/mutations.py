@@ -78,9 +78,21 @@ MULTIHEAD.update({
          "dmerged.reshape(B, T, self.head_dim, self.num_heads).transpose(0, 3, 1, 2)")],
 })
 
+SOFTCAP = {
+    "softcap-tanh-derivative-left-out": [("dS_raw = dS * (1 - t**2)", "dS_raw = dS")],
+    "softcap-outer-c-kept": [("dS_raw = dS * (1 - t**2)", "dS_raw = dS * cap * (1 - t**2)")],
+    "softcap-tanh-not-squared": [("dS_raw = dS * (1 - t**2)", "dS_raw = dS * (1 - t)")],
+}
+
+SINK = {
+    "sink-gradient-sign-flipped": [("dsink = -np.sum(", "dsink = np.sum(")],
+    "sink-D-without-output": [("D = np.sum(dO * O, axis=-1)", "D = np.sum(dO, axis=-1)")],
+    "sink-not-weighted": [("dsink = -np.sum(p_sink * D, axis=-1)", "dsink = -np.sum(D, axis=-1)")],
+}
+
 MUTATIONS = {"softmax_backward": SOFTMAX, "scores_backward": SCORES,
-             "linear_backward": LINEAR, "causal_attention": CAUSAL,
-             "multihead_attention": MULTIHEAD}
+             "linear_backward": LINEAR, "softcap_backward": SOFTCAP, "sink_gradient": SINK,
+             "causal_attention": CAUSAL, "multihead_attention": MULTIHEAD}
 
 
 def mutate(source, edits):
