@@ -49,6 +49,9 @@ EXERCISES = {e.name: e for e in (
     Exercise("sink_gradient", "sink_gradient", "function",
              "an attention sink's gradient (dO, O, p_sink) -> dsink", ("dsink",),
              ("dO", "O", "p_sink")),
+    Exercise("gqa_backward", "gqa_backward", "function",
+             "dk and dv under grouped-query attention (dS, P, dO, q) -> (dk, dv)",
+             ("dk", "dv"), ("dS", "P", "dO", "q")),
     Exercise("causal_attention", "CausalAttention", "module",
              "CausalAttention's forward(x, keep_mask) and backward(dout) -> dx, grads", (),
              ("x", "keep_mask", "dout")),
@@ -101,6 +104,16 @@ def _sink_forward(S, values, sinks):
     return P[..., :T] @ values, P[..., T]
 
 
+GQA_SEED = 11              # numpy.random.default_rng: the GQA exercise's query heads
+
+
+def _gqa_forward(q, k, v):
+    """Full (not causal) attention, query head h on kv head h // 2: (O, P)."""
+    k_rep, v_rep = np.repeat(k, 2, axis=0), np.repeat(v, 2, axis=0)
+    P = numpy_ref.softmax(q @ np.swapaxes(k_rep, -1, -2) / np.sqrt(q.shape[-1]))
+    return P @ v_rep, P
+
+
 def _function_case(name):
     rng = np.random.default_rng(GRADIENT_SEED)
     state = _seeded_state("CausalAttention")
@@ -147,6 +160,23 @@ def _function_case(name):
                     fd={"dsink": eval_numerical_gradient_array(f, sinks, dO)},
                     described=f"causal attention of the chapter's input, one head per sink "
                               f"s = {SINKS}: O (2, 6, 2) and p_sink (2, 6); dO random, (2, 6, 2)")
+    if name == "gqa_backward":
+        q = np.random.default_rng(GQA_SEED).standard_normal((4, 6, 2))    # H_q = 4
+        k, v = keys, x @ state["W_value.weight"].T + state["W_value.bias"]   # H_kv = 2
+        dO = rng.standard_normal(q.shape)
+        f_k = lambda: _gqa_forward(q, k, v)[0]
+        O, P = _gqa_forward(q, k, v)
+        v_rep = np.repeat(v, 2, axis=0)
+        dP = dO @ np.swapaxes(v_rep, -1, -2)
+        dS = P * (dP - np.sum(dO * O, axis=-1, keepdims=True))           # D = rowsum(dO ∘ O)
+        dk = (np.swapaxes(dS, -1, -2) @ q / np.sqrt(2)).reshape(2, 2, 6, 2).sum(axis=1)
+        dv = (np.swapaxes(P, -1, -2) @ dO).reshape(2, 2, 6, 2).sum(axis=1)
+        return dict(inputs=(dS, P, dO, q), reference={"dk": dk, "dv": dv},
+                    fd={"dk": eval_numerical_gradient_array(f_k, k, dO),
+                        "dv": eval_numerical_gradient_array(f_k, v, dO)},
+                    described="4 query heads (random q, (4, 6, 2)) sharing the chapter "
+                              "batch's 2 keys and values heads ((2, 6, 2)), G = 2; dS, P of "
+                              "each query head, dO random")
     dout = rng.standard_normal((2, 6, 2))
     W, b = W_q.copy(), b_q.copy()
     dx, dW, db = ops.linear_backward(dout, (x, W, True))

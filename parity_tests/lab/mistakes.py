@@ -150,6 +150,28 @@ SINK = [
             SINK_LINE, compute=lambda dO, O, p: (-np.sum(_D(dO, O), axis=-1),)),
 ]
 
+GQA_LINE = ("kv head j serves every query head h with h // G = j: dk_j = Σ_h dS_hᵀ q_h / √d "
+            "and dv_j = Σ_h P_hᵀ dO_h over those G heads")
+
+
+def _gqa(dS, P, dO, q, group=lambda a: a.reshape(2, 2, *a.shape[1:]).sum(axis=1),
+         dk_group=None):
+    dk_heads = np.swapaxes(dS, -1, -2) @ q / np.sqrt(q.shape[-1])
+    dv_heads = np.swapaxes(P, -1, -2) @ dO
+    return (dk_group or group)(dk_heads), group(dv_heads)
+
+
+GQA = [
+    Mistake("gqa-dk-from-one-query-head", "GQA's dk taken from one query head of each group",
+            GQA_LINE, compute=lambda dS, P, dO, q: _gqa(dS, P, dO, q, dk_group=lambda a: a[::2])),
+    Mistake("gqa-heads-interleaved", "query head h given kv head h % H_kv instead of h // G",
+            GQA_LINE, compute=lambda dS, P, dO, q: _gqa(
+                dS, P, dO, q, group=lambda a: a.reshape(2, 2, *a.shape[1:]).sum(axis=0))),
+    Mistake("gqa-group-averaged", "the group's terms averaged instead of summed", GQA_LINE,
+            compute=lambda dS, P, dO, q: _gqa(
+                dS, P, dO, q, group=lambda a: a.reshape(2, 2, *a.shape[1:]).mean(axis=1))),
+]
+
 FUNCTION_MISTAKES = {"softmax_backward": SOFTMAX, "scores_backward": SCORES,
                      "linear_backward": LINEAR, "softcap_backward": SOFTCAP,
-                     "sink_gradient": SINK}
+                     "sink_gradient": SINK, "gqa_backward": GQA}

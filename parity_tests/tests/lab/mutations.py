@@ -90,8 +90,18 @@ SINK = {
     "sink-not-weighted": [("dsink = -np.sum(p_sink * D, axis=-1)", "dsink = -np.sum(D, axis=-1)")],
 }
 
+GQA = {
+    "gqa-dk-from-one-query-head": [("dk = dk_heads.reshape(H_q // G, G, Tk, d).sum(axis=1)",
+                                    "dk = dk_heads[::G]")],
+    "gqa-heads-interleaved": [(".reshape(H_q // G, G, Tk, d).sum(axis=1)",
+                               ".reshape(G, H_q // G, Tk, d).sum(axis=0)", 2)],
+    "gqa-group-averaged": [(".reshape(H_q // G, G, Tk, d).sum(axis=1)",
+                            ".reshape(H_q // G, G, Tk, d).mean(axis=1)", 2)],
+}
+
 MUTATIONS = {"softmax_backward": SOFTMAX, "scores_backward": SCORES,
              "linear_backward": LINEAR, "softcap_backward": SOFTCAP, "sink_gradient": SINK,
+             "gqa_backward": GQA,
              "causal_attention": CAUSAL, "multihead_attention": MULTIHEAD}
 
 
