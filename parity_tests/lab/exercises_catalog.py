@@ -44,6 +44,12 @@ EXERCISES = {e.name: e for e in (
     Exercise("linear_backward", "linear_backward", "function",
              "the linear layer backward (dout, x, W, b) -> (dx, dW, db)", ("dx", "dW", "db"),
              ("dout", "x", "W", "b")),
+    Exercise("online_softmax", "online_softmax", "function",
+             "the online softmax of one row over tiles (s, V, B_c) -> (out, L)",
+             ("out", "L"), ("s", "V", "B_c")),
+    Exercise("tile_backward", "tile_backward", "function",
+             "the blockwise backward of one tile (q, k, v, dO, L, D) -> (dq, dk, dv)",
+             ("dq", "dk", "dv"), ("q", "k", "v", "dO", "L", "D")),
     Exercise("softcap_backward", "softcap_backward", "function",
              "the softcap's backward (dS, S, cap) -> dS_raw", ("dS_raw",), ("dS", "S", "cap")),
     Exercise("sink_gradient", "sink_gradient", "function",
@@ -104,6 +110,8 @@ def _sink_forward(S, values, sinks):
     return P[..., :T] @ values, P[..., T]
 
 
+ONLINE_ROW = (0.5, -1.0, 1.5, 0.2, 2.5, -0.3)   # the online softmax exercise's scores
+TILE_ROWS, TILE_COLS = slice(2, 4), slice(0, 2)    # the tile exercise's tile
 GQA_SEED = 11              # numpy.random.default_rng: the GQA exercise's query heads
 
 
@@ -139,6 +147,29 @@ def _function_case(name):
                         "dkeys": eval_numerical_gradient_array(f, keys, ds)},
                     described="queries, keys of the chapter's batch, (2, 6, 2), d_k = 2; "
                               "dscores random, (2, 6, 6)")
+    if name == "online_softmax":
+        V = x[0] @ state["W_value.weight"].T + state["W_value.bias"]        # (6, 2)
+        row = np.array(ONLINE_ROW)
+        w = numpy_ref.softmax(row)
+        return dict(inputs=(row, V, 2),
+                    reference={"out": w @ V, "L": np.array(np.log(np.sum(np.exp(row))))},
+                    described=f"s = {ONLINE_ROW} (its maximum rises in every tile), V the "
+                              f"chapter's values (6, 2), B_c = 2")
+    if name == "tile_backward":
+        v = x[0] @ state["W_value.weight"].T + state["W_value.bias"]
+        q, k = queries[0], keys[0]                                        # (6, 2) each
+        dO = rng.standard_normal(q.shape)
+        S = q @ k.T / np.sqrt(2)
+        P = numpy_ref.softmax(S)                                          # the dense weights
+        L, D = np.log(np.sum(np.exp(S), axis=-1)), np.sum(dO * (P @ v), axis=-1)
+        dS = P * (dO @ v.T - D[:, None])
+        r, c = TILE_ROWS, TILE_COLS
+        return dict(inputs=(q[r], k[c], v[c], dO[r], L[r], D[r]),
+                    reference={"dq": dS[r, c] @ k[c] / np.sqrt(2),
+                               "dk": dS[r, c].T @ q[r] / np.sqrt(2), "dv": P[r, c].T @ dO[r]},
+                    described="the chapter's q, k, v (one head, 6 tokens, no mask), dO random; "
+                              "query tile 2 (rows 3-4) × key tile 1 (keys 1-2), B_r = B_c = 2, "
+                              "L and D of the dense computation")
     if name == "softcap_backward":
         S = 3 * (queries @ np.swapaxes(keys, -1, -2))           # (2, 6, 6), some near the cap
         dS = rng.standard_normal(S.shape)

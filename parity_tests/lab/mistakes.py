@@ -150,6 +150,62 @@ SINK = [
             SINK_LINE, compute=lambda dO, O, p: (-np.sum(_D(dO, O), axis=-1),)),
 ]
 
+ONLINE_LINE = ("when the maximum moves from m to m_new every term summed so far shrinks by "
+               "α = exp(m − m_new): ℓ ← α ℓ + Σ exp(s_t − m_new), o ← α o + exp(s_t − m_new) V_t, "
+               "and log Σ exp(s) = m + log ℓ")
+
+
+def _online(s, V, B_c, alpha_l=True, alpha_o=True, with_m=True):
+    """The online softmax with one of its steps left out (or none)."""
+    m, l, o = -np.inf, 0.0, np.zeros(V.shape[-1])
+    for start in range(0, len(s), B_c):
+        s_t, V_t = s[start:start + B_c], V[start:start + B_c]
+        m_new = max(m, np.max(s_t))
+        alpha = np.exp(m - m_new)
+        p = np.exp(s_t - m_new)
+        l = (alpha if alpha_l else 1.0) * l + np.sum(p)
+        o = (alpha if alpha_o else 1.0) * o + p @ V_t
+        m = m_new
+    return o / l, np.array((m if with_m else 0.0) + np.log(l))
+
+
+ONLINE = [
+    Mistake("online-max-not-rescaled", "the running maximum moved, the sums not rescaled "
+            "(no α at all)", ONLINE_LINE,
+            compute=lambda s, V, B_c: _online(s, V, B_c, alpha_l=False, alpha_o=False)),
+    Mistake("online-alpha-on-l-only", "α applied to ℓ but not to the output", ONLINE_LINE,
+            compute=lambda s, V, B_c: _online(s, V, B_c, alpha_o=False)),
+    Mistake("online-alpha-on-o-only", "α applied to the output but not to ℓ", ONLINE_LINE,
+            compute=lambda s, V, B_c: _online(s, V, B_c, alpha_l=False)),
+    Mistake("lse-without-max", "L = log ℓ, without m", ONLINE_LINE,
+            compute=lambda s, V, B_c: _online(s, V, B_c, with_m=False)),
+]
+
+TILE_LINE = ("P = exp(S − L) is the whole row's softmax, and ⟨P_i, dP_i⟩ over the whole row is "
+             "D_i = rowsum(dO ∘ O): dS = P ∘ (dP − D), dq = dS k/√d, dk = dSᵀ q/√d, dv = Pᵀ dO")
+
+
+def _tile(q, k, v, dO, L, D, weights=None, delta=None):
+    S = q @ k.T / np.sqrt(q.shape[-1])
+    P = np.exp(S - L[:, None]) if weights is None else weights(S)
+    dP = dO @ v.T
+    Dv = D if delta is None else delta(P, dP)
+    dS = P * (dP - Dv[:, None])
+    d = np.sqrt(q.shape[-1])
+    return dS @ k / d, dS.T @ q / d, P.T @ dO
+
+
+TILE = [
+    Mistake("tile-D-from-P", "D taken from P and dP of this tile, not from the output",
+            TILE_LINE, compute=lambda q, k, v, dO, L, D: _tile(
+                q, k, v, dO, L, D, delta=lambda P, dP: np.sum(P * dP, axis=-1))),
+    Mistake("tile-P-renormalised", "P normalised over the tile instead of exp(S − L)",
+            TILE_LINE, compute=lambda q, k, v, dO, L, D: _tile(
+                q, k, v, dO, L, D, weights=lambda S: np.exp(S) / np.exp(S).sum(-1, keepdims=True))),
+    Mistake("tile-dS-without-D", "dS = P ∘ dP: the −D term dropped", TILE_LINE,
+            compute=lambda q, k, v, dO, L, D: _tile(q, k, v, dO, L, 0 * D)),
+]
+
 GQA_LINE = ("kv head j serves every query head h with h // G = j: dk_j = Σ_h dS_hᵀ q_h / √d "
             "and dv_j = Σ_h P_hᵀ dO_h over those G heads")
 
@@ -173,5 +229,6 @@ GQA = [
 ]
 
 FUNCTION_MISTAKES = {"softmax_backward": SOFTMAX, "scores_backward": SCORES,
-                     "linear_backward": LINEAR, "softcap_backward": SOFTCAP,
+                     "linear_backward": LINEAR, "online_softmax": ONLINE,
+                     "tile_backward": TILE, "softcap_backward": SOFTCAP,
                      "sink_gradient": SINK, "gqa_backward": GQA}
