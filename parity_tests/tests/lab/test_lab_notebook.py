@@ -37,8 +37,10 @@ def test_the_notebook_runs_top_to_bottom_in_under_a_minute(tmp_path, monkeypatch
     elapsed = time.perf_counter() - start
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
-    assert sum(o.output_type == "display_data" for o in outputs) == 2      # the heatmaps
+    assert sum(o.output_type == "display_data" for o in outputs) == 3      # the heatmaps
     text = "".join(o.get("text", "") for o in outputs)
     assert "[softmax-diagonal-only]" in text and "exit status: 1" in text
+    assert "From the chapter's Jacobian to FlashAttention" in "".join(c.source for c in nb.cells)
+    assert "online out" in text and "<w, g> =" in text          # the second part ran
     assert list(tmp_path.iterdir()) == []
     assert elapsed < LIMIT_S
