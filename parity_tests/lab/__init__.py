@@ -7,8 +7,8 @@ Two commands and a folder of exercises:
   its formula, ``numpy_ref``'s numbers, autograd's numbers and their difference;
   ``--token N`` zooms on one softmax row (`zoom`).
 - ``attention-parity grade FILE[:NAME]`` (`grade`): checks a learner's own backward
-  (a softmax backward, a scores backward, a linear layer backward, or a whole
-  module) against the reference and finite differences, and when a tensor is
+  (a softmax backward, a scores backward, a linear layer backward, a softcap's
+  backward, a sink's gradient, or a whole module) against the reference and finite differences, and when a tensor is
   wrong names the classic mistake that explains it (`mistakes`).
 - ``exercises/``: starter files with the bodies to fill in, and their solutions;
   ``attention-parity grade --list`` and ``--template NAME`` hand them out.

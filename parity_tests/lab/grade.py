@@ -2,7 +2,8 @@
 classic mistake you made.
 
 FILE may define any of: ``softmax_backward(w, g)``, ``scores_backward(dscores,
-queries, keys)``, ``linear_backward(dout, x, W, b)``, ``class CausalAttention``,
+queries, keys)``, ``linear_backward(dout, x, W, b)``, ``softcap_backward(dS, S,
+cap)``, ``sink_gradient(dO, O, p_sink)``, ``class CausalAttention``,
 ``class MultiHeadAttention`` (the interfaces of the templates: ``--list``).
 Without NAME every one of them FILE defines is graded; with NAME only that one
 (another name is graded as the exercise its signature fits, or ``--exercise``).
@@ -13,9 +14,13 @@ gradient, and every tensor it returns is compared with the reference
 with every mistake of the catalogue; the one whose numbers match best is named,
 with its residual and the line of the derivation it breaks.
 
-Exit status: 0 everything right, 1 something wrong (or the file fails to import
-or raises), 2 bad usage.  FILE is imported as ``import`` would, in this process,
-with no more rights than running it yourself.
+Where the interface promises any leading axes (``(..., n)``) a right answer is
+tried on inputs of another shape too; an argument changed in place is wrong.
+
+Exit status: 0 everything right, 1 something wrong (or the file fails to import,
+raises, exits, crashes or runs longer than --timeout), 2 bad usage.  FILE is
+imported as ``import`` would, in a process of its own (`sandbox`), with no more
+rights than running it yourself.
 
     attention-parity grade --list                      the exercises
     attention-parity grade --template softmax_backward copy one here, to fill in
@@ -30,10 +35,12 @@ import shutil
 import sys
 from importlib import resources
 
+import numpy as np
+
 from parity_tests.common import outputs
 from parity_tests.common.help_text import plain
 from parity_tests.common.tolerances import FINITE_DIFF_BOUND, FLOAT64_BOUND
-from parity_tests.lab import diagnose, loader
+from parity_tests.lab import diagnose, loader, sandbox
 from parity_tests.lab import exercises_catalog as catalog
 from parity_tests.lab.mistakes import MATCH_BOUND
 
@@ -51,7 +58,20 @@ def parse_args(argv):
                    help="copy template NAME to --out (default ./NAME.py) to fill in")
     p.add_argument("--out", metavar="PATH", help="where --template writes (never over a file)")
     p.add_argument("--json", metavar="PATH", help="also write the grades as JSON ('-': stdout)")
+    p.add_argument("--timeout", type=_seconds, default=sandbox.TIMEOUT_S, metavar="SECONDS",
+                   help=f"stop your code when importing it or one call of it takes longer "
+                        f"(default {sandbox.TIMEOUT_S:g})")
     return p.parse_args(argv)
+
+
+def _seconds(text):
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    return value
 
 
 # --- templates ---------------------------------------------------------------------
@@ -71,9 +91,12 @@ def list_templates():
 
 def copy_template(name, out):
     out = out or f"{name}.py"
-    if os.path.exists(out):
+    if os.path.exists(out) and not os.path.isdir(out):
         raise loader.UsageError(f"--out: {out} exists already; choose another path "
                                 f"(your work is never written over)")
+    problem = outputs.output_file_problem("--out", out)
+    if problem:
+        raise loader.UsageError(problem)
     with resources.as_file(template_path(name)) as src:
         shutil.copyfile(src, out)
     print(f"wrote {out}: fill in the body, then run  attention-parity grade {out}")
@@ -105,15 +128,15 @@ def _by_signature(name, obj):
 
 
 def targets(module, name, exercise):
-    """[(exercise, object)] to grade in the learner's module."""
+    """[(exercise name, attribute name)] to grade in the learner's module."""
     if name is not None:
         if not hasattr(module, name):
             raise loader.UsageError(f"NAME: the file defines no {name!r}")
-        obj = getattr(module, name)
         if exercise:
-            return [(catalog.EXERCISES[exercise], obj)]
-        return [(catalog.BY_ENTRY.get(name) or _by_signature(name, obj), obj)]
-    found = [(ex, getattr(module, entry)) for entry, ex in catalog.BY_ENTRY.items()
+            return [(exercise, name)]
+        return [((catalog.BY_ENTRY.get(name) or _by_signature(name, getattr(module, name))).name,
+                 name)]
+    found = [(ex.name, entry) for entry, ex in catalog.BY_ENTRY.items()
              if callable(getattr(module, entry, None))
              and (exercise is None or ex.name == exercise)]
     if not found:
@@ -122,56 +145,103 @@ def targets(module, name, exercise):
     return found
 
 
+def _call(module, exercise, attribute, inputs, path, doing):
+    """In the learner's process: their ``attribute`` run as ``exercise`` on ``inputs``."""
+    return loader.call(catalog.run, path, doing, catalog.EXERCISES[exercise],
+                       getattr(module, attribute), inputs)
+
+
+HANDLERS = {"load": targets, "call": _call}     # what the learner's process is asked
+
+
+def _inputs(case):
+    """What the learner's code is given of a case: its inputs (a module's weights too)."""
+    return {k: case[k] for k in ("inputs", "state") if k in case}
+
+
 # --- grading one exercise ----------------------------------------------------------
 
 def _shape(a):
     return "missing" if a is None else str(tuple(a.shape))
 
 
-def check(ex, obj, path):
+def _rows(tensors, case):
+    floor = diagnose.scale_floor(case["reference"])
+    rows = []
+    for name, ref in case["reference"].items():
+        mine = tensors.get(name)
+        e_ref = diagnose.distance(mine, ref, floor)
+        fd = case.get("fd", {}).get(name) if name != "output" else None
+        e_fd = None if fd is None else diagnose.distance(mine, fd, floor)
+        ok = e_ref <= FLOAT64_BOUND and (e_fd is None or e_fd <= FINITE_DIFF_BOUND)
+        rows.append(dict(tensor=name, shape=_shape(mine), expected=_shape(ref),
+                         vs_reference=e_ref, vs_finite_differences=e_fd, passed=ok))
+    return rows
+
+
+def check(ex, learner, attribute, path):
     """Grade one exercise -> a dict: rows (one per tensor), passed, and either the
     learner's error message or, when wrong, the ranked diagnosis."""
     case = catalog.case(ex.name)
     result = dict(exercise=ex.name, entry=ex.entry, summary=ex.summary,
                   inputs=case["described"], rows=[], passed=False)
+    doing = f"calling {ex.entry}"
     try:
-        tensors = loader.call(catalog.run, path, f"calling {ex.entry}", ex, obj, case)
+        tensors, changed = learner.ask(doing, "call", ex.name, attribute, _inputs(case), path,
+                                       doing)
+        result["rows"] = _rows(tensors, case)
+        rows_pass = all(r["passed"] for r in result["rows"])
+        probe = catalog.probe(ex.name) if rows_pass else None
+        if probe is not None:                 # right here: right on the promised shapes too?
+            doing += f" on other shapes ({probe['described']})"
+            probe_tensors, probe_changed = learner.ask(doing, "call", ex.name, attribute,
+                                                       _inputs(probe), path, doing)
+            rows = _rows(probe_tensors, probe)
+            result["probe"] = dict(inputs=probe["described"], rows=rows,
+                                   passed=all(r["passed"] for r in rows))
+            changed = sorted(set(changed) | set(probe_changed))
     except loader.LearnerError as e:
         result["error"] = str(e)
         return result
-    floor = diagnose.scale_floor(case["reference"])
-    for name, ref in case["reference"].items():
-        mine = tensors.get(name)
-        e_ref = diagnose.distance(mine, ref, floor)
-        e_fd = diagnose.distance(mine, case["fd"][name], floor) if name != "output" else None
-        ok = e_ref <= FLOAT64_BOUND and (e_fd is None or e_fd <= FINITE_DIFF_BOUND)
-        result["rows"].append(dict(tensor=name, shape=_shape(mine), expected=_shape(ref),
-                                   vs_reference=e_ref, vs_finite_differences=e_fd, passed=ok))
+    if changed:
+        result["changed_in_place"] = changed
     extra = sorted(set(tensors) - set(case["reference"]))
     if extra:
         result["extra"] = extra
-    result["passed"] = all(r["passed"] for r in result["rows"]) and not extra
+    result["passed"] = (rows_pass and not extra and not changed
+                        and result.get("probe", {}).get("passed", True))
     # right formulas, low precision: every tensor near the reference, none within float64's bound
-    result["near"] = not result["passed"] and all(r["vs_reference"] <= NEAR for r in result["rows"])
-    if not result["passed"]:
+    result["near"] = not rows_pass and all(r["vs_reference"] <= NEAR for r in result["rows"])
+    if not rows_pass:
+        error = max(r["vs_reference"] for r in result["rows"])
         ranked = diagnose.rank(ex, case, tensors)
-        result["diagnosis"] = [_named(r, m) for r, m in ranked[:3]]
+        result["diagnosis"] = [_named(r, m, error) for r, m in ranked[:3]]
         if not result["diagnosis"][0]["exact"]:
             result["by_tensor"] = {}
             for row in result["rows"]:
                 if not row["passed"]:
                     r, m = diagnose.rank_tensor(ex, case, tensors, row["tensor"])[0]
-                    result["by_tensor"][row["tensor"]] = _named(r, m)
+                    result["by_tensor"][row["tensor"]] = _named(r, m, row["vs_reference"])
     return result
 
 
-def _named(residual, mistake):
+def _named(residual, mistake, error):
+    """One mistake's entry of the diagnosis; ``closer``: the learner's numbers are nearer
+    to it than to the right answer (``error``), so naming it is a hint, not noise."""
     return dict(mistake=mistake.name, title=mistake.title, breaks=mistake.breaks,
-                residual=residual, exact=bool(residual <= MATCH_BOUND))
+                residual=residual, exact=bool(residual <= MATCH_BOUND),
+                closer=bool(np.isfinite(residual) and residual < error))
 
 
 def _err(e):
     return "-" if e is None else ("inf" if e == float("inf") else f"{e:.1e}")
+
+
+def _print_rows(rows, width, sw):
+    for row in rows:
+        print(f"   {row['tensor']:<{width}}  {row['shape']:<{sw}} {row['expected']:<{sw}} "
+              f"{_err(row['vs_reference']):<13} {_err(row['vs_finite_differences']):<16} "
+              f"{'ok' if row['passed'] else 'WRONG'}")
 
 
 def print_result(r, path):
@@ -179,20 +249,32 @@ def print_result(r, path):
     print(f"   inputs: {r['inputs']}")
     if "error" in r:
         print("   " + r["error"].replace("\n", "\n   "))
-        print("   result: WRONG (your code raised)")
+        print("   result: WRONG (no answer from your code)")
         return
     width = max([len("tensor")] + [len(row["tensor"]) for row in r["rows"]])
-    print(f"   {'tensor':<{width}}  {'shape':<10} {'expected':<10} {'vs reference':<13} "
+    every = r["rows"] + r.get("probe", {}).get("rows", [])
+    sw = max([10] + [len(row[k]) for row in every for k in ("shape", "expected")])
+    print(f"   {'tensor':<{width}}  {'shape':<{sw}} {'expected':<{sw}} {'vs reference':<13} "
           f"{'vs finite diff.':<16} verdict")
-    for row in r["rows"]:
-        print(f"   {row['tensor']:<{width}}  {row['shape']:<10} {row['expected']:<10} "
-              f"{_err(row['vs_reference']):<13} {_err(row['vs_finite_differences']):<16} "
-              f"{'ok' if row['passed'] else 'WRONG'}")
+    _print_rows(r["rows"], width, sw)
     if r.get("extra"):
         print(f"   gradients with names the module does not have: {', '.join(r['extra'])}")
     if r["passed"]:
         print(f"   result: correct (every tensor within {FLOAT64_BOUND:.0e} of the reference "
               f"and {FINITE_DIFF_BOUND:.0e} of finite differences)")
+        return
+    if r.get("changed_in_place"):
+        print(f"   your code changed its argument {' and '.join(r['changed_in_place'])} in "
+              f"place: the caller's array is changed too (compute into a new array: "
+              f"a = a - b, not a -= b)")
+    if all(row["passed"] for row in r["rows"]):
+        if not r.get("probe", {}).get("passed", True):
+            print(f"   right on the chapter's shapes, wrong on others; the interface "
+                  f"promises {r['probe']['inputs']}:")
+            _print_rows(r["probe"]["rows"], width, sw)
+            print("   any number of leading axes: count axes from the end (axis=-1, "
+                  "np.swapaxes(a, -1, -2)), not from the front (axis=1, .T)")
+        print("   result: WRONG")
         return
     if r["near"]:
         print(f"   every tensor is within {NEAR:.0e} of the reference, none within "
@@ -207,9 +289,13 @@ def print_result(r, path):
     elif any(d["exact"] for d in r["by_tensor"].values()):
         _print_by_tensor(r["by_tensor"])
         return
-    else:
+    elif best["closer"]:
         print(f"   no catalogued mistake matches exactly; the nearest is: {best['title']}  "
               f"[{best['mistake']}], residual {_err(best['residual'])}")
+    else:
+        print("   no catalogued mistake is closer to your numbers than the right answer is")
+        print("   result: WRONG")
+        return
     print(f"     it breaks: {best['breaks']}")
     if others:
         print("     next: " + "; ".join(f"{o['mistake']} ({_err(o['residual'])})" for o in others))
@@ -223,9 +309,11 @@ def _print_by_tensor(by_tensor):
         if d["exact"]:
             print(f"   {name}: {d['title']}  [{d['mistake']}], residual {_err(d['residual'])}")
             print(f"     it breaks: {d['breaks']}")
-        else:
+        elif d["closer"]:
             print(f"   {name}: no catalogued mistake matches (nearest [{d['mistake']}], "
                   f"residual {_err(d['residual'])})")
+        else:
+            print(f"   {name}: no catalogued mistake is closer to it than the right answer is")
     print("   result: WRONG")
 
 
@@ -247,19 +335,24 @@ def main(argv=None):
         if problem:                                   # before the learner's file runs
             raise loader.UsageError(problem)
         path, name = split_target(args.target)
-        module = loader.load(path)
-        todo = targets(module, name, args.exercise)
+        loader.check_path(path)
     except loader.UsageError as e:
         print(f"attention-parity grade: error: {e}", file=sys.stderr)
         return 2
-    except loader.LearnerError as e:
-        print(f"attention-parity grade: {e}")
-        return 1
     results = []
-    for ex, obj in todo:
-        results.append(check(ex, obj, path))
-        print_result(results[-1], path)
-        print()
+    with sandbox.Learner(path, HANDLERS, args.timeout) as learner:
+        try:
+            todo = learner.ask(f"importing {os.path.basename(path)}", "load", name, args.exercise)
+        except loader.UsageError as e:
+            print(f"attention-parity grade: error: {e}", file=sys.stderr)
+            return 2
+        except loader.LearnerError as e:
+            print(f"attention-parity grade: {e}")
+            return 1
+        for exercise, attribute in todo:
+            results.append(check(catalog.EXERCISES[exercise], learner, attribute, path))
+            print_result(results[-1], path)
+            print()
     if args.json:
         text = json.dumps({"file": path, "passed": all(r["passed"] for r in results),
                            "results": results}, indent=1, default=float)

@@ -1,9 +1,9 @@
 """Importing the learner's file the way ``import`` would, and reporting its errors.
 
 The file is loaded with ``importlib`` from its path, with its folder first on
-``sys.path`` (as ``python FILE`` would have it, so its own imports work), in this
-same process and with this process's rights: nothing more than running it
-yourself.  An exception while importing or calling it is turned into a
+``sys.path`` (as ``python FILE`` would have it, so its own imports work), with
+this process's rights: nothing more than running it yourself (the grader calls
+this in a child process of its own, `sandbox`).  An exception while importing or calling it is turned into a
 `LearnerError` whose message names the exception and the lines of the learner's
 file it went through; the grader's own frames are left out.
 """
@@ -39,13 +39,21 @@ def describe(exc, path, doing):
     return "\n".join([head] + lines)
 
 
-def load(path):
-    """The learner's file as a module object; UsageError if it is not a .py file that
-    exists, LearnerError if importing it raises."""
+def check_path(path):
+    """UsageError unless ``path`` is a .py file that exists."""
+    if os.path.isdir(path):
+        raise UsageError(f"FILE: {path} is a directory; give a Python file in it, "
+                         f"such as {os.path.join(path, 'softmax_backward.py')}")
     if not os.path.isfile(path):
         raise UsageError(f"FILE: no such file: {path}")
     if not path.endswith(".py"):
         raise UsageError(f"FILE must be a Python file ending in .py, got {path}")
+
+
+def load(path):
+    """The learner's file as a module object; UsageError if it is not a .py file that
+    exists, LearnerError if importing it raises."""
+    check_path(path)
     stem = os.path.splitext(os.path.basename(path))[0]
     name = stem if stem.isidentifier() and stem not in sys.modules else f"_graded_{abs(hash(path))}"
     spec = importlib.util.spec_from_file_location(name, path)

@@ -120,5 +120,115 @@ LINEAR = [
             compute=lambda dout, x, W, b: _linear(dout, x, W, b, dx=-(dout @ W))),
 ]
 
+SOFTCAP_LINE = ("capped = c · tanh(S / c), so dS_raw = dS ∘ c · (1 − tanh²(S / c)) · (1 / c) "
+                "= dS ∘ (1 − tanh²(S / c))")
+
+SOFTCAP = [
+    Mistake("softcap-tanh-derivative-left-out", "the softcap's 1 − tanh² left out: dS_raw = dS",
+            SOFTCAP_LINE, compute=lambda dS, S, c: (dS.copy(),)),
+    Mistake("softcap-outer-c-kept", "the outer c kept, the inner 1/c forgotten: "
+            "dS ∘ c (1 − tanh²)", SOFTCAP_LINE,
+            compute=lambda dS, S, c: (dS * c * (1 - np.tanh(S / c) ** 2),)),
+    Mistake("softcap-tanh-not-squared", "1 − tanh instead of 1 − tanh²", SOFTCAP_LINE,
+            compute=lambda dS, S, c: (dS * (1 - np.tanh(S / c)),)),
+]
+
+SINK_LINE = ("the sink is a softmax column whose value is 0: dL/ds = Σ_i p_sink,i "
+             "(0 − ⟨P_i, dP_i⟩) = −Σ_i p_sink,i D_i, D_i = rowsum(dO ∘ O)")
+
+
+def _D(dO, O):
+    return np.sum(dO * O, axis=-1)
+
+
+SINK = [
+    Mistake("sink-gradient-sign-flipped", "the sink's gradient with the wrong sign: +Σ p_sink D",
+            SINK_LINE, compute=lambda dO, O, p: (np.sum(p * _D(dO, O), axis=-1),)),
+    Mistake("sink-D-without-output", "D taken as rowsum(dO), without the output O",
+            SINK_LINE, compute=lambda dO, O, p: (-np.sum(p * dO.sum(axis=-1), axis=-1),)),
+    Mistake("sink-not-weighted", "the rows' D summed without their sink weight p_sink",
+            SINK_LINE, compute=lambda dO, O, p: (-np.sum(_D(dO, O), axis=-1),)),
+]
+
+ONLINE_LINE = ("when the maximum moves from m to m_new every term summed so far shrinks by "
+               "α = exp(m − m_new): ℓ ← α ℓ + Σ exp(s_t − m_new), o ← α o + exp(s_t − m_new) V_t, "
+               "and log Σ exp(s) = m + log ℓ")
+
+
+def _online(s, V, B_c, alpha_l=True, alpha_o=True, with_m=True):
+    """The online softmax with one of its steps left out (or none)."""
+    m, l, o = -np.inf, 0.0, np.zeros(V.shape[-1])
+    for start in range(0, len(s), B_c):
+        s_t, V_t = s[start:start + B_c], V[start:start + B_c]
+        m_new = max(m, np.max(s_t))
+        alpha = np.exp(m - m_new)
+        p = np.exp(s_t - m_new)
+        l = (alpha if alpha_l else 1.0) * l + np.sum(p)
+        o = (alpha if alpha_o else 1.0) * o + p @ V_t
+        m = m_new
+    return o / l, np.array((m if with_m else 0.0) + np.log(l))
+
+
+ONLINE = [
+    Mistake("online-max-not-rescaled", "the running maximum moved, the sums not rescaled "
+            "(no α at all)", ONLINE_LINE,
+            compute=lambda s, V, B_c: _online(s, V, B_c, alpha_l=False, alpha_o=False)),
+    Mistake("online-alpha-on-l-only", "α applied to ℓ but not to the output", ONLINE_LINE,
+            compute=lambda s, V, B_c: _online(s, V, B_c, alpha_o=False)),
+    Mistake("online-alpha-on-o-only", "α applied to the output but not to ℓ", ONLINE_LINE,
+            compute=lambda s, V, B_c: _online(s, V, B_c, alpha_l=False)),
+    Mistake("lse-without-max", "L = log ℓ, without m", ONLINE_LINE,
+            compute=lambda s, V, B_c: _online(s, V, B_c, with_m=False)),
+]
+
+TILE_LINE = ("P = exp(S − L) is the whole row's softmax, and ⟨P_i, dP_i⟩ over the whole row is "
+             "D_i = rowsum(dO ∘ O): dS = P ∘ (dP − D), dq = dS k/√d, dk = dSᵀ q/√d, dv = Pᵀ dO")
+
+
+def _tile(q, k, v, dO, L, D, weights=None, delta=None):
+    S = q @ k.T / np.sqrt(q.shape[-1])
+    P = np.exp(S - L[:, None]) if weights is None else weights(S)
+    dP = dO @ v.T
+    Dv = D if delta is None else delta(P, dP)
+    dS = P * (dP - Dv[:, None])
+    d = np.sqrt(q.shape[-1])
+    return dS @ k / d, dS.T @ q / d, P.T @ dO
+
+
+TILE = [
+    Mistake("tile-D-from-P", "D taken from P and dP of this tile, not from the output",
+            TILE_LINE, compute=lambda q, k, v, dO, L, D: _tile(
+                q, k, v, dO, L, D, delta=lambda P, dP: np.sum(P * dP, axis=-1))),
+    Mistake("tile-P-renormalised", "P normalised over the tile instead of exp(S − L)",
+            TILE_LINE, compute=lambda q, k, v, dO, L, D: _tile(
+                q, k, v, dO, L, D, weights=lambda S: np.exp(S) / np.exp(S).sum(-1, keepdims=True))),
+    Mistake("tile-dS-without-D", "dS = P ∘ dP: the −D term dropped", TILE_LINE,
+            compute=lambda q, k, v, dO, L, D: _tile(q, k, v, dO, L, 0 * D)),
+]
+
+GQA_LINE = ("kv head j serves every query head h with h // G = j: dk_j = Σ_h dS_hᵀ q_h / √d "
+            "and dv_j = Σ_h P_hᵀ dO_h over those G heads")
+
+
+def _gqa(dS, P, dO, q, group=lambda a: a.reshape(2, 2, *a.shape[1:]).sum(axis=1),
+         dk_group=None):
+    dk_heads = np.swapaxes(dS, -1, -2) @ q / np.sqrt(q.shape[-1])
+    dv_heads = np.swapaxes(P, -1, -2) @ dO
+    return (dk_group or group)(dk_heads), group(dv_heads)
+
+
+GQA = [
+    Mistake("gqa-dk-from-one-query-head", "GQA's dk taken from one query head of each group",
+            GQA_LINE, compute=lambda dS, P, dO, q: _gqa(dS, P, dO, q, dk_group=lambda a: a[::2])),
+    Mistake("gqa-heads-interleaved", "query head h given kv head h % H_kv instead of h // G",
+            GQA_LINE, compute=lambda dS, P, dO, q: _gqa(
+                dS, P, dO, q, group=lambda a: a.reshape(2, 2, *a.shape[1:]).sum(axis=0))),
+    Mistake("gqa-group-averaged", "the group's terms averaged instead of summed", GQA_LINE,
+            compute=lambda dS, P, dO, q: _gqa(
+                dS, P, dO, q, group=lambda a: a.reshape(2, 2, *a.shape[1:]).mean(axis=1))),
+]
+
 FUNCTION_MISTAKES = {"softmax_backward": SOFTMAX, "scores_backward": SCORES,
-                     "linear_backward": LINEAR}
+                     "linear_backward": LINEAR, "online_softmax": ONLINE,
+                     "tile_backward": TILE, "softcap_backward": SOFTCAP,
+                     "sink_gradient": SINK, "gqa_backward": GQA}

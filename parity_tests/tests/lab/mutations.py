@@ -78,9 +78,48 @@ MULTIHEAD.update({
          "dmerged.reshape(B, T, self.head_dim, self.num_heads).transpose(0, 3, 1, 2)")],
 })
 
+ONLINE = {
+    "online-max-not-rescaled": [("l = alpha * l + np.sum(p)", "l = l + np.sum(p)"),
+                                ("o = alpha * o + p @ V_t", "o = o + p @ V_t")],
+    "online-alpha-on-l-only": [("o = alpha * o + p @ V_t", "o = o + p @ V_t")],
+    "online-alpha-on-o-only": [("l = alpha * l + np.sum(p)", "l = l + np.sum(p)")],
+    "lse-without-max": [("L = m + np.log(l)", "L = np.log(l)")],
+}
+
+TILE = {
+    "tile-D-from-P": [("dS = P * (dP - D[:, None])",
+                       "dS = P * (dP - np.sum(P * dP, axis=-1)[:, None])")],
+    "tile-P-renormalised": [("P = np.exp(S - L[:, None])",
+                             "P = np.exp(S) / np.exp(S).sum(axis=-1, keepdims=True)")],
+    "tile-dS-without-D": [("dS = P * (dP - D[:, None])", "dS = P * dP")],
+}
+
+SOFTCAP = {
+    "softcap-tanh-derivative-left-out": [("dS_raw = dS * (1 - t**2)", "dS_raw = dS")],
+    "softcap-outer-c-kept": [("dS_raw = dS * (1 - t**2)", "dS_raw = dS * cap * (1 - t**2)")],
+    "softcap-tanh-not-squared": [("dS_raw = dS * (1 - t**2)", "dS_raw = dS * (1 - t)")],
+}
+
+SINK = {
+    "sink-gradient-sign-flipped": [("dsink = -np.sum(", "dsink = np.sum(")],
+    "sink-D-without-output": [("D = np.sum(dO * O, axis=-1)", "D = np.sum(dO, axis=-1)")],
+    "sink-not-weighted": [("dsink = -np.sum(p_sink * D, axis=-1)", "dsink = -np.sum(D, axis=-1)")],
+}
+
+GQA = {
+    "gqa-dk-from-one-query-head": [("dk = dk_heads.reshape(H_q // G, G, Tk, d).sum(axis=1)",
+                                    "dk = dk_heads[::G]")],
+    "gqa-heads-interleaved": [(".reshape(H_q // G, G, Tk, d).sum(axis=1)",
+                               ".reshape(G, H_q // G, Tk, d).sum(axis=0)", 2)],
+    "gqa-group-averaged": [(".reshape(H_q // G, G, Tk, d).sum(axis=1)",
+                            ".reshape(H_q // G, G, Tk, d).mean(axis=1)", 2)],
+}
+
 MUTATIONS = {"softmax_backward": SOFTMAX, "scores_backward": SCORES,
-             "linear_backward": LINEAR, "causal_attention": CAUSAL,
-             "multihead_attention": MULTIHEAD}
+             "linear_backward": LINEAR, "online_softmax": ONLINE,
+             "tile_backward": TILE, "softcap_backward": SOFTCAP, "sink_gradient": SINK,
+             "gqa_backward": GQA,
+             "causal_attention": CAUSAL, "multihead_attention": MULTIHEAD}
 
 
 def mutate(source, edits):

@@ -181,3 +181,126 @@ def test_two_mistakes_at_once_are_named_tensor_by_tensor(tmp_path):
     assert result["by_tensor"]["dW"]["mistake"] == "weight-grad-transposed"
     assert result["by_tensor"]["db"]["mistake"] == "bias-not-summed-over-batch"
     assert "dx" not in result["by_tensor"]
+
+
+# --- the learner's code runs in a process of its own, with a time limit -------------
+
+@pytest.mark.parametrize("body, expected", [
+    ("    while True:\n        pass\n", "no answer after 1 s"),
+    ("    import os\n    os._exit(0)\n", "exit status 0"),
+    ("    import sys\n    sys.exit(0)\n", "raised SystemExit"),
+    ("    import os, signal\n    os.kill(os.getpid(), signal.SIGSEGV)\n", "SIGSEGV, a crash"),
+], ids=["endless-loop", "os._exit(0)", "sys.exit(0)", "crash"])
+def test_code_that_never_returns_ends_with_one_line_and_exit_1(body, expected, tmp_path):
+    path = tmp_path / "mine.py"
+    path.write_text("def softmax_backward(w, g):\n" + body)
+    status, out, err = _grade([path, "--timeout", "1"])
+    assert status == 1, out + err
+    assert expected in out and "calling softmax_backward" in out
+    assert "Traceback" not in out + err and "WRONG" in out
+
+
+def test_an_endless_loop_at_import_is_stopped(tmp_path):
+    path = tmp_path / "mine.py"
+    path.write_text("while True:\n    pass\n")
+    status, out, err = _grade([path, "--timeout", "1"])
+    assert status == 1 and "importing mine.py: no answer after 1 s" in out, out + err
+
+
+def test_what_the_learners_code_prints_is_shown(tmp_path):
+    path = tmp_path / "mine.py"
+    path.write_text((SOLUTIONS / "softmax_backward.py").read_text()
+                    .replace("    return dx", "    print('dx has shape', dx.shape)\n    return dx"))
+    status, out, _ = _grade([path])
+    assert status == 0 and "dx has shape (6, 6)" in out
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "soon"])
+def test_a_bad_timeout_is_bad_usage(value, tmp_path):
+    status, out, err = _grade([tmp_path / "x.py", "--timeout", value])
+    assert status == 2 and "--timeout" in err and "Traceback" not in out + err
+
+
+# --- bad paths ------------------------------------------------------------------------
+
+def test_template_into_a_missing_folder_is_one_line_exit_2(tmp_path):
+    status, out, err = _grade(["--template", "softmax_backward", "--out",
+                               tmp_path / "nonexistent" / "x.py"])
+    assert status == 2 and "Traceback" not in out + err
+    assert "--out" in err and "does not exist" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_folder_given_as_file_is_reported_as_a_folder(tmp_path):
+    status, out, err = _grade([tmp_path])
+    assert status == 2 and "is a directory" in err and "no such file" not in err
+
+
+# --- the nearest mistake is named only when it says something ---------------------------
+
+@pytest.mark.parametrize("ret", ["1.001 * w * (g - wg)", "(w * (g - wg))[:, :5]"],
+                         ids=["slightly-off", "wrong-shape"])
+def test_a_nearest_mistake_further_than_the_answer_is_not_named(ret, tmp_path):
+    path = tmp_path / "mine.py"
+    path.write_text("import numpy as np\n"
+                    "def softmax_backward(w, g):\n"
+                    "    wg = np.sum(w * g, axis=-1, keepdims=True)\n"
+                    f"    return {ret}\n")
+    status, out, err = _grade([path])
+    assert status == 1, out + err
+    assert "the nearest is" not in out and "it breaks" not in out and "next:" not in out
+    assert "no catalogued mistake is closer to your numbers than the right answer" in out
+
+
+# --- shapes the exercise promises, and the learner's inputs left alone ------------------
+
+@pytest.mark.parametrize("exercise, old, new", [
+    ("softmax_backward", "axis=-1, keepdims", "axis=1, keepdims"),
+    ("scores_backward", "np.swapaxes(dscores, -1, -2)", "np.swapaxes(dscores, 1, 2)"),
+])
+def test_axes_counted_from_the_front_fail_on_the_promised_shapes(exercise, old, new, tmp_path):
+    source = (SOLUTIONS / f"{exercise}.py").read_text()
+    assert old in source
+    path = tmp_path / "mine.py"
+    path.write_text(source.replace(old, new))
+    report = tmp_path / "grade.json"
+    status, out, err = _grade([path, "--json", report])
+    assert status == 1, out + err
+    (result,) = json.loads(report.read_text())["results"]
+    assert all(r["passed"] for r in result["rows"])           # right on the chapter's shapes
+    if "error" in result:                                     # numbers that do not broadcast
+        assert "on other shapes" in result["error"] and "(..., Tq, Tk)" in out
+    else:
+        assert not result["probe"]["passed"] and "leading axes" in out
+
+
+@pytest.mark.parametrize("exercise, old, new", [
+    ("softmax_backward", "dx = w * (g - wg)", "g -= wg\n    dx = w * g"),
+    ("linear_backward", "dx = dout @ W", "dx = dout @ W\n    W *= 2.0"),
+    ("causal_attention", "dx = ", "dout[...] = 0.0\n        dx = "),
+])
+def test_changing_an_input_in_place_is_wrong(exercise, old, new, tmp_path):
+    source = (SOLUTIONS / f"{exercise}.py").read_text()
+    assert old in source
+    path = tmp_path / "mine.py"
+    path.write_text(source.replace(old, new, 1))
+    status, out, err = _grade([path])
+    assert status == 1 and "in place" in out, out + err
+
+
+# --- the bound is held on the case's scale, not a looser one -----------------------------
+
+@pytest.mark.parametrize("factor, passed", [(1.1, False), (0.9, True)])
+def test_the_float64_bound_is_held_on_the_scale_floor(factor, passed, tmp_path):
+    """The largest entry of a right dx moved by factor × FLOAT64_BOUND × max|dx|:
+    outside the bound grades wrong, inside correct.  max|dx| is 0.29 here, so a floor
+    computed as SCALE_FLOOR / max (0.34) would let the first one pass."""
+    from parity_tests.common.tolerances import FLOAT64_BOUND
+    path = tmp_path / "mine.py"
+    path.write_text((SOLUTIONS / "softmax_backward.py").read_text().replace(
+        "    return dx",
+        f"    k = np.argmax(np.abs(dx))\n"
+        f"    dx.flat[k] += {factor * FLOAT64_BOUND!r} * abs(dx.flat[k])\n    return dx"))
+    report = tmp_path / "grade.json"
+    status, out, err = _grade([path, "--json", report])
+    (row,) = json.loads(report.read_text())["results"][0]["rows"]   # the chapter's case
+    assert row["passed"] is passed and status == (0 if passed else 1), out + err

@@ -6,8 +6,10 @@ rows of the kind the fault breaks; without a fault everything passes; and a
 planted fault is removed again when its ``with`` block ends.
 """
 
+import contextlib
 import json
 
+import numpy as np
 import numpy_ref.ops as ops
 import pytest
 import torch_impl.attention as torch_attention
@@ -56,9 +58,18 @@ def _run(tmp_path, *args):
     return status, json.loads(path.read_text())
 
 
+# faults whose forgotten maximum makes exp overflow on the large-scores case, by design:
+# the inf and NaN they leave are what the rows must catch, not news for the test log
+OVERFLOWING = ("blockwise-max-not-updated", "blockwise-lse-without-max")
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
 @pytest.mark.parametrize("name", faults.names())
 def test_planted_fault_fails_the_command(name, tmp_path, capsys):
-    status, report = _run(tmp_path, "--dtype", "float64", "--plant-fault", name)
+    quiet = np.errstate(over="ignore", invalid="ignore") if name in OVERFLOWING \
+        else contextlib.nullcontext()
+    with quiet:
+        status, report = _run(tmp_path, "--dtype", "float64", "--plant-fault", name)
     failing = [r for r in report["rows"] if not r["passed"]]
     assert status == 1, f"--plant-fault {name} exited {status}, not 1"
     assert failing, f"{name}: no row failed"
