@@ -5,10 +5,12 @@
    device) from the same rounded numbers (``reference``).
 3. Call the target on leaf tensors in its layout, backpropagate dO (a random
    upstream gradient, never out.sum(): softmax rows sum to 1, so that gradient
-   is ~0 and checks almost nothing).  A target that raises on the forward is
-   "not supported" for the case; one that runs its forward only without
-   gradients (FlexAttention on CPU) is checked on out, its gradients "not
-   supported (forward only)".
+   is ~0 and checks almost nothing).  A target that raises (anything, even
+   ``sys.exit``) FAILS the case with what it raised, and so does an output or a
+   gradient of the wrong shape, dtype or device.  "Not supported" is only a
+   declared refusal, ``targets.Unsupported`` (or the target's ``refuses``); a
+   built-in backend that refuses only its backward (FlexAttention on CPU) is
+   checked on out, its gradients "not supported (forward only)".
 4. Each tensor: error and baseline error against the golden result, the bound
    ``tolerances.check_bound``, the verdict, where the largest error sits.
 5. Failing tensors go to ``diagnosis``.
@@ -66,38 +68,68 @@ def _numpy(t, layout):
 
 
 def _reason(e):
+    """One line naming what a target raised (``sys.exit`` included); a refusal's own words."""
+    if isinstance(e, SystemExit):
+        return f"called sys.exit({e.code!r})"
     text = str(e).strip().splitlines()[0] if str(e).strip() else ""
-    return f"{type(e).__name__}: {text}"[:200] if not isinstance(e, targets.Unsupported) else text[:200]
+    return (text if isinstance(e, targets.Unsupported) else f"raised {type(e).__name__}: {text}".rstrip(": "))[:200]
+
+
+# What a target may throw at the check: any exception, and sys.exit (SystemExit).
+# Only targets.Unsupported is a refusal; everything else FAILS the case.
+RAISED = (Exception, SystemExit)
+
+
+def _wrong(t, what, shape, dtype, device):
+    """Why tensor ``t`` (the output, or a gradient) is not what the case expects, or None."""
+    name = lambda x: str(x).replace("torch.", "")
+    problems = [f"wrong {kind}: {what} {name(got)}, expected {name(want)}" for kind, got, want in (
+        ("shape", tuple(t.shape), tuple(shape)), ("dtype", t.dtype, dtype),
+        ("device", t.device.type, torch.device(device).type)) if got != want]
+    return "; ".join(problems) or None
 
 
 def _call(target, case, q, k, v, dout, dtype, device, align):
-    """``(results dict, note)``: tensor -> float64 array, or a tensor -> reason dict for what did not run."""
+    """``(results dict)``: tensor -> float64 array; a str (the reason) for what the target
+    declares it does not run ("not supported"); ``("FAIL", why)`` for what went wrong."""
     layout = target.layout
     opts = dict(causal=case.causal, scale=case.scale, align=align)
     leaves = _leaves((q, k, v), dtype, device, layout, True)
+    expected = targets.to_layout(torch.empty(q.shape[:-1] + (v.shape[-1],), device="meta"), layout).shape
     try:
         out = targets.call(target, *leaves, **opts)
-    except Exception as e:                            # noqa: BLE001 - any refusal is reported
-        forward_error = _reason(e)
+    except targets.Unsupported as e:                  # a declared refusal: perhaps of the backward only
+        refusal = _reason(e)
         try:
             with torch.no_grad():
                 out = targets.call(target, *_leaves((q, k, v), dtype, device, layout, False), **opts)
-        except Exception:                             # noqa: BLE001
-            return {n: forward_error for n in TENSORS}
-        missing = f"forward only: {forward_error}"
-        return {"out": _numpy(out, layout), **{n: missing for n in TENSORS[1:]}}
-    expected = targets.to_layout(torch.empty(q.shape[:-1] + (v.shape[-1],), device="meta"), layout).shape
-    if tuple(out.shape) != tuple(expected):
-        wrong = f"wrong shape: output {tuple(out.shape)}, expected {tuple(expected)}"
+        except targets.Unsupported:
+            return {n: refusal for n in TENSORS}
+        except RAISED as e:
+            return {n: ("FAIL", _reason(e)) for n in TENSORS}
+        wrong = _wrong(out, "output", expected, dtype, device)
+        if wrong:
+            return {n: ("FAIL", wrong) for n in TENSORS}
+        return {"out": _numpy(out, layout), **{n: f"forward only: {refusal}" for n in TENSORS[1:]}}
+    except RAISED as e:
+        return {n: ("FAIL", _reason(e)) for n in TENSORS}
+    wrong = _wrong(out, "output", expected, dtype, device)
+    if wrong:                                         # gradients of a wrong output are not judged
         return {n: ("FAIL", wrong) for n in TENSORS}
     got = {"out": _numpy(out, layout)}
+    if not out.requires_grad:
+        cut = "the output does not require grad (detached, or computed without autograd)"
+        return {**got, **{n: ("FAIL", f"no gradient reached {n[1]}: {cut}") for n in TENSORS[1:]}}
     try:
-        g = targets.to_layout(torch.from_numpy(dout).to(device=device, dtype=out.dtype), layout)
-        out.backward(g)
-    except Exception as e:                            # noqa: BLE001
+        out.backward(targets.to_layout(torch.from_numpy(dout).to(device=device, dtype=out.dtype), layout))
+    except targets.Unsupported as e:
         return {**got, **{n: f"backward refused: {_reason(e)}" for n in TENSORS[1:]}}
+    except RAISED as e:
+        return {**got, **{n: ("FAIL", f"backward {_reason(e)}") for n in TENSORS[1:]}}
     for n, leaf in zip(TENSORS[1:], leaves):
-        got[n] = _numpy(leaf.grad, layout) if leaf.grad is not None else ("FAIL", f"no gradient reached {n[1]}")
+        wrong = leaf.grad is not None and _wrong(leaf.grad, n, leaf.shape, dtype, device)
+        got[n] = (("FAIL", f"no gradient reached {n[1]}") if leaf.grad is None else
+                  ("FAIL", wrong) if wrong else _numpy(leaf.grad, layout))
     return got
 
 

@@ -3,8 +3,9 @@
 Every target is called as ``fn(q, k, v, *, causal, scale)`` with tensors in its
 layout -- (B, H, T, D), or (B, T, H, D) for ``layout="bthd"`` (the layout of
 ``flash_attn_func``) -- and returns the output in the same layout.  A target
-that cannot run a case raises; the check reports that case "not supported"
-with the message, never as a pass.
+that declares it cannot run a case raises `Unsupported` (or names the case in
+its ``refuses``): the check reports that case "not supported" with the message,
+never as a pass.  Any other exception is a failure of the case.
 
 Built in:
 
@@ -41,7 +42,8 @@ ALIGNMENTS = ("top-left", "bottom-right")
 
 
 class Unsupported(Exception):
-    """A target refuses a case (a backend that does not take the shape or dtype)."""
+    """A target refuses a case (a backend that does not take the shape or dtype).
+    The only exception the check reports as "not supported": any other FAILS the case."""
 
 
 @dataclass
@@ -187,6 +189,14 @@ def user_target(fn, layout="bhtd", name=None):
                   description="user callable")
 
 
+def _one_line(e):
+    """``Type: message`` (with the file and line of a SyntaxError)."""
+    if isinstance(e, SyntaxError):
+        return f"SyntaxError: {e.msg} ({os.path.basename(e.filename or '?')}, line {e.lineno})"
+    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return f"{type(e).__name__}: {text}".rstrip(": ")
+
+
 def _import_callable(spec):
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
@@ -197,6 +207,10 @@ def _import_callable(spec):
         obj = importlib.import_module(module_name)
     except ImportError as e:
         raise ValueError(f"target {spec!r}: cannot import {module_name!r} ({e})") from None
+    except SystemExit as e:
+        raise ValueError(f"target {spec!r}: importing {module_name!r} called sys.exit({e.code!r})") from None
+    except Exception as e:                            # noqa: BLE001 - the module's own error, in one line
+        raise ValueError(f"target {spec!r}: importing {module_name!r} raised {_one_line(e)}") from None
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise ValueError(f"target {spec!r}: {module_name!r} has no attribute {attr!r}")

@@ -88,3 +88,16 @@ def test_a_seed_out_of_range_is_refused(argv, capsys):
 def test_an_option_naming_nothing_is_refused_not_read_as_the_default(argv, capsys):
     err = _refused(capsys, argv)
     assert err.count("\n") == 1 and argv[-2] in err and "at least one name" in err
+
+
+@pytest.mark.parametrize("source, said", [
+    ("import sys\nsys.exit(5)\n", "importing 'broken_kernel' called sys.exit(5)"),
+    ("raise RuntimeError('needs a GPU')\n", "importing 'broken_kernel' raised RuntimeError: needs a GPU"),
+    ("def attention(:\n", "importing 'broken_kernel' raised SyntaxError: invalid syntax (broken_kernel.py, line 1)"),
+])
+def test_check_a_target_that_cannot_be_imported_is_one_line_and_exit_2(source, said, tmp_path,
+                                                                       monkeypatch, capsys):
+    (tmp_path / "broken_kernel.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    err = _refused(capsys, ["check", "broken_kernel:attention", "--tokens", "4"])
+    assert err.count("\n") == 1 and said in err, err

@@ -36,7 +36,7 @@ def test_a_refused_case_is_not_supported_never_a_pass():
     assert not report.passed                 # nothing ran: nothing was checked
 
     def refuses(q, k, v, *, causal, scale):
-        raise NotImplementedError("head_dim 40 is not supported")
+        raise targets.Unsupported("head_dim 40 is not supported")
     report = parity_tests.check(refuses, dtypes=["float32"], tokens=["17"], head_dims=[40])
     assert {r.verdict for r in report.rows} == {"not supported"} and not report.passed
     assert "head_dim 40" in report.rows[0].note
