@@ -99,8 +99,13 @@ def catalogue(case, align, inputs, opts, golden_raw, judged, features):
     fwd = lambda o=None, **knobs: _forward(judged, inputs, {**opts, **(o or {})}, **knobs)
     present = tuple(n for n in ("out", "lse", "dq", "dk", "dv", "dbias", "dsinks") if n in golden_raw)
     H = lambda hid, says, predict, tensors=present: Hypothesis(hid, says, predict, tensors)
+    return _features(case, align, inputs, opts, golden_raw, judged, features, fwd, present, H) + \
+        _chapter(case, align, golden_raw, judged, fwd, H)
+
+
+def _chapter(case, align, golden_raw, judged, fwd, H):
+    """The chapter's mistakes, with the case's features on."""
     out = []
-    offsets = dense.offsets(case.tq, case.tk, case.seqlens_q, case.seqlens_k, align, case.batch)
     if case.causal:
         out += [H("no-causal-mask", "no causal mask", fwd({"causal": False})),
                 H("mask-one-future", "the causal mask shifted one diagonal (each query also sees "
@@ -108,9 +113,12 @@ def catalogue(case, align, inputs, opts, golden_raw, judged, features):
                 H("mask-one-past", "the causal mask shifted one diagonal the other way (each "
                   "query misses its own key)", fwd(shift=-1))]
     if case.tq != case.tk and (case.causal or case.window or case.alibi):
-        hid = "decode-top-left" if case.feature == "decode" and align == "bottom-right" else "other-alignment"
-        out.append(H(hid, f"{_other(align)} alignment (the check assumed {align})",
-                     fwd({"align": _other(align)})))
+        if case.feature == "decode" and align == "bottom-right":
+            out.append(H("decode-top-left", "the decode queries placed top-left (query i sees keys j <= i; "
+                         "bottom-right is meant: the last query sees every key)", fwd({"align": "top-left"})))
+        else:
+            out.append(H("other-alignment", f"{_other(align)} alignment (the check assumed {align})",
+                         fwd({"align": _other(align)})))
     if case.head_dim > 1:
         out += [H("scale-1/D", "scale 1/D instead of 1/sqrt(D)", fwd({"scale": 1.0 / case.head_dim})),
                 H("no-scale", "no scale (1 instead of 1/sqrt(D))", fwd({"scale": 1.0}))]
@@ -123,6 +131,15 @@ def catalogue(case, align, inputs, opts, golden_raw, judged, features):
                   _changed(golden_raw, judged, dq=golden_raw["dq"] / s), ("dq",)),
                 H("dk-missing-scale", "dk missing the scale",
                   _changed(golden_raw, judged, dk=golden_raw["dk"] / s), ("dk",))]
+    return out
+
+
+def _features(case, align, inputs, opts, golden_raw, judged, features, fwd, present, H):
+    """The features' own entries; they come first: where one coincides with a chapter
+    mistake on a case (the other alignment of a 0-wide causal window), the feature's
+    name is the answer."""
+    out = []
+    offsets = dense.offsets(case.tq, case.tk, case.seqlens_q, case.seqlens_k, align, case.batch)
     out += _gqa(case, inputs, opts, golden_raw, judged, fwd, H)
     out += _window(case, align, fwd, H)
     if case.softcap is not None:
@@ -218,7 +235,7 @@ def _window(case, align, fwd, H):
         out.append(edge("right", (left, right + 1), "wider"))
         if right >= 1:
             out.append(edge("right", (left, right - 1), "narrower"))
-    if left != right and not case.causal:
+    if left != right:
         out.append(H("window-swapped", f"the window's sides swapped ({(right, left)} for {case.window})",
                      fwd({"window": (right, left)})))
     if case.tq != case.tk:
@@ -228,7 +245,7 @@ def _window(case, align, fwd, H):
 
 
 def _varlen(case, inputs, opts, golden_raw, judged, H):
-    if case.seqlens_q is None or case.batch < 2:
+    if case.seqlens_q is None:
         return []
     out = []
     if sum(1 for t in case.seqlens_q if t) > 1:

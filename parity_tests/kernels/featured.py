@@ -35,6 +35,7 @@ from parity_tests.common import tolerances as tol
 import parity_tests.kernels.diagnosis as diagnosis
 import parity_tests.kernels.feature_mistakes as feature_mistakes
 import parity_tests.kernels.features as feat
+import parity_tests.kernels.measure as measure
 import parity_tests.kernels.mistakes as mistakes
 import parity_tests.kernels.reference as reference
 import parity_tests.kernels.targets as targets
@@ -100,8 +101,7 @@ class _Fail(Exception):
 
 
 def _reason(e):
-    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
-    return text[:200] if isinstance(e, (targets.Unsupported, _Fail)) else f"{type(e).__name__}: {text}"[:200]
+    return str(e)[:200] if isinstance(e, _Fail) else measure._reason(e)
 
 
 class _Caller:
@@ -157,20 +157,31 @@ class _Caller:
             got["lse"] = self._lse(lse)
         if not grad:
             return got
+        if not out.requires_grad:
+            cut = "the output does not require grad (detached, or computed without autograd)"
+            return {**got, **{n: ("FAIL", f"no gradient reached {n[1:]}: {cut}") for n in self._grad_names()}}
         try:
             g = torch.from_numpy(dout).to(device=self.device, dtype=out.dtype)
             g = feat.pack(g, lq, tail=0) if self.thd else targets.to_layout(g, self.layout)
             out.backward(g)
-        except Exception as e:                          # noqa: BLE001 - reported on the rows
-            return {**got, **{n: ("FAIL", f"backward raised {_reason(e)}") for n in self._grad_names()}}
+        except targets.Unsupported as e:
+            return {**got, **{n: f"backward refused: {_reason(e)}" for n in self._grad_names()}}
+        except measure.RAISED as e:
+            return {**got, **{n: ("FAIL", f"backward {_reason(e)}") for n in self._grad_names()}}
         for n, leaf in (("dq", bq), ("dk", bk), ("dv", bv)):
-            got[n] = ("FAIL", f"no gradient reached {n[1]}") if leaf.grad is None else \
-                self._back(leaf.grad, lq if n == "dq" else lk, c.tq if n == "dq" else c.tk).to(
-                    "cpu", torch.float64).numpy()
+            got[n] = self._grad(n, leaf, lq if n == "dq" else lk, c.tq if n == "dq" else c.tk)
         for n, leaf in leaves.items():
-            got[n] = (("FAIL", f"no gradient reached {n[1:]} (None or detached)") if leaf.grad is None
-                      else leaf.grad.detach().to("cpu", torch.float64).numpy())
+            got[n] = self._grad(n, leaf)
         return got
+
+    def _grad(self, n, leaf, lengths=None, t=None):
+        if leaf.grad is None:
+            return ("FAIL", f"no gradient reached {n[1:]}" + (" (None or detached)" if n in ("dbias", "dsinks") else ""))
+        wrong = measure._wrong(leaf.grad, n, leaf.shape, leaf.dtype, self.device)
+        if wrong:
+            return ("FAIL", wrong)
+        g = leaf.grad.detach() if lengths is None else self._back(leaf.grad, lengths, t)
+        return g.to("cpu", torch.float64).numpy()
 
     def _grad_names(self):
         return ["dq", "dk", "dv"] + [n for n in ("dbias", "dsinks") if n[1:] in self.extra]
@@ -185,13 +196,9 @@ class _Caller:
             out, lse = result, None
         if not isinstance(out, torch.Tensor):
             raise _Fail(f"returned {type(out).__name__}, expected a tensor")
-        expected = tuple(q.shape[:-1]) + (self.case.dv,)
-        if tuple(out.shape) != expected:
-            raise _Fail(f"wrong shape: output {tuple(out.shape)}, expected {expected}")
-        if out.dtype != q.dtype:
-            raise _Fail(f"wrong dtype: output {out.dtype}, expected {q.dtype}")
-        if out.device != q.device:
-            raise _Fail(f"wrong device: output on {out.device}, expected {q.device}")
+        wrong = measure._wrong(out, "output", tuple(q.shape[:-1]) + (self.case.dv,), q.dtype, self.device)
+        if wrong:
+            raise _Fail(wrong)
         if lse is not None:
             c = self.case
             shape = (c.heads, int(sum(c.seqlens_q))) if self.thd else (c.batch, c.heads, c.tq)
@@ -302,7 +309,7 @@ def run_feature_case(target, case, dtype, device, align="top-left", seed=0, feat
                     failing.append(n)
     if failing:
         _diagnose(failing, rows, arrays, gold, gold_raw, den, bounds, case, case_align, rounded, opts,
-                  features, caller, second)
+                  features, caller, second, got)
     return [rows[n] for n in names]
 
 
@@ -319,15 +326,17 @@ def _call(caller):
         if caller.grads:                              # a backend with a forward only (FlexAttention on CPU)
             try:
                 got = caller(grad=False)
-            except Exception:                         # noqa: BLE001
-                return f"{_reason(e)}"
+            except targets.Unsupported:
+                return _reason(e)
+            except measure.RAISED as e2:
+                return ("FAIL", _reason(e2))
             missing = f"forward only: {_reason(e)}"
             return {**got, **{n: missing for n in caller._grad_names()}}
         return _reason(e)
     except _Fail as e:
         return ("FAIL", _reason(e))
-    except Exception as e:                            # noqa: BLE001 - a callable that raises FAILS
-        return ("FAIL", f"raised {_reason(e)}")
+    except measure.RAISED as e:                       # a callable that raises FAILS
+        return ("FAIL", _reason(e))
 
 
 def _plain(case):
@@ -337,7 +346,7 @@ def _plain(case):
 
 
 def _diagnose(failing, rows, arrays, gold, gold_raw, den, bounds, case, align, rounded, opts, features,
-              caller, second):
+              caller, second, got_raw):
     Diagnosis = diagnosis.Diagnosis
     result = {}
     for n in failing:                                  # what needs no recomputation
@@ -356,7 +365,9 @@ def _diagnose(failing, rows, arrays, gold, gold_raw, den, bounds, case, align, r
         if n in result or n not in arrays or not isinstance(second, dict):
             continue
         if isinstance(second.get(n), np.ndarray):
-            moved = diagnosis.slice_errors(judged({n: second[n]})[n], arrays[n], den[n]).max()
+            first, again = judged({n: got_raw[n]})[n], judged({n: second[n]})[n]
+            moved = diagnosis.slice_errors(np.where(first == again, 0.0, again), np.where(first == again, 0.0, first),
+                                           den[n]).max()
             if moved > bounds[n]:
                 result[n] = Diagnosis("dropout", f"{n} changes between two calls on the same inputs (by "
                                       f"{moved:.1e}, bound {bounds[n]:.1e}): dropout left on, or another "
@@ -375,7 +386,14 @@ def _diagnose(failing, rows, arrays, gold, gold_raw, den, bounds, case, align, r
 
 
 def _match(rest, arrays, gold, gold_raw, den, bounds, case, align, rounded, opts, features):
-    hyps = feature_mistakes.catalogue(case, align, rounded, opts, gold_raw, judged, features)
+    unjudged = ~np.isfinite(judged({"lse": gold_raw["lse"]})["lse"]) if "lse" in gold else None
+
+    def judge(raw):                         # a prediction, in the judged form, lse on the judged rows
+        out = judged(raw)
+        if unjudged is not None and "lse" in out:
+            out["lse"] = np.where(unjudged, 0.0, out["lse"])
+        return out
+    hyps = feature_mistakes.catalogue(case, align, rounded, opts, gold_raw, judge, features)
     if _plain(case) and "dq" in gold:
         plain = Case(case.batch, case.heads, case.tq, case.tk, case.head_dim, case.causal)
         ref4 = {n: gold[n] for n in ("out", "dq", "dk", "dv")}
@@ -387,6 +405,11 @@ def _match(rest, arrays, gold, gold_raw, den, bounds, case, align, rounded, opts
         if "out" in arrays else {}
     everything = (slice(None), slice(None))
     for n in rest:
+        if not np.all(np.isfinite(arrays[n])):
+            where = tuple(int(i) for i in np.unravel_index(np.argmax(~np.isfinite(arrays[n])), arrays[n].shape)[:3])
+            result[n] = diagnosis.Diagnosis("non-finite", f"{n} has non-finite values where the reference is "
+                                            f"finite (the first at (b, h, row) {where})")
+            continue
         tried = hyps if n == "out" else [h for h in hyps if "out" not in h.tensors or out_fits.get(id(h), True)]
         result[n] = diagnosis._diagnose_tensor(n, tried, cache, arrays, gold, den[n], bounds[n], everything)
     return result
