@@ -168,6 +168,8 @@ def takes_align(fn):
 
 def require(name, fn, features):
     """ValueError, before any case, for a feature whose keywords ``fn``'s signature lacks."""
+    if "lse" in features and getattr(fn, "returns_lse", None) is False and not hasattr(fn, "with_lse"):
+        raise ValueError(f"features: 'lse' needs a target that returns (out, lse), and {name} returns out alone")
     for f in features:
         missing = [kw for kw in KEYWORDS.get(f, ()) if not _accepts(fn, kw)]
         if missing:

@@ -131,6 +131,8 @@ def build_parser():
     cuda_only = {n: d for n, d in targets.builtin_names("cuda").items() if n not in cpu}
     listing = "\n".join(f"  {n:<17} {d}" for n, d in cpu.items())
     listing += "\n" + "\n".join(f"  {n:<17} {d} (CUDA only)" for n, d in cuda_only.items())
+    if not any(n in cuda_only for n in targets.FLASH):
+        listing += "\n" + "\n".join(f"  {n:<17} FlashAttention's {n} (CUDA with flash_attn)" for n in targets.FLASH)
     p = argparse.ArgumentParser(
         prog="attention-parity check", formatter_class=argparse.RawDescriptionHelpFormatter,
         description=textwrap.fill(
@@ -187,6 +189,9 @@ def main(argv=None):
     if args.list:
         for name, text in targets.builtin_names(args.device).items():
             print(f"{name:<17} {text}")
+        if args.device == "cuda" and "flash" not in targets.builtin_names("cuda"):
+            from parity_tests.kernels.feature_targets import flash_unavailable
+            print(f"(FlashAttention's {', '.join(targets.FLASH)} skipped: {flash_unavailable()})")
         return 0
     if not args.target:
         print("attention-parity check: error: TARGET is required (see --help or --list)", file=sys.stderr)
