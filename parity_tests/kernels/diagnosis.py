@@ -2,6 +2,10 @@
 
 For each failing tensor, in this order:
 
+0. *NaN or infinity*: how many entries, in which rows, and -- when the case has
+   query rows that see no key (causal, bottom-right, Tq > Tk) -- what the check
+   expects there and why.  No formula of the catalogue gives a NaN, and a NaN
+   differs from itself, so this comes before the second call below.
 1. *Dropout left on* (or any random draw): the target is called a second time on
    the same inputs; if the tensor moves by more than its bound, no fixed
    formula can explain it, and that is the diagnosis.
@@ -61,7 +65,7 @@ def explains(residual, error, bound):
 
 @dataclass
 class Diagnosis:
-    id: str                  # a catalogue id, "dropout", "denominator", "none", "not-diagnosed"
+    id: str                  # a catalogue id, "non-finite", "dropout", "denominator", "none", "not-diagnosed"
     sentence: str
     residual: float = float("nan")
     bound: float = float("nan")
@@ -111,8 +115,11 @@ def diagnose(failing, got, golden, denoms, bounds, case, offset, align, inputs, 
     got, golden: dicts tensor -> float64 array (B, H, T, D); denoms, bounds: per tensor;
     inputs: (q, k, v) float64 rounded; rerun: () -> a second call's dict, or None.
     """
-    result, second = {}, rerun()
+    result = {t: _non_finite(t, got[t], case, offset, align) for t in failing if not np.isfinite(got[t]).all()}
+    second = rerun() if len(result) < len(failing) else None
     for t in failing:
+        if t in result:
+            continue
         if second is not None and t in second:
             moved = slice_errors(second[t], got[t], denoms[t]).max()
             if moved > bounds[t]:
@@ -145,6 +152,35 @@ def diagnose(failing, got, golden, denoms, bounds, case, offset, align, inputs, 
             if result[t].id == "none":
                 result[t].sentence += f" (out of this case: {named.id})"
     return result
+
+
+def _ranges(indices):
+    """'0 .. 89' / '3, 7 .. 9' for sorted distinct ints (at most four pieces, then '...')."""
+    pieces, start = [], indices[0]
+    for a, b in zip(indices, indices[1:] + [None]):
+        if b != a + 1:
+            pieces.append(f"{start}" if start == a else f"{start} .. {a}")
+            start = b
+    return ", ".join(pieces[:4]) + (", ..." if len(pieces) > 4 else "")
+
+
+def _non_finite(t, a, case, offset, align):
+    """How many entries of ``a`` are NaN or infinite, in which rows, and what the check
+    expects in the query rows that see no key."""
+    bad = ~np.isfinite(a)                                           # (B, H, T, D)
+    nan, inf = int(np.isnan(a).sum()), int(np.isinf(a).sum())
+    rows = sorted(int(i) for i in np.nonzero(bad.any(axis=(0, 1, 3)))[0])
+    kind = "query" if t in ("out", "dq") else "key"
+    b, h, i = (int(x[0]) for x in np.nonzero(bad)[:3])
+    sentence = (f"{t} has {nan} NaN and {inf} infinite entries of {a.size}, in {kind} rows "
+                f"{_ranges(rows)} (first at (b, h, row) = ({b}, {h}, {i}))")
+    blind = -offset if case.causal and offset < 0 else 0       # query rows 0 .. blind-1 see no key
+    if blind:
+        expects = ("zeros there" if kind == "query" else "them to add nothing to dk and dv")
+        sentence += (f"; query rows 0 .. {blind - 1} see no key ({align} causal mask with Tq = {case.tq} > "
+                     f"Tk = {case.tk}): the check expects {expects}, as SDPA and FlashAttention return "
+                     "(a softmax over no key is 0/0: zero those rows' weights after the softmax)")
+    return Diagnosis("non-finite", sentence, float("inf"), float("nan"))
 
 
 def _out_fits(hyps, cache, got, golden_out, denom, bound):

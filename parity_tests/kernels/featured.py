@@ -231,8 +231,10 @@ def _alibi_fa_form(gold_lse, case, align, slopes):
     return gold_lse + np.asarray(slopes)[None, :, None] * i
 
 
-def run_feature_case(target, case, dtype, device, align="top-left", seed=0, features=()):
-    """The rows of ``target`` on the `features.FeatureCase` ``case``."""
+def run_feature_case(target, case, dtype, device, align="top-left", seed=0, features=(),
+                     timeout=measure.DEFAULT_TIMEOUT):
+    """The rows of ``target`` on the `features.FeatureCase` ``case``, each call of the
+    target limited to ``timeout`` seconds (``measure.time_limit``)."""
     case_align = case.align or align
     if "varlen" in features:
         case = feat.with_lengths(case)
@@ -250,6 +252,7 @@ def run_feature_case(target, case, dtype, device, align="top-left", seed=0, feat
     if refused:
         return [row(n, verdict="not supported", note=refused) for n in names]
     caller = _Caller(target, case, dtype, device, case_align, features, rounded, extra)
+    caller.timeout = timeout
     got = _call(caller)
     if isinstance(got, str):
         return [row(n, verdict="not supported", note=got) for n in names]
@@ -329,6 +332,14 @@ def _bitwise(second, n, got):
 
 def _call(caller):
     """The target's arrays; a str (not supported) or ("FAIL", why) when it cannot be judged."""
+    try:
+        with measure.time_limit(caller.timeout):
+            return _call_once(caller)
+    except measure.CaseTimeout:
+        return ("FAIL", f"timed out after {caller.timeout:g} s")
+
+
+def _call_once(caller):
     try:
         return caller()
     except targets.Unsupported as e:

@@ -14,7 +14,16 @@
 4. Each tensor: error and baseline error against the golden result, the bound
    ``tolerances.check_bound``, the verdict, where the largest error sits.
 5. Failing tensors go to ``diagnosis``.
+
+Each call of the target has a time limit (``timeout``, `DEFAULT_TIMEOUT` seconds
+per case): a kernel that hangs FAILS the case "timed out after N s" (see
+`time_limit` for what a limit cannot interrupt).
 """
+
+import contextlib
+import signal
+import threading
+import time
 
 import numpy as np
 import torch
@@ -26,7 +35,7 @@ import parity_tests.kernels.reference as reference
 import parity_tests.kernels.targets as targets
 from parity_tests.kernels.report import Row
 
-__all__ = ["run_case", "DTYPES", "errors_of"]
+__all__ = ["run_case", "DTYPES", "errors_of", "DEFAULT_TIMEOUT", "time_limit"]
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32,
           "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -133,8 +142,59 @@ def _call(target, case, q, k, v, dout, dtype, device, align):
     return got
 
 
-def run_case(target, case, dtype, device, align="top-left", seed=0, reference_functions=None):
-    """The four rows of ``target`` on ``case`` in ``dtype`` on ``device``."""
+# Seconds a target may take on one case (its forward and backward, and the second call
+# of a diagnosis), before the case FAILS "timed out".  Generous: the slowest built-in
+# target takes well under a second per case of the default grid on a 2-core CPU.
+DEFAULT_TIMEOUT = 300.0
+
+
+class CaseTimeout(BaseException):
+    """Raised by the alarm; a BaseException so that a kernel's ``except Exception`` lets it by."""
+
+
+@contextlib.contextmanager
+def time_limit(seconds):
+    """Raise `CaseTimeout` in the block once ``seconds`` have passed (None or 0: no limit).
+
+    SIGALRM (``signal.setitimer``): it interrupts Python code between two bytecodes,
+    so a pure-Python loop, ``time.sleep`` or a wait in Python stops on time.  What it
+    cannot interrupt: one long call into C that does not return to the interpreter (a
+    single huge matmul, a CUDA synchronisation, a C extension stuck in a loop) -- the
+    case fails when that call returns, not before -- and anything on Windows or outside
+    the main thread, where there is no SIGALRM to use and the block runs unlimited.
+    An alarm already set (pytest-timeout's, say) is restored afterwards, less the time spent.
+    """
+    if not seconds or not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise CaseTimeout(seconds)
+    start = time.monotonic()
+    previous = signal.signal(signal.SIGALRM, stop)
+    outer, _ = signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        if outer:
+            signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - start), 1e-3))
+
+
+def _limited_call(timeout, *args):
+    """`_call` within ``timeout`` seconds: past it, every tensor FAILS "timed out"."""
+    try:
+        with time_limit(timeout):
+            return _call(*args)
+    except CaseTimeout:
+        return {n: ("FAIL", f"timed out after {timeout:g} s") for n in TENSORS}
+
+
+def run_case(target, case, dtype, device, align="top-left", seed=0, reference_functions=None,
+             timeout=DEFAULT_TIMEOUT):
+    """The four rows of ``target`` on ``case`` in ``dtype`` on ``device``; each call of the
+    target limited to ``timeout`` seconds (`time_limit`)."""
     tdtype = DTYPES[dtype]
     offset = case.offset(align)
     raw = cases_mod.draw_inputs(case, seed)
@@ -145,7 +205,7 @@ def run_case(target, case, dtype, device, align="top-left", seed=0, reference_fu
     refused = target.refuses(case, dtype, device, align)
     if refused:
         return [row(n, verdict="not supported", note=refused) for n in TENSORS]
-    got = _call(target, case, q, k, v, dout, tdtype, device, align)
+    got = _limited_call(timeout, target, case, q, k, v, dout, tdtype, device, align)
     if all(isinstance(got[n], str) for n in TENSORS):
         return [row(n, verdict="not supported", note=got[n]) for n in TENSORS]
 
@@ -174,7 +234,7 @@ def run_case(target, case, dtype, device, align="top-left", seed=0, reference_fu
         arrays = {n: got[n] for n in TENSORS if isinstance(got[n], np.ndarray)}
 
         def rerun():
-            again = _call(target, case, q, k, v, dout, tdtype, device, align)
+            again = _limited_call(timeout, target, case, q, k, v, dout, tdtype, device, align)
             return {n: a for n, a in again.items() if isinstance(a, np.ndarray)}
 
         found = diagnosis.diagnose(failing, arrays, gold, den, bounds, case, offset, align,

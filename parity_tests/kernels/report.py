@@ -21,6 +21,9 @@ from parity_tests.common.tables import format_table
 
 __all__ = ["Row", "Report", "find_growth"]
 
+# Diagnosis ids that name no mistake: nothing matched, or the case was too large to try.
+UNNAMED = ("none", "not-diagnosed")
+
 HEADERS = ("target", "case", "dtype", "device", "tensor", "error", "baseline", "bound",
            "ratio", "verdict", "worst at (b, h, row)")
 
@@ -140,9 +143,10 @@ class Report:
 
     @property
     def diagnosis(self):
-        """The id explaining the most failing rows (the catalogue's name), or None."""
-        ids = Counter(d.id for _, d in self.diagnoses if d.id not in ("none", "not-diagnosed"))
-        return ids.most_common(1)[0][0] if ids else (self.diagnoses[0][1].id if self.diagnoses else None)
+        """The id explaining the most failing rows (the catalogue's name), or None when no
+        failing row is named (each row's own ``.diagnosis`` says why)."""
+        ids = Counter(d.id for _, d in self.diagnoses if d.id not in UNNAMED)
+        return ids.most_common(1)[0][0] if ids else None
 
     def summary(self):
         counts = Counter(r.verdict for r in self.rows)
@@ -177,8 +181,8 @@ class Report:
         parts = []
         if self.failures:
             parts += ["failing rows:", self.table(self.failures), "", "diagnosis:"] + self.diagnosis_lines()
-        if not any(r.passed for r in self.rows):
-            parts.append("no row passed: nothing was checked")
+        if not any(r.passed or r.failed for r in self.rows):
+            parts.append("no row passed: nothing was checked (every case was not supported)")
         parts.append(self.summary())
         return "\n".join(parts)
 

@@ -51,6 +51,15 @@ def _device(device):
     return device
 
 
+def _timeout(timeout):
+    """Seconds per case, or None for no limit (None or 0)."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 <= timeout < float("inf"):
+        raise ValueError(f"timeout must be a number of seconds >= 0 (0: no limit), got {timeout!r}")
+    return float(timeout) or None
+
+
 def _progress_line(name, total, start):
     def show(i, label):
         end = "\n" if i == total else ""
@@ -61,20 +70,24 @@ def _progress_line(name, total, start):
 
 def check(target, *, device="cpu", dtypes=None, tokens=None, head_dims=None, heads=None, batch=None,
           causal="both", align="top-left", layout="bhtd", long=False, seed=0, progress=False,
-          reference_functions=None, features=None):
+          reference_functions=None, features=None, timeout=measure.DEFAULT_TIMEOUT):
     """Hold ``target`` (a built-in name, ``"module.path:callable"`` or a callable taking
     ``(q, k, v, *, causal, scale)``) to the float64 reference; returns a `Report`
     (``.passed``, ``.rows``, ``.failures``, ``.diagnoses``, ``.diagnosis``).
 
     ``tokens``: lengths ``T`` or ``(Tq, Tk)`` / ``"TqxTk"``; ``causal``: "yes", "no"
     or "both"; ``align``: where a causal mask sits when Tq != Tk, "top-left"
-    (SDPA's ``is_causal``) or "bottom-right" (FlashAttention's).  ``features``: names among
+    (SDPA's ``is_causal``) or "bottom-right" (FlashAttention's); ``features``: names among
     ``features.FEATURES`` (gqa, value_dim, window, softcap, alibi, bias, sinks, varlen, lse,
-    decode, deterministic), each adding its cases on top of the grid.
+    decode, deterministic), each adding its cases on top of the grid; ``timeout``: seconds the
+    target may take on one case (default ``measure.DEFAULT_TIMEOUT``, 0 or None: no limit),
+    past which the case FAILS "timed out" -- a pure-Python loop is stopped, one long call
+    into C only when it returns (``measure.time_limit``).
     """
+    limit = _timeout(timeout)
     plan = _plan(target, device, dtypes, tokens, head_dims, heads, batch, causal, align, layout, long,
                  features, seed)
-    return _run(plan, align, seed, progress, reference_functions)
+    return _run(plan, align, seed, progress, reference_functions, limit)
 
 
 def _plan(target, device, dtypes, tokens, head_dims, heads, batch, causal, align, layout, long,
@@ -104,7 +117,7 @@ def _plan(target, device, dtypes, tokens, head_dims, heads, batch, causal, align
     return tgt, device, names, grid, wanted
 
 
-def _run(plan, align, seed, progress, reference_functions):
+def _run(plan, align, seed, progress, reference_functions, timeout=measure.DEFAULT_TIMEOUT):
     tgt, device, names, grid, wanted = plan
     work = [(case, d) for d in names for case in grid]
     start = time.perf_counter()
@@ -114,9 +127,9 @@ def _run(plan, align, seed, progress, reference_functions):
         if show:
             show(i - 1, f"({d}, {case})")
         if wanted:
-            rows += featured.run_feature_case(tgt, case, d, device, align, seed, wanted)
+            rows += featured.run_feature_case(tgt, case, d, device, align, seed, wanted, timeout)
         else:
-            rows += measure.run_case(tgt, case, d, device, align, seed, reference_functions)
+            rows += measure.run_case(tgt, case, d, device, align, seed, reference_functions, timeout)
     if show:
         show(len(work), "")
     find_growth(rows)
@@ -168,9 +181,24 @@ def build_parser():
     p.add_argument("--long", action="store_true", help="add T = 16384 (and 32768 on cuda)")
     p.add_argument("--seed", type=outputs.seed, default=0,
                    help="seed of the inputs drawn, 0 .. 2**32 - 1 (default: 0)")
+    p.add_argument("--timeout", type=_seconds, default=measure.DEFAULT_TIMEOUT, metavar="SECONDS",
+                   help="seconds the target may take on one case before the case FAILS 'timed out' "
+                        f"(default: {measure.DEFAULT_TIMEOUT:g}; 0: no limit). A Python loop is stopped "
+                        "on time; one long call into C (a single huge matmul, a CUDA wait) only when it returns")
     p.add_argument("--json", metavar="PATH", help='also write {"rows": [...], "summary": {...}} to PATH')
     p.add_argument("--quiet", "-q", action="store_true", help="print only failing rows and the summary")
     return p
+
+
+def _seconds(text):
+    """argparse type of --timeout: a number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0 (0: no limit), got {text!r}")
+    return value
 
 
 def _split(values, flag, convert=str):
@@ -208,7 +236,7 @@ def main(argv=None):
     except (ValueError, TypeError) as e:
         print(f"attention-parity check: error: {e}", file=sys.stderr)
         return 2
-    report = _run(plan, args.align, args.seed, sys.stderr.isatty(), None)
+    report = _run(plan, args.align, args.seed, sys.stderr.isatty(), None, _timeout(args.timeout))
     if not args.quiet:
         print(report.table())
         if report.failures:

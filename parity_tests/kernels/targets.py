@@ -135,10 +135,16 @@ def builtin_names(device="cpu"):
     return {n: t.description for n, t in _builtins(device).items()}
 
 
+def _plain_name(fn):
+    """``attention`` for a closure (not ``make.<locals>.attention``), ``Cls.method`` for a method."""
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+    return name.rsplit("<locals>.", 1)[-1]
+
+
 def user_target(fn, layout="bhtd", name=None):
     if not callable(fn):
         raise TypeError(f"target must be a callable or a name, got {type(fn).__name__}")
-    return Target(name or getattr(fn, "__qualname__", repr(fn)), fn, layout=layout,
+    return Target(name or _plain_name(fn), fn, layout=layout,
                   description="user callable")
 
 

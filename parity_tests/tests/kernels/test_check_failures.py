@@ -2,6 +2,7 @@
 happened; "not supported" is only a declared refusal (``targets.Unsupported``)."""
 
 import pytest
+import torch
 
 import parity_tests
 from parity_tests import cli
@@ -71,3 +72,107 @@ def test_sys_exit_in_a_kernel_is_a_failing_row_and_exit_1(capsys):
     assert status == 1
     assert "FAIL (called sys.exit(3))" in out
     assert out.splitlines()[-1].startswith("crashing_kernels:exits: 4 rows, 0 pass, 4 FAIL")
+
+
+def test_a_report_whose_rows_all_failed_does_not_say_nothing_was_checked(capsys):
+    report = parity_tests.check(bad.computes_in_float64, tokens=["17"], **ONE)
+    assert "nothing was checked" not in str(report)
+    assert cli.main(["check", "crashing_kernels:computes_in_float64", "--tokens", "17", "--head-dim",
+                     "16", "--dtype", "float32", "--causal", "no", "-q"]) == 1
+    assert "nothing was checked" not in capsys.readouterr().out
+
+
+def test_a_report_of_only_refusals_says_nothing_was_checked():
+    report = parity_tests.check("torch_impl-fused", dtypes=["float32"], tokens=["17"], causal="no")
+    assert "nothing was checked" in str(report) and not report.passed
+
+
+def test_a_closure_is_named_by_its_plain_function_name():
+    def make():
+        def attention(q, k, v, *, causal, scale):
+            return bad.sdpa(q, k, v, causal=causal, scale=scale)
+        return attention
+    report = parity_tests.check(make(), tokens=["17"], **ONE)
+    assert report.target == "attention" and report.rows[0].target == "attention"
+
+
+def test_a_report_that_names_no_mistake_has_diagnosis_none():
+    def off_by_a_constant(q, k, v, *, causal, scale):
+        return bad.sdpa(q, k, v, causal=causal, scale=scale) + 0.01
+    report = parity_tests.check(off_by_a_constant, tokens=["17"], **ONE)
+    assert report.failures[0].diagnosis.id == "none"
+    assert report.diagnosis is None                      # None, not the string 'none'
+    assert report.as_dict()["summary"]["diagnosis"] is None
+
+
+def test_a_kernel_that_hangs_fails_the_case_on_time():
+    report = parity_tests.check(bad.hangs, tokens=["17"], timeout=0.3, **ONE)
+    assert {r.verdict for r in report.rows} == {"FAIL"} and not report.passed
+    assert report.rows[0].note == "timed out after 0.3 s"
+    assert report.seconds < 30                           # the loop was stopped, not waited out
+
+
+def test_timeout_on_the_command_line(capsys):
+    argv = ["check", "crashing_kernels:hangs", "--tokens", "17", "--head-dim", "16", "--dtype",
+            "float32", "--causal", "no", "-q", "--timeout", "0.3"]
+    assert cli.main(argv) == 1
+    assert "FAIL (timed out after 0.3 s)" in capsys.readouterr().out
+    for bad_value in ("-1", "soon", "nan", "inf"):
+        assert cli.main([*argv[:-1], bad_value]) == 2
+        assert "--timeout" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="timeout must be a number of seconds"):
+        parity_tests.check(bad.sdpa, tokens=["17"], timeout="soon", **ONE)
+
+
+def test_a_time_limit_leaves_an_outer_alarm_in_place():
+    import signal
+    from parity_tests.kernels import measure
+    if not hasattr(signal, "setitimer"):
+        pytest.skip("no SIGALRM here")
+    fired = []
+    previous = signal.signal(signal.SIGALRM, lambda *_: fired.append(True))
+    signal.setitimer(signal.ITIMER_REAL, 60.0)
+    try:
+        with measure.time_limit(5.0):
+            pass
+        remaining, _ = signal.getitimer(signal.ITIMER_REAL)
+        assert 50.0 < remaining <= 60.0 and signal.getsignal(signal.SIGALRM) is not signal.SIG_DFL
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert not fired
+
+
+def _nan_rows(rows):
+    def kernel(q, k, v, *, causal, scale):
+        out = bad.sdpa(q, k, v, causal=causal, scale=scale)
+        return out.index_fill(-2, torch.tensor(rows), float("nan")) if rows else out * float("nan")
+    return kernel
+
+
+@pytest.mark.parametrize("rows, said", [
+    ([], "out has 544 NaN and 0 infinite entries of 544, in query rows 0 .. 16"),
+    ([5], "out has 32 NaN and 0 infinite entries of 544, in query rows 5 (first at (b, h, row) = (0, 0, 5))"),
+])
+def test_nan_is_counted_and_located_not_called_dropout(rows, said):
+    report = parity_tests.check(_nan_rows(rows), tokens=["17"], **ONE)
+    out = report.failures[0]
+    assert out.tensor == "out" and out.diagnosis.id == "non-finite"
+    assert out.diagnosis.sentence.startswith(said), out.diagnosis.sentence
+    assert "dropout" not in str(report)
+
+
+def test_rows_that_see_no_key_are_said_to_expect_zeros():
+    def my_attention(q, k, v, *, causal, scale):            # the README's, in (B, H, T, D)
+        scores = (q @ k.transpose(-2, -1)) * scale
+        tq, tk = scores.shape[-2:]
+        seen = torch.ones(tq, tk, dtype=torch.bool).tril(tk - tq)
+        return torch.softmax(scores.masked_fill(~seen, float("-inf")), dim=-1) @ v
+    report = parity_tests.check(my_attention, tokens=["45x20"], align="bottom-right",
+                                **{**ONE, "causal": "yes"})
+    out = next(r for r in report.failures if r.tensor == "out")
+    sentence = out.diagnosis.sentence
+    assert out.diagnosis.id == "non-finite" and "in query rows 0 .. 24" in sentence
+    assert ("query rows 0 .. 24 see no key (bottom-right causal mask with Tq = 45 > Tk = 20): the check "
+            "expects zeros there, as SDPA and FlashAttention return") in sentence
+    assert "dropout" not in str(report)
