@@ -378,7 +378,7 @@ def _diagnose(failing, rows, arrays, gold, gold_raw, den, bounds, case, align, r
                                   "without its gradient")
         elif "not deterministic" in note:
             result[n] = Diagnosis("not-deterministic", f"{n} differs between two calls on the same inputs: "
-                                  "the kernel is not deterministic (atomic adds in the backward, say)")
+                                  "the kernel is not deterministic (atomic adds, or a reduction in varying order)")
     if second is None and any(n not in result for n in failing):
         second = _call(caller)
     for n in failing:

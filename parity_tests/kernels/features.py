@@ -233,7 +233,7 @@ def _feature_cases(feature, causal, seed, align_taker):
                 out.append(C(len(lq), 2, max(lq), max(lk), 64, c, seqlens_q=lq, seqlens_k=lk))
         elif feature == "decode":
             out += [C(2, 4, 1, 2500, 64, c, forward_only=True), C(1, 2, 5, 3077, 64, c, forward_only=True),
-                    C(1, 8, 8, 4109, 64, c, kv_heads=2, forward_only=True)]
+                    C(1, 8, 8, 4109, 64, c, forward_only=True)]
     if feature in ("window", "alibi"):
         out = _both_alignments(out, align_taker)
     if feature == "decode" and align_taker:
