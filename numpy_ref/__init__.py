@@ -24,6 +24,7 @@ from numpy_ref.attention import (
 from numpy_ref.fast import FastMultiHeadAttention
 from numpy_ref.blockwise import attention_forward, attention_backward
 from numpy_ref.blockwise_attention import BlockwiseMultiHeadAttention
+from numpy_ref.reference import reference_attention
 
 __all__ = [
     "softmax", "softmax_naive", "softmax_jacobian", "softmax_backward",
@@ -31,5 +32,5 @@ __all__ = [
     "SimplifiedSelfAttention", "SelfAttention_v1", "SelfAttention_v2",
     "CausalAttention", "MultiHeadAttentionWrapper", "MultiHeadAttention",
     "FastMultiHeadAttention", "attention_forward", "attention_backward",
-    "BlockwiseMultiHeadAttention",
+    "BlockwiseMultiHeadAttention", "reference_attention",
 ]

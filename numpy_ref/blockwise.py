@@ -77,7 +77,7 @@ wrong; the tests replace each with a faulty twin and watch a check fail.
 """
 
 from functools import lru_cache
-from numbers import Integral
+from numbers import Integral, Real
 
 import numpy as np
 
@@ -346,7 +346,9 @@ def _check(q, k, v, scale, causal, causal_offset, block_q, block_k):
         raise TypeError(f"causal_offset must be an int, got {causal_offset!r}")
     if scale is None:
         scale = 1.0 / q.shape[-1] ** 0.5
-    elif isinstance(scale, bool) or not np.isscalar(scale) or not np.isfinite(scale):
+    elif isinstance(scale, (bool, np.bool_)) or not isinstance(scale, Real):
+        raise TypeError(f"scale must be a real number or None, got {scale!r}")
+    elif not np.isfinite(scale):
         raise ValueError(f"scale must be a finite number or None, got {scale!r}")
     auto_q, auto_k = choose_tiles(q.shape[-2], k.shape[-2], q.shape[-1])
     tiles = _block("block_q", block_q, auto_q), _block("block_k", block_k, auto_k)

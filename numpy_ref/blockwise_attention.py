@@ -180,6 +180,9 @@ class BlockwiseMultiHeadAttention(MultiHeadAttention):
     def forward(self, x, keep_mask=None):
         check_dropout(self.dropout)         # a public attribute: it may have been set since
         x = check_input(x, 3, self.d_in, self.context_length)         # (B, T, d_in), a copy
+        if x.dtype not in (np.float32, np.float64):                   # attention_forward's rule
+            raise TypeError(f"x must be a float32 or float64 array (the blockwise tiles "
+                            f"accumulate in x's dtype), got dtype {x.dtype}")
         b, num_tokens, _ = x.shape
         H, D, d_out = self.num_heads, self.d_out // self.num_heads, self.d_out
         drop, guards = None, []

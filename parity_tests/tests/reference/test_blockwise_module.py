@@ -218,3 +218,25 @@ def test_planted_blockwise_fault_fails_the_module_checks(fault, monkeypatch):
         errs = module_errors(m, ref, x, dout)
     worst = max(e if np.isfinite(e) else np.inf for e in errs.values())
     assert worst > 1e-3, f"{fault} went unnoticed: {errs}"
+
+
+def test_one_dtype_rule_for_the_module_and_the_functions():
+    """float16 is refused by both (the tiles' running sums would accumulate in
+    float16), naming the argument; float32 and float64 work in both."""
+    m = nr.BlockwiseMultiHeadAttention(4, 4, 8, 0.0, 2, rng=0)
+    x = np.zeros((1, 3, 4), dtype=np.float16)
+    with pytest.raises(TypeError, match="x must be a float32 or float64"):
+        m.forward(x)
+    q = np.zeros((3, 2), dtype=np.float16)
+    with pytest.raises(TypeError, match="q must be a float32 or float64"):
+        bw.attention_forward(q, q, q)
+    for dtype in (np.float32, np.float64):
+        assert m.forward(x.astype(dtype)).dtype == dtype
+        assert bw.attention_forward(*[q.astype(dtype)] * 3)[0].dtype == dtype
+
+
+@pytest.mark.parametrize("scale", ["a", [1.0], None.__class__, True])
+def test_a_scale_that_is_not_a_number_is_refused_naming_it(scale):
+    q = np.zeros((3, 2))
+    with pytest.raises(TypeError, match="scale must be a real number or None"):
+        bw.attention_forward(q, q, q, scale=scale)

@@ -1,0 +1,368 @@
+"""The float64 reference for what production attention kernels compute.
+
+``reference_attention(q, k, v, dout=None, **options)`` is the chapter's
+blockwise attention (``numpy_ref.blockwise``: FlashAttention-2's online
+softmax forward, ``D = rowsum(dO ∘ O)`` backward) with every variant of
+``numpy_ref.variants`` on top: GQA/MQA, a value head dim of its own, a custom
+scale, causal masks in either alignment, sliding windows, softcap, ALiBi, an
+additive bias, sinks and per-batch lengths, in any combination.
+
+Shapes: q (B, Hq, Tq, Dqk), k (B, Hkv, Tk, Dqk), v (B, Hkv, Tk, Dv),
+dout and out (B, Hq, Tq, Dv), lse (B, Hq, Tq).
+
+The tile loop
+-------------
+For one (batch, head) and a tile of queries [q0, q1) (``B_r`` rows):
+
+1. `Visibility.key_range` gives the keys some query of the tile may see; only
+   those are visited, ``B_c`` at a time (a window of W keys costs about
+   ``(W + B_r) / T`` of the full work).
+2. `_tile_scores`: ``S = scale · q kᵀ``, then softcap, ALiBi and bias (each an
+   op of ``numpy_ref.variants``), then ``-inf`` where `Visibility.tile_mask`
+   says a key is unseen (no mask at all for a tile seen whole).
+3. The online softmax of ``numpy_ref.blockwise``, its running state started
+   with the sink (`sink_forward`): ``m``, ``ℓ``, ``acc``; then
+   ``out = acc / ℓ`` and ``L = m + log ℓ``.
+
+The backward recomputes each tile's S (keeping softcap's ``tanh``), its
+weights ``P = exp(S − L)``, and walks the ops in reverse::
+
+    dV += Pᵀ dO,   dP = dO Vᵀ,   dS = P ∘ (dP − D)          (the chapter's J)
+    dbias += dS (summed over its broadcast axes);  ALiBi: nothing;
+    softcap: dS_raw = dS ∘ (1 − tanh²);   dQ += scale · dS_raw K,  dK += scale · dS_rawᵀ Q
+    dsink = −Σ_i p_sink,i D_i
+
+and GQA sums dK, dV over the query heads that share a kv head.
+
+Rows that see no key
+--------------------
+A row with no visible key and no sink has an empty softmax: out 0, lse
+``-inf`` (the log of an empty sum), dq 0, nothing added to dk, dv (FlashAttention
+and SDPA return 0 there).  A padding query (``i ≥ seqlens_q[b]``) is such a
+row even with a sink.  A row that sees only its sink gives out 0, lse = sink.
+In the backward those rows get ``L = +inf`` (so ``P = 0``) and ``D = 0``.
+
+Memory: per head the (B_r, B_c) tile, its mask and a few (Tq,) / (Tk, D)
+arrays; the caller's bias is read tile by tile and ``dbias`` has its shape.
+"""
+
+from numbers import Integral, Real
+
+import numpy as np
+
+from numpy_ref.blockwise import choose_tiles
+from numpy_ref.variants import (
+    Visibility, alibi_backward, alibi_forward, bias_backward, bias_forward,
+    sink_backward, sink_forward, softcap_backward, softcap_forward,
+)
+
+__all__ = ["reference_attention"]
+
+ALIGNMENTS = ("top-left", "bottom-right")
+
+
+class HeadScores:
+    """What changes one (batch, head)'s scores: scale, softcap, ALiBi slope,
+    the head's 2-D view of the bias (rows 1 or Tq, columns 1 or Tk), its sink."""
+
+    def __init__(self, scale, softcap, slope, offset, bias, sink):
+        self.scale, self.softcap, self.slope, self.offset = scale, softcap, slope, offset
+        self.bias, self.sink = bias, sink
+
+    def bias_index(self, q0, q1, k0, k1):
+        """The bias's (rows, columns) slices for a tile: 0:1 along a broadcast axis."""
+        rows = slice(q0, q1) if self.bias.shape[0] > 1 else slice(0, 1)
+        cols = slice(k0, k1) if self.bias.shape[1] > 1 else slice(0, 1)
+        return rows, cols
+
+
+# ----------------------------------------------------------------------------
+# One tile's scores, forward and backward
+
+def _tile_scores(q_i, k_j, q0, k0, hs, mask):
+    """Scores of queries q_i (rows q0..) against keys k_j (columns k0..), every
+    change applied in order -> (S, t): t = tanh(S_raw / c) for softcap's backward."""
+    S = (q_i * q_i.dtype.type(hs.scale)) @ k_j.T                     # (B_r, B_c)
+    t = None
+    if hs.softcap is not None:
+        S, t = softcap_forward(S, hs.softcap)
+    rows, cols = np.arange(q0, q0 + S.shape[0]), np.arange(k0, k0 + S.shape[1])
+    if hs.slope is not None:
+        S = alibi_forward(S, hs.slope, rows, cols, hs.offset)
+    if hs.bias is not None:
+        S = bias_forward(S, hs.bias[hs.bias_index(q0, q0 + S.shape[0], k0, k0 + S.shape[1])])
+    if mask is not None:
+        np.copyto(S, -np.inf, where=~mask)
+    return S, t
+
+
+def _tile_scores_backward(dS, t, hs, dbias, q0, k0):
+    """dS of the changed scores -> dS of the raw ``q kᵀ`` products (times scale),
+    adding the bias's share into ``dbias`` (the head's 2-D view)."""
+    if hs.bias is not None:
+        index = hs.bias_index(q0, q0 + dS.shape[0], k0, k0 + dS.shape[1])
+        dS, dbias_tile = bias_backward(dS, dbias[index].shape)
+        dbias[index] += dbias_tile
+    if hs.slope is not None:
+        dS = alibi_backward(dS)
+    if t is not None:
+        dS = softcap_backward(dS, t)
+    return dS
+
+
+# ----------------------------------------------------------------------------
+# One (batch, head)
+
+def forward_head(q, k, v, out, lse, hs, vis, B_r, B_c):
+    """Forward of one head: q (Tq, Dqk), k (Tk, Dqk), v (Tk, Dv) -> written into
+    out (Tq, Dv) and lse (Tq,)."""
+    Tq, dtype = q.shape[0], q.dtype
+    for q0 in range(0, Tq, B_r):
+        q1 = min(q0 + B_r, Tq)
+        real = np.arange(q0, q1) < vis.nq                            # not padding
+        m = np.full(q1 - q0, -np.inf, dtype=dtype)                   # running maximum
+        l = np.zeros(q1 - q0, dtype=dtype)                           # running sum ℓ
+        acc = np.zeros((q1 - q0, v.shape[1]), dtype=dtype)           # unnormalised output
+        if hs.sink is not None:
+            m, l = sink_forward(m, l, hs.sink, real)
+        k_lo, k_hi = vis.key_range(q0, q1)
+        for k0 in range(k_lo, k_hi, B_c):
+            k1 = min(k0 + B_c, k_hi)
+            S, _ = _tile_scores(q[q0:q1], k[k0:k1], q0, k0, hs, vis.tile_mask(q0, q1, k0, k1))
+            m_new = np.maximum(m, S.max(axis=-1))
+            shift = np.where(np.isneginf(m_new), 0, m_new).astype(dtype, copy=False)
+            alpha = np.exp(m - shift)                                # 0 while nothing is seen
+            P = np.exp(S - shift[:, None])
+            l = l * alpha + P.sum(axis=-1)
+            acc = acc * alpha[:, None] + P @ v[k0:k1]
+            m = m_new
+        # a row that saw nothing has ℓ = 0 and acc = 0: out 0 (as SDPA), not 0/0
+        out[q0:q1] = acc / np.where(l == 0, 1, l)[:, None]
+        with np.errstate(divide="ignore"):
+            lse[q0:q1] = np.where(real, m + np.log(l), -np.inf)
+
+
+def backward_head(dout, q, k, v, out, lse, dq, dk, dv, dbias, hs, vis, B_r, B_c):
+    """Backward of one head into dq (Tq, Dqk), dk (Tk, Dqk), dv (Tk, Dv) (added
+    to) and dbias (the head's view, added to); returns dsink (0 without sink)."""
+    Tq, dtype = q.shape[0], q.dtype
+    scale = dtype.type(hs.scale)
+    D = np.einsum("ij,ij->i", dout, out)                             # rowsum(dO ∘ O)
+    seen = ~np.isneginf(lse)                                         # rows with a softmax
+    L = np.where(seen, lse, np.inf).astype(dtype, copy=False)        # P = exp(S - L) = 0 if not
+    D = np.where(seen, D, 0).astype(dtype, copy=False)
+    dsink = dtype.type(0)
+    for q0 in range(0, Tq, B_r):
+        q1 = min(q0 + B_r, Tq)
+        dO_i = dout[q0:q1]
+        dq_i = np.zeros((q1 - q0, q.shape[1]), dtype=dtype)
+        k_lo, k_hi = vis.key_range(q0, q1)
+        for k0 in range(k_lo, k_hi, B_c):
+            k1 = min(k0 + B_c, k_hi)
+            S, t = _tile_scores(q[q0:q1], k[k0:k1], q0, k0, hs, vis.tile_mask(q0, q1, k0, k1))
+            P = np.exp(S - L[q0:q1, None])                           # the softmax weights
+            dv[k0:k1] += P.T @ dO_i
+            dP = dO_i @ v[k0:k1].T                                   # dL/dP
+            dS = P * (dP - D[q0:q1, None])                           # P ∘ (dP - D)
+            dS = _tile_scores_backward(dS, t, hs, dbias, q0, k0)
+            dq_i += dS @ k[k0:k1]
+            dk[k0:k1] += (dS.T @ q[q0:q1]) * scale
+        dq[q0:q1] = dq_i * scale
+        if hs.sink is not None:
+            p_sink = np.exp(dtype.type(hs.sink) - L[q0:q1])          # the sink's weight
+            dsink += sink_backward(p_sink, D[q0:q1])
+    return dsink
+
+
+# ----------------------------------------------------------------------------
+# The public function
+
+def reference_attention(q, k, v, dout=None, *, scale=None, causal=False, align="top-left",
+                        window=None, softcap=None, alibi_slopes=None, bias=None, sinks=None,
+                        seqlens_q=None, seqlens_k=None, block_q=None, block_k=None):
+    """Attention with the production variants -> dict of NumPy arrays.
+
+    ``"out"`` (B, Hq, Tq, Dv) and ``"lse"`` (B, Hq, Tq), natural log; with
+    ``dout`` also ``"dq"``, ``"dk"``, ``"dv"`` (shaped like q, k, v), ``"dbias"``
+    (the bias's shape) when ``bias`` is given and ``"dsinks"`` (Hq,) when
+    ``sinks`` is.  Computed in q's dtype (float32 or float64).
+
+    Options (README, "The production variants"): ``scale`` (None: 1/√Dqk),
+    ``causal`` and ``align`` ("top-left": offset 0; "bottom-right": offset
+    Tk − Tq, per batch with lengths), ``window=(left, right)`` (−1 unbounded),
+    ``softcap`` c > 0, ``alibi_slopes`` (Hq,) or (B, Hq), ``bias`` broadcastable
+    to (B, Hq, Tq, Tk), ``sinks`` (Hq,), ``seqlens_q`` / ``seqlens_k`` (B,) and
+    the tile sizes ``block_q`` (B_r), ``block_k`` (B_c).  Query head h reads kv
+    head ``h // (Hq // Hkv)``.  Nothing given is modified.
+    """
+    q, k, v = _qkv(q, k, v)
+    B, Hq, Tq, _ = q.shape
+    Hkv, Tk, Dv = k.shape[1], k.shape[2], v.shape[3]
+    dtype = q.dtype
+    o = _options(q, k, scale, causal, align, window, softcap, alibi_slopes, bias, sinks,
+                 seqlens_q, seqlens_k, block_q, block_k)
+    if dout is not None:
+        dout = _array("dout", dout, (B, Hq, Tq, Dv), dtype)
+    group = Hq // Hkv
+    out = np.empty((B, Hq, Tq, Dv), dtype=dtype)
+    lse = np.empty((B, Hq, Tq), dtype=dtype)
+    for b in range(B):
+        vis = o["visibility"](b)
+        for h in range(Hq):
+            forward_head(q[b, h], k[b, h // group], v[b, h // group], out[b, h], lse[b, h],
+                         o["head"](b, h, vis.offset), vis, o["B_r"], o["B_c"])
+    result = {"out": out, "lse": lse}
+    if dout is None:
+        return result
+    dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
+    dbias = None if o["bias"] is None else np.zeros(o["bias"].shape, dtype=dtype)
+    dsinks = np.zeros(Hq, dtype=dtype)
+    for b in range(B):
+        vis = o["visibility"](b)
+        for h in range(Hq):
+            hs = o["head"](b, h, vis.offset)
+            dbias_h = None if dbias is None else _head_view(dbias, b, h)
+            dsinks[h] += backward_head(dout[b, h], q[b, h], k[b, h // group], v[b, h // group],
+                                       out[b, h], lse[b, h], dq[b, h], dk[b, h // group],
+                                       dv[b, h // group], dbias_h, hs, vis, o["B_r"], o["B_c"])
+    result.update(dq=dq, dk=dk, dv=dv)
+    if dbias is not None:
+        result["dbias"] = dbias.reshape(np.shape(bias))
+    if sinks is not None:
+        result["dsinks"] = dsinks
+    return result
+
+
+def _head_view(bias4, b, h):
+    """(batch b, head h)'s 2-D view of a 4-D (possibly broadcast) bias."""
+    return bias4[b if bias4.shape[0] > 1 else 0, h if bias4.shape[1] > 1 else 0]
+
+
+# ----------------------------------------------------------------------------
+# Argument checks
+
+def _array(name, a, shape, dtype):
+    a = np.asarray(a)
+    if a.dtype != dtype:
+        raise TypeError(f"{name} must have dtype {dtype} like q, got {a.dtype}")
+    if a.shape != shape:
+        raise ValueError(f"{name} must have shape {shape}, got {a.shape}")
+    return a
+
+
+def _qkv(q, k, v):
+    q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
+    for name, a in (("q", q), ("k", k), ("v", v)):
+        if a.dtype not in (np.float32, np.float64):
+            raise TypeError(f"{name} must be a float32 or float64 array, got dtype {a.dtype}")
+        if a.ndim != 4:
+            raise ValueError(f"{name} must be 4-D (B, H, T, D), got shape {a.shape}")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if k.shape[0] != q.shape[0] or k.shape[3] != q.shape[3]:
+        raise ValueError(f"k must be (B, Hkv, Tk, Dqk) with q's B and Dqk; "
+                         f"got q {q.shape}, k {k.shape}")
+    if v.shape[:3] != k.shape[:3]:
+        raise ValueError(f"v must be (B, Hkv, Tk, Dv) with k's B, Hkv and Tk; "
+                         f"got k {k.shape}, v {v.shape}")
+    if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
+        raise ValueError(f"k's heads must divide q's (Hq % Hkv == 0), "
+                         f"got Hq = {q.shape[1]}, Hkv = {k.shape[1]}")
+    return q, k, v
+
+
+def _int(name, value, minimum):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, Integral):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _real(name, value):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, Real):
+        raise TypeError(f"{name} must be a real number, got {value!r}")
+    if not np.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    return float(value)
+
+
+def _per_head(name, a, shapes):
+    a = np.asarray(a)
+    if not (np.issubdtype(a.dtype, np.floating) or np.issubdtype(a.dtype, np.integer)) \
+            or a.dtype == np.bool_:
+        raise TypeError(f"{name} must hold real numbers, got dtype {a.dtype}")
+    if a.shape not in shapes:
+        raise ValueError(f"{name} must have shape {' or '.join(map(str, shapes))}, got {a.shape}")
+    return a.astype(np.float64)
+
+
+def _lengths(name, a, B, T):
+    if a is None:
+        return np.full(B, T)
+    a = np.asarray(a)
+    if a.dtype == np.bool_ or not np.issubdtype(a.dtype, np.integer):
+        raise TypeError(f"{name} must be integers, got dtype {a.dtype}")
+    if a.shape != (B,):
+        raise ValueError(f"{name} must have shape ({B},), got {a.shape}")
+    if a.size and (a.min() < 0 or a.max() > T):
+        raise ValueError(f"{name} must lie in [0, {T}], got {a.tolist()}")
+    return a.astype(np.int64)
+
+
+def _window(window, causal):
+    if window is None:
+        left, right = -1, -1
+    else:
+        try:
+            left, right = window
+        except (TypeError, ValueError):
+            raise ValueError(f"window must be a pair (left, right) or None, got {window!r}") from None
+        left, right = _int("window left", left, -1), _int("window right", right, -1)
+    return left, (0 if causal else right)
+
+
+def _options(q, k, scale, causal, align, window, softcap, alibi_slopes, bias, sinks,
+             seqlens_q, seqlens_k, block_q, block_k):
+    """Every option checked (before any work) -> what the tile loop needs."""
+    B, Hq, Tq, Dqk = q.shape
+    Tk = k.shape[2]
+    scale = 1.0 / Dqk ** 0.5 if scale is None else _real("scale", scale)
+    if not isinstance(causal, (bool, np.bool_)):
+        raise TypeError(f"causal must be True or False, got {causal!r}")
+    if align not in ALIGNMENTS:
+        raise ValueError(f"align must be one of {ALIGNMENTS}, got {align!r}")
+    left, right = _window(window, causal)
+    if softcap is not None and _real("softcap", softcap) <= 0:
+        raise ValueError(f"softcap must be > 0 or None, got {softcap!r}")
+    slopes = None if alibi_slopes is None else np.broadcast_to(
+        _per_head("alibi_slopes", alibi_slopes, [(Hq,), (B, Hq)]), (B, Hq))
+    sink = None if sinks is None else _per_head("sinks", sinks, [(Hq,)])
+    bias4 = None if bias is None else _bias(bias, (B, Hq, Tq, Tk))
+    nq, nk = _lengths("seqlens_q", seqlens_q, B, Tq), _lengths("seqlens_k", seqlens_k, B, Tk)
+    auto_q, auto_k = choose_tiles(Tq, Tk, Dqk)
+    B_r = max(1, auto_q) if block_q is None else _int("block_q", block_q, 1)
+    B_c = max(1, auto_k) if block_k is None else _int("block_k", block_k, 1)
+
+    def visibility(b):
+        offset = int(nk[b] - nq[b]) if align == "bottom-right" else 0
+        return Visibility(int(nq[b]), int(nk[b]), offset, left, right)
+
+    def head(b, h, offset):
+        return HeadScores(scale, softcap, None if slopes is None else slopes[b, h], offset,
+                          None if bias4 is None else _head_view(bias4, b, h),
+                          None if sink is None else sink[h])
+
+    return dict(visibility=visibility, head=head, bias=bias4, B_r=B_r, B_c=B_c)
+
+
+def _bias(bias, full):
+    a = np.asarray(bias)
+    if not np.issubdtype(a.dtype, np.floating):
+        raise TypeError(f"bias must hold floating-point numbers, got dtype {a.dtype}")
+    if a.ndim > 4:
+        raise ValueError(f"bias must broadcast to (B, Hq, Tq, Tk) = {full}, got shape {a.shape}")
+    a4 = a.reshape((1,) * (4 - a.ndim) + a.shape)                    # a view
+    if any(n not in (1, f) for n, f in zip(a4.shape, full)):
+        raise ValueError(f"bias must broadcast to (B, Hq, Tq, Tk) = {full}, got shape {a.shape}")
+    return a4

@@ -1,0 +1,197 @@
+"""What production kernels change in attention, as forward/backward pairs.
+
+Every variant a FlashAttention-style kernel offers is one of two things:
+
+- a change to the scores ``S`` of a tile before its softmax (softcap, ALiBi,
+  an additive bias), or one more column in that softmax (a sink).  Each is an
+  op pair below, the forward directly above its backward, in the style of
+  ``numpy_ref.ops``: the backward takes the gradient ``dS`` of the changed
+  scores and returns the gradient of the scores it was given;
+- a mask: which keys a query sees (causal, sliding window, padding).  That is
+  one step, `Visibility`, asked once per tile: "which keys of this tile does
+  each query see?"  The answer is "none" (the tile is skipped), "all" (no mask
+  is built) or a boolean (B_r, B_c) mask.  A masked score is ``-inf``, its
+  weight 0, its gradient 0: masks need no backward.
+
+Which kv head a query head reads (GQA) is a pair too: `gqa_forward` /
+`gqa_backward`.
+
+Order of the changes, as FlashAttention applies them::
+
+    S = scale · q kᵀ          (raw scores)
+    S ← softcap(S)            c · tanh(S / c)
+    S ← S − slope · |i + offset − j|  + bias
+    S ← −inf where key j is not visible to query i
+    softmax over the row's visible keys, and its sink if there is one
+
+Shape legend: B_r queries by B_c keys in a tile; rows ``i`` and columns ``j``
+are the tile's absolute query and key positions.
+"""
+
+import numpy as np
+
+__all__ = [
+    "gqa_forward", "gqa_backward",
+    "softcap_forward", "softcap_backward",
+    "alibi_forward", "alibi_backward",
+    "bias_forward", "bias_backward",
+    "sink_forward", "sink_backward",
+    "Visibility",
+]
+
+
+# ----------------------------------------------------------------------------
+# GQA / MQA: several query heads share one key/value head
+
+def gqa_forward(kv, num_q_heads):
+    """The kv heads as the query heads read them: ``repeat_interleave`` on the
+    head axis, query head ``h`` reading kv head ``h // (Hq // Hkv)``.
+
+    kv: (B, Hkv, T, D)  ->  (B, Hq, T, D).  Dense: the blockwise code reads
+    ``kv[:, h // group]`` instead of building this."""
+    group = num_q_heads // kv.shape[1]
+    return np.repeat(kv, group, axis=1)
+
+
+def gqa_backward(dkv_per_q_head, num_kv_heads):
+    """Backward of ``repeat_interleave``: each kv head fed ``group`` query heads,
+    so by the chain rule its gradient is the sum of theirs::
+
+        kv_rep[:, h] = kv[:, h // group]  ->  dkv[:, g] = Σ_{h // group = g} dkv_rep[:, h]
+
+    (B, Hq, T, D)  ->  (B, Hkv, T, D)."""
+    B, Hq, T, D = dkv_per_q_head.shape
+    return dkv_per_q_head.reshape(B, num_kv_heads, Hq // num_kv_heads, T, D).sum(axis=2)
+
+
+# ----------------------------------------------------------------------------
+# Softcap (Gemma 2): scores squashed into (-c, c)
+
+def softcap_forward(S, cap):
+    """``S ← c · tanh(S / c)``, applied to the scaled scores before any bias.
+    Returns (capped scores, t) with ``t = tanh(S / c)`` for the backward."""
+    t = np.tanh(S / S.dtype.type(cap))
+    return t * S.dtype.type(cap), t
+
+
+def softcap_backward(dS, t):
+    """Backward of ``c · tanh(S / c)``: ``d/dS [c tanh(S/c)] = 1 − tanh²(S/c)``, so
+    ``dS_raw = dS ∘ (1 − t²)`` (elementwise: the Jacobian is diagonal)."""
+    return dS * (1 - t * t)
+
+
+# ----------------------------------------------------------------------------
+# ALiBi (MPT, BLOOM): a linear penalty on the distance to the query's diagonal
+
+def alibi_forward(S, slope, rows, cols, offset):
+    """``S ← S − slope · |i + offset − j|`` for rows i and columns j of the tile;
+    ``offset`` is the alignment's (0 top-left, Tk − Tq bottom-right)."""
+    distance = np.abs((rows[:, None] + offset) - cols[None, :])
+    S -= S.dtype.type(slope) * distance
+    return S
+
+
+def alibi_backward(dS):
+    """Backward of ALiBi: the penalty does not depend on S (nor on q, k), so
+    ``dS_raw = dS``; the slopes are constants (no gradient is asked of them)."""
+    return dS
+
+
+# ----------------------------------------------------------------------------
+# Additive bias: any (Tq, Tk) term broadcast into the scores
+
+def bias_forward(S, bias_tile):
+    """``S ← S + bias``; ``bias_tile`` broadcasts to the tile ((1, B_c) or (B_r, 1)
+    when the bias is broadcast along queries or keys)."""
+    S += bias_tile
+    return S
+
+
+def bias_backward(dS, bias_tile_shape):
+    """Backward of ``S + bias``: ``∂S_ij / ∂bias_ij = 1``, so ``dbias = dS``, summed
+    over every axis along which the bias was broadcast (one bias entry fed all
+    of them).  Returns (dS, dbias of ``bias_tile_shape``)."""
+    dbias = dS
+    for axis, n in enumerate(bias_tile_shape):
+        if n == 1 and dS.shape[axis] != 1:
+            dbias = dbias.sum(axis=axis, keepdims=True)
+    return dS, dbias
+
+
+# ----------------------------------------------------------------------------
+# Sinks (gpt-oss): one more softmax column with no value
+
+def sink_forward(m, l, sink, rows_with_sink):
+    """Start a row's online softmax with its sink: one more column of score
+    ``sink`` (a raw logit: not scaled, not capped) whose value vector is 0.
+
+    The running state (m, ℓ) of the chapter's online softmax becomes
+    ``m = sink``, ``ℓ = exp(sink − m) = 1`` before the first key tile, so that
+    ``L = log(exp(sink) + Σ_j exp(S_j))`` and ``out = Σ_j P_j v_j`` with the
+    sink's weight ``p_sink = exp(sink − L)`` taking its share of the row but
+    adding nothing to ``out``.  Rows not in ``rows_with_sink`` (padding
+    queries) keep ``m = -inf, ℓ = 0``.  Returns (m, ℓ)."""
+    m = np.where(rows_with_sink, m.dtype.type(sink), m)
+    with np.errstate(invalid="ignore"):          # sink = -inf: exp(-inf - -inf)
+        shift = np.where(np.isneginf(m), 0, m)
+        l = np.where(rows_with_sink, np.exp(m - shift), l).astype(l.dtype, copy=False)
+    return m, l
+
+
+def sink_backward(p_sink, D):
+    """Gradient of the sink logit.  With ``P_j = exp(S_j − L)`` and
+    ``L = log(exp(sink) + Σ_j exp(S_j))``: ``∂P_j / ∂sink = −P_j p_sink``, so for
+    ``g_j = dO · v_j``::
+
+        dsink = Σ_i Σ_j g_ij ∂P_ij/∂sink = −Σ_i p_sink,i Σ_j P_ij g_ij = −Σ_i p_sink,i D_i
+
+    with ``D_i = rowsum(dO ∘ O)_i`` (the sink's own g is 0: its value is 0).
+    The scores' gradient keeps the chapter's form ``dS = P ∘ (dP − D)``, since
+    ``<w, g>`` over the row, sink included, is still D."""
+    return -(p_sink * D).sum()
+
+
+# ----------------------------------------------------------------------------
+# Masks: which keys each query of a tile sees
+
+class Visibility:
+    """Which keys each query of one (batch, head) sees.
+
+    Query ``i`` (``i < nq``) sees key ``j`` iff ``j < nk`` and
+    ``lo(i) ≤ j ≤ hi(i)``, with ``a = i + offset`` its diagonal::
+
+        lo(i) = a − left                  (0 if left = −1: unbounded)
+        hi(i) = min(nk − 1, a + right)    (nk − 1 if right = −1; right = 0 when causal)
+
+    Padding queries (``i ≥ nq``) see nothing.  ``lo`` and ``hi`` never
+    decrease with ``i``, so a tile of rows [q0, q1) can only see keys in
+    ``[lo(q0), hi(last real row)]``: the tile loop visits only those, and a
+    tile whose every query sees every key of it needs no mask."""
+
+    def __init__(self, nq, nk, offset, left, right):
+        self.nq, self.nk, self.offset, self.left, self.right = nq, nk, offset, left, right
+
+    def lo(self, i):
+        """First key row(s) ``i`` may see (may be < 0: then 0)."""
+        return np.maximum(i + self.offset - self.left, 0) if self.left >= 0 else i * 0
+
+    def hi(self, i):
+        """Last key row(s) ``i`` may see (inclusive; < lo when none)."""
+        last = self.nk - 1
+        h = np.minimum(i + self.offset + self.right, last) if self.right >= 0 else i * 0 + last
+        return np.where(i < self.nq, h, -1)
+
+    def key_range(self, q0, q1):
+        """Keys [k_lo, k_hi) that some query of [q0, q1) sees (empty: k_lo >= k_hi)."""
+        last_real = min(q1, self.nq) - 1
+        if last_real < q0:
+            return 0, 0
+        return int(self.lo(q0)), int(self.hi(last_real)) + 1
+
+    def tile_mask(self, q0, q1, k0, k1):
+        """None when every query of [q0, q1) sees every key of [k0, k1); else the
+        (q1 - q0, k1 - k0) boolean mask, True where seen."""
+        if q1 <= self.nq and self.lo(q1 - 1) <= k0 and self.hi(q0) >= k1 - 1:
+            return None
+        rows, cols = np.arange(q0, q1), np.arange(k0, k1)
+        return (cols[None, :] >= self.lo(rows)[:, None]) & (cols[None, :] <= self.hi(rows)[:, None])
