@@ -23,7 +23,15 @@ For each failing tensor, in this order:
    head) slices that fail are compared on their own -- one head with a mistake
    and the others right reads "head 1 matches ... ; the other slices match the
    reference".
-4. Otherwise "matches none of the catalogued mistakes", with the closest one.
+4. Otherwise "matches none of the catalogued mistakes", with the closest one
+   when it comes closer than the reference (``measure`` then checks whether the
+   error is the size of a lower precision's).
+
+What is not claimed: a mistake whose prediction is zero everywhere (any kernel
+returning zeros matches it: the shifted mask at T = 1), a fitted denominator
+with a factor <= 0 or with one key (it then fits any multiple of v).  When out
+passed, its gradients are tried only against backward mistakes, and their
+sentence begins "the output is right; only the backward is wrong".
 
 A pattern across cases -- the error growing with the sequence length -- is
 found afterwards, over the rows of a whole run (``report``).
@@ -139,10 +147,13 @@ def diagnose(failing, got, golden, denoms, bounds, case, offset, align, inputs, 
     g_got, g_ref, g_in, g_dout = sub
     hyps = mistakes.catalogue(case, offset, align, g_in, g_dout, g_ref)
     cache = {}
-    out_fits = _out_fits(hyps, cache, g_got, g_ref["out"], denoms["out"], bounds["out"])
+    out_right = "out" not in failing and "out" in got       # judged, and passed
+    out_fits = {} if out_right else _out_fits(hyps, cache, g_got, g_ref["out"], denoms["out"], bounds["out"])
     for t in rest:
-        tried = hyps if t == "out" else [h for h in hyps if "out" not in h.tensors or out_fits[id(h)]]
+        tried = hyps if t == "out" else [h for h in hyps if "out" not in h.tensors or out_fits.get(id(h))]
         result[t] = _diagnose_tensor(t, tried, cache, g_got, g_ref, denoms[t], bounds[t], sel)
+        if out_right:
+            result[t].sentence = "the output is right; only the backward is wrong: " + result[t].sentence
         if sel != (slice(None), slice(None)):
             result[t].sentence += (f" (judged on (batch, head) {tuple(int(i) for i in sel)} alone, the one "
                                    "with the largest error: the whole case is too large to recompute)")
@@ -220,16 +231,24 @@ def _diagnose_tensor(t, hyps, cache, got, ref, denom, bound, sel):
     a, r = got[t], ref[t]
     candidates = []                               # (per-slice residuals, id, says)
     for hyp in hyps:
-        if t in hyp.tensors:
+        # a mistake that predicts zeros everywhere (the shifted mask at T = 1) is matched by
+        # any kernel returning zeros: it cannot be told apart, so it is not claimed
+        if t in hyp.tensors and np.any(_predict(hyp, cache)[t]):
             candidates.append((slice_errors(a, _predict(hyp, cache)[t], denom), hyp.id, hyp.says))
     if t == "out" and np.all(np.isfinite(a)):
         c, fitted = _row_scaled(a, r)
         residual = slice_errors(a, fitted, denom)
-        # a fitted hypothesis must explain the error, not shave it: 90% of it at least
-        if residual.max() <= FIT_SHARE * slice_errors(a, r, denom).max():
+        # a fitted hypothesis must explain the error, not shave it: 90% of it at least; a
+        # denominator is positive (a factor 0 is an output of zeros); and with one key it
+        # fits any output proportional to v, so it is not claimed there
+        one_key = ref["dk"].shape[-2] == 1
+        if residual.max() <= FIT_SHARE * slice_errors(a, r, denom).max() and c.min() > 0 and not one_key:
             lo, hi = float(c.min()), float(c.max())
             candidates.append((residual, "denominator", f"each row divided by a wrong softmax "
                                f"denominator (row factors {lo:.6g} .. {hi:.6g})"))
+    if not np.any(a) and np.any(r):
+        return Diagnosis("zeros", f"{t} is zero everywhere (the reference is not): nothing written, "
+                         "or every weight masked")
     if not candidates:
         return Diagnosis("none", f"{t} matches none of the catalogued mistakes")
     whole = [(res.max(), i, s) for res, i, s in candidates]

@@ -35,11 +35,37 @@ import parity_tests.kernels.reference as reference
 import parity_tests.kernels.targets as targets
 from parity_tests.kernels.report import Row
 
-__all__ = ["run_case", "DTYPES", "errors_of", "DEFAULT_TIMEOUT", "time_limit"]
+__all__ = ["run_case", "DTYPES", "errors_of", "DEFAULT_TIMEOUT", "time_limit", "case_memory"]
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32,
           "bfloat16": torch.bfloat16, "float16": torch.float16}
 TENSORS = ("out", "dq", "dk", "dv")
+
+
+def case_memory(case, dtype, device):
+    """``{part: (bytes on the host, bytes on the device)}`` that one case holds at once.
+
+    Counted in sets of the four (B, H, T, D) tensors q, k, v, dO (or out, dq, dk, dv):
+    inputs -- drawn and rounded in float64, copied to the device for the target and
+    for the baseline, plus the target's gradient dO; golden -- its results and the
+    blockwise backward's own accumulators, float64; baseline -- its results, their
+    float64 copies, and one chunk of its (rows, Tk) arrays (S, P, dP, dS and their
+    temporaries: 7 at once, measured, in the dtype; ``reference`` keeps a chunk near
+    2^25 elements per (batch, head)); target -- its output and gradients, and their float64 copies.
+    Not counted: the target's own workspace (a kernel that forms the (Tq, Tk) scores
+    adds B H Tq Tk elements per array it keeps) and a failing case's diagnosis
+    (bounded by ``diagnosis.DENSE_LIMIT``).
+    """
+    size = torch.empty((), dtype=DTYPES[dtype]).element_size()
+    bh, d = case.batch * case.heads, case.head_dim
+    one_set = bh * (2 * case.tq + 2 * case.tk) * d           # elements of q, k, v, dO
+    rows = min(case.tq, max(64, reference._CHUNK_ELEMENTS // max(case.tk, 1)))
+    chunk = 7 * bh * rows * case.tk * size
+    host = {"inputs": 2 * one_set * 8, "golden": 2 * one_set * 8, "baseline": one_set * 8, "target": one_set * 8}
+    dev = {"inputs": 2 * one_set * size, "golden": 0, "baseline": one_set * size + chunk, "target": one_set * size}
+    if torch.device(device).type == "cpu":
+        return {part: (host[part] + dev[part], 0) for part in host}
+    return {part: (host[part], dev[part]) for part in host}
 
 
 def denominators(golden):
@@ -241,4 +267,33 @@ def run_case(target, case, dtype, device, align="top-left", seed=0, reference_fu
                                    (q, k, v), dout, rerun)
         for n, d in found.items():
             rows[n].diagnosis = d
+        _lower_precision(rows, failing, dtype, rounded, case, offset, gold, den, device)
     return [rows[n] for n in TENSORS]
+
+
+# A kernel computing in a lower precision than it is checked in: its error sits within
+# this factor of a plain computation's in that precision (measured: bfloat16 inside a
+# float32 check gives 0.4 .. 1.3 x the bfloat16 baseline's error; float16's is ~8x smaller).
+LOWER_SHARE = 3.0
+LOWER = {"float64": ("float32", "bfloat16", "float16"), "float32": ("bfloat16", "float16")}
+
+
+def _lower_precision(rows, failing, dtype, rounded, case, offset, gold, den, device):
+    """Rows that no mistake explains whose error is the size of a lower precision's say so."""
+    unnamed = [n for n in failing if rows[n].diagnosis is not None and rows[n].diagnosis.id == "none"]
+    named_out = rows["out"].diagnosis is not None and rows["out"].diagnosis.id != "none"
+    unnamed = [n for n in unnamed if not named_out]       # a gradient of a named output keeps that name
+    if not unnamed or dtype not in LOWER:
+        return
+    for low in LOWER[dtype]:
+        dev = [torch.from_numpy(a).to(device=device, dtype=DTYPES[low]) for a in rounded]
+        base = dict(zip(TENSORS, reference.baseline(*dev, case, offset)))
+        for n in list(unnamed):
+            low_err, _ = errors_of(base[n], gold[n], den[n])
+            if low_err and 1 / LOWER_SHARE <= rows[n].error / low_err <= LOWER_SHARE:
+                d = rows[n].diagnosis
+                d.id, d.residual = "lower-precision", rows[n].error
+                d.sentence = (f"{n}'s error {rows[n].error:.1e} is the size of {low}'s (a plain {low} "
+                              f"computation: {low_err:.1e}): the kernel appears to compute in {low} inside this "
+                              f"{dtype} check" + (" -- " + d.sentence if "(closest" in d.sentence else ""))
+                unnamed.remove(n)

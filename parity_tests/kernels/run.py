@@ -10,6 +10,7 @@ passes; at least one row must pass), 1 some row fails, 2 bad arguments.
 """
 
 import argparse
+import os
 import sys
 import textwrap
 import time
@@ -109,12 +110,45 @@ def _plan(target, device, dtypes, tokens, head_dims, heads, batch, causal, align
         layout = "bhtd"
     elif "varlen" in wanted and layout != "bhtd":
         raise ValueError(f"layout: varlen runs every case in the thd layout, not {layout!r}")
+    _refuse_what_does_not_fit(grid, names, device)
     tgt = targets.resolve(target, device, layout)
     if wanted:
         feat.require(tgt.name, tgt.fn, wanted)             # a usage error, before any case runs
         takes = getattr(tgt.fn, "takes_align", False) or feat.takes_align(tgt.fn)
         grid = [feat.as_feature_case(c) for c in grid] + feat.feature_cases(wanted, CAUSAL[causal], seed, takes)
     return tgt, device, names, grid, wanted
+
+
+def available_memory(device):
+    """``(host bytes, device bytes)`` free now; None where it cannot be told."""
+    host = None
+    try:
+        with open("/proc/meminfo") as f:
+            host = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        try:
+            host = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            pass
+    gpu = torch.cuda.mem_get_info()[0] if device == "cuda" else None
+    return host, gpu
+
+
+def _refuse_what_does_not_fit(grid, dtypes, device):
+    """ValueError, before any work, when the largest case needs more memory than is free."""
+    host_free, device_free = available_memory(device)
+    gib = lambda n: f"{n / 2 ** 30:.1f} GiB"
+    for case in grid:
+        for d in dtypes:
+            parts = measure.case_memory(case, d, device)
+            for i, (free, where) in enumerate(((host_free, "this machine has"), (device_free, f"{device} has"))):
+                need = sum(p[i] for p in parts.values())
+                if free is not None and need > free:
+                    terms = " + ".join(f"{name} {gib(p[i])}" for name, p in parts.items() if p[i])
+                    raise ValueError(
+                        f"tokens: the case {case} in {d} needs about {gib(need)} ({terms}, not counting "
+                        f"the target's own workspace), more than the {gib(free)} {where} free; "
+                        "ask for fewer tokens, heads or batch")
 
 
 def _run(plan, align, seed, progress, reference_functions, timeout=measure.DEFAULT_TIMEOUT):

@@ -1,0 +1,76 @@
+"""The diagnosis's own limits and what it may claim."""
+
+import numpy as np
+import pytest
+import torch
+
+import parity_tests
+from parity_tests.kernels import cases, diagnosis
+import crashing_kernels as bad
+
+ONE = dict(dtypes=["float32"], head_dims=[16], heads=[2], batch=[1])
+
+
+def test_a_case_of_exactly_dense_limit_pairs_is_diagnosed_densely():
+    case = cases.Case(1, 2, 4096, 4096, 1, True)             # B H Tq Tk = 2^25 = DENSE_LIMIT
+    assert case.batch * case.heads * case.tq * case.tk == diagnosis.DENSE_LIMIT
+    whole = {"out": np.zeros((1, 2, 4096, 1))}
+    sel, sub = diagnosis._subset(case, whole, whole, (whole["out"],) * 3, whole["out"])
+    assert sel == (slice(None), slice(None)) and sub[0] is whole
+    one_more = cases.Case(1, 2, 4096, 4097, 1, True)
+    assert diagnosis._subset(one_more, whole, whole, (whole["out"],) * 3, whole["out"])[0] != sel
+
+
+class _ScaleGrad(torch.autograd.Function):
+    """Identity forward; the backward scales the gradient by 1.5 (a backward-only bug)."""
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 1.5
+
+
+def _dk_too_large(q, k, v, *, causal, scale):
+    return bad.sdpa(q, _ScaleGrad.apply(k), v, causal=causal, scale=scale)
+
+
+def _times(c):
+    def kernel(q, k, v, *, causal, scale):
+        return bad.sdpa(q, k, v, causal=causal, scale=scale) * c
+    return kernel
+
+
+def _in_bfloat16(q, k, v, *, causal, scale):
+    return bad.sdpa(q.bfloat16(), k.bfloat16(), v.bfloat16(), causal=causal, scale=scale).to(q.dtype)
+
+
+@pytest.mark.parametrize("c", [0.0, 2.0])
+def test_at_one_token_no_mistake_is_claimed_that_cannot_be_told_apart(c):
+    # with one key every weight is 1: a shifted mask predicts zeros, a fitted denominator fits any c v
+    report = parity_tests.check(_times(c), tokens=["1"], causal="both", **ONE)
+    assert not report.passed
+    claimed = {d.id for _, d in report.diagnoses}
+    assert not claimed & {"mask-one-past", "mask-one-future", "denominator"}, claimed
+    assert "row factors 0" not in str(report)
+    if c == 0.0:
+        assert report.failures[0].diagnosis.sentence.startswith("out is zero everywhere")
+
+
+def test_a_backward_only_bug_is_said_so_first_and_given_no_forward_mistake():
+    from parity_tests.kernels import mistakes
+    report = parity_tests.check(_dk_too_large, tokens=["17", "45x77"], causal="yes", **ONE)
+    assert {r.tensor for r in report.failures} == {"dk"}
+    forward = ["stale running maximum", "causal mask", "scale 1/D", "no scale", "alignment", "read as"]
+    for row, d in report.diagnoses:
+        assert d.sentence.startswith("the output is right; only the backward is wrong: dk "), d.sentence
+        assert not any(words in d.sentence for words in forward), d.sentence
+
+
+def test_errors_the_size_of_a_lower_precision_are_named():
+    report = parity_tests.check(_in_bfloat16, tokens=["17", "45x77"], causal="both", **ONE)
+    assert report.failures and report.diagnosis == "lower-precision"
+    for row, d in report.diagnoses:
+        assert d.id == "lower-precision", d.sentence
+        assert "is the size of bfloat16's" in d.sentence and "inside this float32 check" in d.sentence
