@@ -44,8 +44,7 @@ from parity_tests.kernels.report import Row
 
 __all__ = ["run_feature_case", "judged", "tensor_errors"]
 
-DTYPES = {"float64": torch.float64, "float32": torch.float32,
-          "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = measure.DTYPES
 ORDER = ("out", "lse", "dq", "dk", "dv", "dbias", "dsinks")
 GRADS = ("dq", "dk", "dv", "dbias", "dsinks")
 
