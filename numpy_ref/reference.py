@@ -50,11 +50,8 @@ from numbers import Integral, Real
 
 import numpy as np
 
-from numpy_ref.blockwise import choose_tiles
-from numpy_ref.variants import (
-    Visibility, alibi_backward, alibi_forward, bias_backward, bias_forward,
-    sink_backward, sink_forward, softcap_backward, softcap_forward,
-)
+from numpy_ref import variants
+from numpy_ref.blockwise import _same, choose_tiles
 
 __all__ = ["reference_attention"]
 
@@ -85,12 +82,12 @@ def _tile_scores(q_i, k_j, q0, k0, hs, mask):
     S = (q_i * q_i.dtype.type(hs.scale)) @ k_j.T                     # (B_r, B_c)
     t = None
     if hs.softcap is not None:
-        S, t = softcap_forward(S, hs.softcap)
+        S, t = variants.softcap_forward(S, hs.softcap)
     rows, cols = np.arange(q0, q0 + S.shape[0]), np.arange(k0, k0 + S.shape[1])
     if hs.slope is not None:
-        S = alibi_forward(S, hs.slope, rows, cols, hs.offset)
+        S = variants.alibi_forward(S, hs.slope, rows, cols, hs.offset)
     if hs.bias is not None:
-        S = bias_forward(S, hs.bias[hs.bias_index(q0, q0 + S.shape[0], k0, k0 + S.shape[1])])
+        S = variants.bias_forward(S, hs.bias[hs.bias_index(q0, q0 + S.shape[0], k0, k0 + S.shape[1])])
     if mask is not None:
         np.copyto(S, -np.inf, where=~mask)
     return S, t
@@ -101,12 +98,12 @@ def _tile_scores_backward(dS, t, hs, dbias, q0, k0):
     adding the bias's share into ``dbias`` (the head's 2-D view)."""
     if hs.bias is not None:
         index = hs.bias_index(q0, q0 + dS.shape[0], k0, k0 + dS.shape[1])
-        dS, dbias_tile = bias_backward(dS, dbias[index].shape)
+        dS, dbias_tile = variants.bias_backward(dS, dbias[index].shape)
         dbias[index] += dbias_tile
     if hs.slope is not None:
-        dS = alibi_backward(dS)
+        dS = variants.alibi_backward(dS)
     if t is not None:
-        dS = softcap_backward(dS, t)
+        dS = variants.softcap_backward(dS, t)
     return dS
 
 
@@ -124,7 +121,7 @@ def forward_head(q, k, v, out, lse, hs, vis, B_r, B_c):
         l = np.zeros(q1 - q0, dtype=dtype)                           # running sum ℓ
         acc = np.zeros((q1 - q0, v.shape[1]), dtype=dtype)           # unnormalised output
         if hs.sink is not None:
-            m, l = sink_forward(m, l, hs.sink, real)
+            m, l = variants.sink_forward(m, l, hs.sink, real)
         k_lo, k_hi = vis.key_range(q0, q1)
         for k0 in range(k_lo, k_hi, B_c):
             k1 = min(k0 + B_c, k_hi)
@@ -170,7 +167,7 @@ def backward_head(dout, q, k, v, out, lse, dq, dk, dv, dbias, hs, vis, B_r, B_c)
         dq[q0:q1] = dq_i * scale
         if hs.sink is not None:
             p_sink = np.exp(dtype.type(hs.sink) - L[q0:q1])          # the sink's weight
-            dsink += sink_backward(p_sink, D[q0:q1])
+            dsink += variants.sink_backward(p_sink, D[q0:q1])
     return dsink
 
 
@@ -202,14 +199,14 @@ def reference_attention(q, k, v, dout=None, *, scale=None, causal=False, align="
     o = _options(q, k, scale, causal, align, window, softcap, alibi_slopes, bias, sinks,
                  seqlens_q, seqlens_k, block_q, block_k)
     if dout is not None:
-        dout = _array("dout", dout, (B, Hq, Tq, Dv), dtype)
-    group = Hq // Hkv
+        dout = _same("dout", dout, (B, Hq, Tq, Dv), dtype)
+    kv = [variants.kv_head(h, Hq, Hkv) for h in range(Hq)]          # GQA: h // (Hq // Hkv)
     out = np.empty((B, Hq, Tq, Dv), dtype=dtype)
     lse = np.empty((B, Hq, Tq), dtype=dtype)
     for b in range(B):
         vis = o["visibility"](b)
         for h in range(Hq):
-            forward_head(q[b, h], k[b, h // group], v[b, h // group], out[b, h], lse[b, h],
+            forward_head(q[b, h], k[b, kv[h]], v[b, kv[h]], out[b, h], lse[b, h],
                          o["head"](b, h, vis.offset), vis, o["B_r"], o["B_c"])
     result = {"out": out, "lse": lse}
     if dout is None:
@@ -222,9 +219,9 @@ def reference_attention(q, k, v, dout=None, *, scale=None, causal=False, align="
         for h in range(Hq):
             hs = o["head"](b, h, vis.offset)
             dbias_h = None if dbias is None else _head_view(dbias, b, h)
-            dsinks[h] += backward_head(dout[b, h], q[b, h], k[b, h // group], v[b, h // group],
-                                       out[b, h], lse[b, h], dq[b, h], dk[b, h // group],
-                                       dv[b, h // group], dbias_h, hs, vis, o["B_r"], o["B_c"])
+            dsinks[h] += backward_head(dout[b, h], q[b, h], k[b, kv[h]], v[b, kv[h]],
+                                       out[b, h], lse[b, h], dq[b, h], dk[b, kv[h]],
+                                       dv[b, kv[h]], dbias_h, hs, vis, o["B_r"], o["B_c"])
     result.update(dq=dq, dk=dk, dv=dv)
     if dbias is not None:
         result["dbias"] = dbias.reshape(np.shape(bias))
@@ -240,15 +237,6 @@ def _head_view(bias4, b, h):
 
 # ----------------------------------------------------------------------------
 # Argument checks
-
-def _array(name, a, shape, dtype):
-    a = np.asarray(a)
-    if a.dtype != dtype:
-        raise TypeError(f"{name} must have dtype {dtype} like q, got {a.dtype}")
-    if a.shape != shape:
-        raise ValueError(f"{name} must have shape {shape}, got {a.shape}")
-    return a
-
 
 def _qkv(q, k, v):
     q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
@@ -346,7 +334,7 @@ def _options(q, k, scale, causal, align, window, softcap, alibi_slopes, bias, si
 
     def visibility(b):
         offset = int(nk[b] - nq[b]) if align == "bottom-right" else 0
-        return Visibility(int(nq[b]), int(nk[b]), offset, left, right)
+        return variants.Visibility(int(nq[b]), int(nk[b]), offset, left, right)
 
     def head(b, h, offset):
         return HeadScores(scale, softcap, None if slopes is None else slopes[b, h], offset,

@@ -31,7 +31,7 @@ are the tile's absolute query and key positions.
 import numpy as np
 
 __all__ = [
-    "gqa_forward", "gqa_backward",
+    "kv_head", "gqa_forward", "gqa_backward",
     "softcap_forward", "softcap_backward",
     "alibi_forward", "alibi_backward",
     "bias_forward", "bias_backward",
@@ -42,6 +42,12 @@ __all__ = [
 
 # ----------------------------------------------------------------------------
 # GQA / MQA: several query heads share one key/value head
+
+def kv_head(h, num_q_heads, num_kv_heads):
+    """The kv head query head ``h`` reads: ``h // (Hq // Hkv)``, consecutive query
+    heads sharing one (SDPA's ``enable_gqa``, FlashAttention's MQA/GQA)."""
+    return h // (num_q_heads // num_kv_heads)
+
 
 def gqa_forward(kv, num_q_heads):
     """The kv heads as the query heads read them: ``repeat_interleave`` on the

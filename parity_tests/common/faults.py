@@ -5,7 +5,8 @@ realistic slip in backpropagation code (a dropped term, a missing scale, a wrong
 layout) planted by a context manager that swaps one function and puts it back
 on exit.  NumPy faults replace a function of ``numpy_ref.ops`` (the modules call
 every op as ``ops.<name>``) or a helper of ``numpy_ref.blockwise`` (the
-blockwise-only mistakes of `parity_tests.common.blockwise_faults`); PyTorch faults replace a name ``torch_impl.attention``
+blockwise-only mistakes of `parity_tests.common.blockwise_faults`) or a piece of
+the production variants (`parity_tests.common.variant_faults`); PyTorch faults replace a name ``torch_impl.attention``
 looks up.  ``attention-parity --plant-fault NAME`` runs the matrix with one planted
 and must exit 1; the suite asserts it does, for every fault.
 
@@ -23,6 +24,7 @@ import numpy_ref.blockwise as blockwise
 import numpy_ref.ops as ops
 import torch_impl.attention as torch_attention
 from parity_tests.common.blockwise_faults import BLOCKWISE_FAULTS
+from parity_tests.common.variant_faults import VARIANT_FAULTS
 
 __all__ = ["Fault", "FAULTS", "plant", "names"]
 
@@ -170,7 +172,9 @@ FAULTS = {f.name: f for f in (
     Fault("torch-heads-reversed", "torch", "PyTorch wrapper concatenates its heads in reverse",
           torch_attention, "torch", _torch_heads_reversed),
 ) + tuple(Fault(name, "numpy", description, blockwise, helper, make)
-          for name, (helper, make, description) in BLOCKWISE_FAULTS.items())}
+          for name, (helper, make, description) in BLOCKWISE_FAULTS.items())
+  + tuple(Fault(name, "numpy", description, target, attribute, make)
+          for name, (target, attribute, make, description) in VARIANT_FAULTS.items())}
 
 # A fault that needs a matching change elsewhere to stay self-consistent.
 _COMPANIONS = {

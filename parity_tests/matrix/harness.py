@@ -36,6 +36,7 @@ import torch.nn as nn
 import numpy_ref
 import torch_impl
 from parity_tests.common import tolerances as tol
+from parity_tests.matrix import variants
 from parity_tests.matrix.functional import functional_forward
 
 __all__ = [
@@ -192,10 +193,13 @@ def dtype_supported(dtype, device):
 def build_cases(dtypes=("float64", "float32"), devices=("cpu",), modules=None):
     """Every case of the matrix, optionally restricted to some module class names."""
     specs = [s for s in MODULES if modules is None or s.name in modules]
-    return [Case(spec, config, mode, dtype, device)
-            for device in devices for dtype in dtypes if dtype_supported(dtype, device)
-            for spec in specs for config in spec.configs for mode in spec.modes
-            if not config.dtypes or dtype in config.dtypes]
+    cases = [Case(spec, config, mode, dtype, device)
+             for device in devices for dtype in dtypes if dtype_supported(dtype, device)
+             for spec in specs for config in spec.configs for mode in spec.modes
+             if not config.dtypes or dtype in config.dtypes]
+    if modules is None or variants.MODULE in modules:      # the production variants' family
+        cases += variants.build_cases(dtypes, devices)
+    return cases
 
 
 # ----------------------------------------------------------------- building
@@ -391,6 +395,8 @@ def buffer_rows(case, module):
 
 def run_case(case):
     """Every row of one case: buffers, then output, input and parameter gradients."""
+    if isinstance(case, variants.VariantCase):
+        return variants.run_case(case)
     x, grad_out, keep = make_inputs(case)
     module = build_torch(case)
     rows = buffer_rows(case, module)

@@ -20,7 +20,7 @@ import time
 import torch
 
 from parity_tests.common import faults, options, outputs
-from parity_tests.matrix import harness
+from parity_tests.matrix import harness, variants
 from parity_tests.common import tolerances
 from parity_tests.common.tables import format_table
 
@@ -79,7 +79,7 @@ def _devices(choice):
 
 def _modules(values):
     names = options.split_list(values, "--module")
-    known = [s.name for s in harness.MODULES]
+    known = [s.name for s in harness.MODULES] + [variants.MODULE]
     unknown = [n for n in names if n not in known]
     if unknown:
         raise ValueError(f"--module must be among {', '.join(known)}; got {', '.join(unknown)}")

@@ -1,16 +1,37 @@
-"""The production variants' family of the parity matrix.
+"""The production variants' family of the parity matrix (rows of module
+``reference_attention``).
 
-``numpy_ref.reference_attention`` against `variants_dense.dense_attention`
-(float64 PyTorch autograd) on a grid of cases that mix the variants: GQA, a
-value head dim of its own, causal in both alignments, windows, softcap, ALiBi,
-bias in several broadcast shapes, sinks and per-batch lengths.
+Each case is one named mix of variants (`CONFIGS`): GQA and MQA, a value head
+dim of its own, Tq ≠ Tk, causal in both alignments, windows, softcap, ALiBi,
+bias in several broadcast shapes, sinks, per-batch lengths, all at once.
+
+- float64: ``numpy_ref.reference_attention`` against the dense PyTorch
+  computation differentiated by autograd (`variants_dense.dense_attention`),
+  check "numpy vs torch", every tensor (out, lse, dq, dk, dv, dbias, dsinks) at
+  `tolerances.VARIANTS_FLOAT64_BOUND`; and, where SDPA expresses the case (no softcap, no
+  sink), against ``scaled_dot_product_attention`` ("numpy vs sdpa").
+- float32: the reference run in float32 against itself in float64 on the same
+  rounded numbers ("numpy vs golden"), held to `tolerances.low_precision_bound`
+  with the dense PyTorch float32 computation's drift as the baseline (largest
+  of `tolerances.BASELINE_DRAWS` one-ulp nudges); the golden is itself checked
+  against the dense float64 computation ("golden vs torch f64").
+
+NumPy and CPU PyTorch only: the family runs on the cpu device.
 """
+
+import zlib
+from dataclasses import dataclass
 
 import numpy as np
 
+from numpy_ref import reference_attention
 from parity_tests.common import tolerances as tol
+from parity_tests.matrix import variants_dense as dense
 
-__all__ = ["compare", "relative_error", "random_case", "TENSORS", "VARIANT_FLOAT64_BOUND"]
+__all__ = ["MODULE", "CONFIGS", "VariantCase", "build_cases", "run_case", "compare",
+           "relative_error", "random_case", "TENSORS"]
+
+MODULE = "reference_attention"
 
 TENSORS = ("out", "lse", "dq", "dk", "dv", "dbias", "dsinks")
 
@@ -50,13 +71,6 @@ def compare(tested, ref):
                               tol.SCALE_FLOOR * grad_peak if n.startswith("d") else 0.0)
             for n in ref}
 
-
-# float64 against a dense autograd computation: both are a few matrix products, a
-# softmax and (dense side) one logsumexp per row over at most ~40 terms, so agreeing
-# code lands at 1e-16..1e-14 (measured maximum over 1000 random mixed cases: see
-# README, "The production variants"); 1e-12 is the target the variants are held
-# to, 100x above that and 1e9 below a real mistake.
-VARIANT_FLOAT64_BOUND = 1e-12
 
 BIAS_SHAPES = ("(Tq, Tk)", "(1, Hq, 1, Tk)", "(B, 1, Tq, Tk)", "(B, Hq, Tq, Tk)", "(Tk,)", "(Tq, 1)")
 
@@ -98,3 +112,141 @@ def random_case(seed):
     v, dout = r.standard_normal((B, Hkv, Tk, Dv)), r.standard_normal((B, Hq, Tq, Dv))
     tiles = dict(block_q=int(r.integers(1, 8)), block_k=int(r.integers(1, 8)))
     return q, k, v, dout, o, tiles
+
+
+# ----------------------------------------------------------------------------
+# The family's cases
+
+@dataclass(frozen=True)
+class VariantConfig:
+    """Shapes (B, Hq, Hkv, Tq, Tk, Dqk, Dv), the options, and the tiles (B_r, B_c)."""
+
+    label: str
+    options: tuple = ()           # (name, value) pairs; arrays are built by `_options`
+    shape: tuple = (2, 4, 2, 9, 13, 5, 3)
+    tiles: tuple = (4, 5)
+
+
+@dataclass(frozen=True)
+class _Spec:
+    name: str = MODULE
+
+
+@dataclass(frozen=True)
+class VariantCase:
+    """A case of the family, shaped like `harness.Case` (spec.name, config.label)."""
+
+    config: VariantConfig
+    dtype: str
+    device: str = "cpu"
+    mode: str = "eval"
+    spec: _Spec = _Spec()
+
+    @property
+    def seed(self):
+        return zlib.crc32(f"{MODULE}|{self.config.label}".encode())
+
+
+EVERYTHING = (("causal", True), ("align", "bottom-right"), ("window", (4, -1)),
+              ("softcap", 2.0), ("alibi_slopes", "(B, Hq)"), ("bias", "(B, 1, Tq, Tk)"),
+              ("sinks", "(Hq,)"), ("seqlens_q", (9, 6)), ("seqlens_k", (13, 4)), ("scale", 0.6))
+
+CONFIGS = (
+    VariantConfig("GQA 4:2, Dv 3 != Dqk 5, Tq 9 < Tk 13"),
+    VariantConfig("MQA 4:1, scale 0.3", (("scale", 0.3),), shape=(2, 4, 1, 9, 13, 5, 3)),
+    VariantConfig("causal top-left, Tq 13 > Tk 9", (("causal", True),), shape=(2, 4, 2, 13, 9, 5, 3)),
+    VariantConfig("causal bottom-right, Tq 9 < Tk 13", (("causal", True), ("align", "bottom-right"))),
+    VariantConfig("window (3, 2)", (("window", (3, 2)),)),
+    VariantConfig("window (0, 0), bottom-right", (("window", (0, 0)), ("align", "bottom-right"))),
+    VariantConfig("window (4, -1), causal bottom-right",
+                  (("window", (4, -1)), ("causal", True), ("align", "bottom-right"))),
+    VariantConfig("softcap 1.5", (("softcap", 1.5), ("scale", 1.0))),
+    VariantConfig("ALiBi (Hq,), bottom-right", (("alibi_slopes", "(Hq,)"), ("align", "bottom-right"))),
+    VariantConfig("bias (Tq, Tk)", (("bias", "(Tq, Tk)"),)),
+    VariantConfig("bias (1, Hq, 1, Tk)", (("bias", "(1, Hq, 1, Tk)"),)),
+    VariantConfig("bias (B, 1, Tq, Tk), causal", (("bias", "(B, 1, Tq, Tk)"), ("causal", True))),
+    VariantConfig("sinks", (("sinks", "(Hq,)"),)),
+    VariantConfig("seqlens q (9, 0), k (7, 3): padding, an empty batch",
+                  (("seqlens_q", (9, 0)), ("seqlens_k", (7, 3))), shape=(2, 4, 2, 9, 13, 5, 3)),
+    VariantConfig("everything, bottom-right", EVERYTHING),
+)
+
+
+def build_cases(dtypes=("float64", "float32"), devices=("cpu",)):
+    return [VariantCase(config, dtype) for dtype in dtypes if dtype in ("float64", "float32")
+            for config in CONFIGS if "cpu" in devices]
+
+
+def _draw_case(case):
+    """(q, k, v, dout, options) in float64 from the case's seed."""
+    B, Hq, Hkv, Tq, Tk, D, Dv = case.config.shape
+    r = np.random.default_rng(case.seed)
+    q, k = r.standard_normal((B, Hq, Tq, D)), r.standard_normal((B, Hkv, Tk, D))
+    v, dout = r.standard_normal((B, Hkv, Tk, Dv)), r.standard_normal((B, Hq, Tq, Dv))
+    options = {}
+    for name, value in case.config.options:
+        if name in ("seqlens_q", "seqlens_k"):
+            value = np.array(value)
+        elif name == "bias":
+            value = r.standard_normal(_bias_shape(value, B, Hq, Tq, Tk))
+        elif name == "alibi_slopes":
+            value = r.uniform(0.1, 1.0, (Hq,) if value == "(Hq,)" else (B, Hq))
+        elif name == "sinks":
+            value = r.standard_normal(Hq)
+        options[name] = value
+    return q, k, v, dout, options
+
+
+# ----------------------------------------------------------------------------
+# Running a case
+
+def _row(case, check, tensor, error, bound, baseline=None):
+    return {"module": MODULE, "config": case.config.label, "mode": case.mode,
+            "dtype": case.dtype, "device": case.device, "check": check, "tensor": tensor,
+            "error": error, "bound": bound, "baseline": baseline,
+            "passed": bool(np.isfinite(error) and error <= bound), "where": None}
+
+
+def _floats(arrays, dtype):
+    return {n: (a.astype(dtype) if isinstance(a, np.ndarray) and a.dtype.kind == "f" else a)
+            for n, a in arrays.items()}
+
+
+def _nudged(arrays, rng):
+    """Every float entry moved one ulp (of its float32 dtype) up or down at random."""
+    return {n: (np.nextafter(a, np.where(rng.random(a.shape) < 0.5, np.inf, -np.inf).astype(a.dtype))
+                if isinstance(a, np.ndarray) and a.dtype.kind == "f" else a)
+            for n, a in arrays.items()}
+
+
+def run_case(case):
+    q, k, v, dout, options = _draw_case(case)
+    tiles = dict(block_q=case.config.tiles[0], block_k=case.config.tiles[1])
+    if case.dtype == "float64":
+        got = reference_attention(q, k, v, dout, **options, **tiles)
+        ref = dense.dense_attention(q, k, v, dout, **options)
+        rows = [_row(case, "numpy vs torch", n, e, tol.VARIANTS_FLOAT64_BOUND)
+                for n, e in compare(got, ref).items()]
+        if "softcap" not in options and "sinks" not in options:
+            sdpa = dense.sdpa_attention(q, k, v, dout, **options)
+            rows += [_row(case, "numpy vs sdpa", n, e, tol.VARIANTS_FLOAT64_BOUND)
+                     for n, e in compare(got, sdpa).items()]
+        return rows
+    arrays = _floats(dict(q=q, k=k, v=v, dout=dout, **options), np.float32)
+    rng = np.random.default_rng([case.seed, 1])
+    draws = [arrays] + [_nudged(arrays, rng) for _ in range(tol.BASELINE_DRAWS - 1)]
+    baselines, first = {}, None
+    for a in draws:
+        a64 = _floats(a, np.float64)
+        golden = reference_attention(**a64)
+        plain = dense.dense_attention(**a)
+        for n, e in compare(plain, golden).items():
+            baselines[n] = max(baselines.get(n, 0.0), e)
+        if first is None:
+            first = golden, reference_attention(**a, **tiles), dense.dense_attention(**a64)
+    golden, ours, torch64 = first
+    rows = [_row(case, "golden vs torch f64", n, e, tol.VARIANTS_FLOAT64_BOUND)
+            for n, e in compare(golden, torch64).items()]
+    rows += [_row(case, "numpy vs golden", n, e, tol.low_precision_bound("float32", baselines[n]),
+                  baselines[n]) for n, e in compare(ours, golden).items()]
+    return rows

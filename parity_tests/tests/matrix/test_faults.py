@@ -13,6 +13,7 @@ import pytest
 import torch_impl.attention as torch_attention
 
 from parity_tests.common import faults
+from parity_tests.common.variant_faults import VARIANT_FAULTS
 from parity_tests.matrix import harness
 from parity_tests.matrix import run as run_parity
 
@@ -21,6 +22,7 @@ CAUSAL = ("CausalAttention", "MultiHeadAttentionWrapper", "MultiHeadAttention",
           "FusedMultiHeadAttention", "BlockwiseMultiHeadAttention")
 BLOCKWISE = lambda r: r["module"] == "BlockwiseMultiHeadAttention"  # noqa: E731
 SPLIT_HEADS = ("MultiHeadAttention", "FusedMultiHeadAttention")
+VARIANT = lambda r: r["module"] == "reference_attention"  # noqa: E731
 
 EXPECTED = {
     "softmax-backward-no-sum": lambda r: r["tensor"] != "output",
@@ -39,6 +41,7 @@ EXPECTED = {
     "blockwise-lse-without-max": lambda r: BLOCKWISE(r) and r["tensor"] != "output",
     "blockwise-delta-one-tile": lambda r: BLOCKWISE(r) and r["tensor"] != "output",
     "blockwise-causal-skip-off-by-one": BLOCKWISE,
+    **{name: VARIANT for name in VARIANT_FAULTS},
 }
 
 
@@ -83,9 +86,12 @@ BLOCKWISE_CONFIG = "T 13, tiles 3x4, bias"  # several query and key tiles
 # Shows only where scores rise by thousands: the blockwise family's "large
 # scores" config, which runs in float64 alone (see harness.CONFIGS_BLOCKWISE).
 FLOAT64_ONLY = ("blockwise-max-not-updated",)
+# The variants' family runs in float64 and float32 (NumPy has no lower precision):
+# its faults are tested there (test_planted_variant_fault_fails_float32_rows).
 
 
-@pytest.mark.parametrize("name", [n for n in faults.names() if n not in FLOAT64_ONLY])
+@pytest.mark.parametrize("name", [n for n in faults.names()
+                                  if n not in FLOAT64_ONLY and n not in VARIANT_FAULTS])
 def test_planted_fault_fails_bfloat16_and_float16_runs(name):
     """In these dtypes NumPy is only the golden reference: its faults must still show
     (as "golden vs torch f64" rows), and PyTorch's in its own rows (against the
@@ -152,3 +158,13 @@ def test_a_numpy_fault_fails_a_low_precision_only_command(dtype, tmp_path, capsy
                           "--plant-fault", "softmax-backward-no-sum")
     assert status == 1
     assert {r["check"] for r in report["rows"] if not r["passed"]} == {"golden vs torch f64"}
+
+
+@pytest.mark.parametrize("name", list(VARIANT_FAULTS))
+def test_planted_variant_fault_fails_float32_rows(name):
+    """The variants' float32 rows hold the reference to its float64 golden: a
+    fault in the code shows there too (as the golden's own check or the float32 side)."""
+    cases = [c for c in harness.build_cases(["float32"], ["cpu"], ["reference_attention"])]
+    with faults.plant(name):
+        rows = harness.run_matrix(cases)
+    assert any(not r["passed"] for r in rows), f"{name}: every float32 row passed"

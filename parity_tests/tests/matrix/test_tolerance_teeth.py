@@ -48,6 +48,8 @@ NOT_SIZES = {
 # The bounds of `attention-parity check`, guarded the same way in its own room.
 GUARDED_BY_KERNELS = ({"CHECK_FACTOR"} | {f"CHECK_FLOOR_ULPS[{k}]" for k in tol.CHECK_FLOOR_ULPS}
                       | {f"CHECK_ZERO_FLOOR[{k}]" for k in tol.CHECK_ZERO_FLOOR})
+# The production variants' bound, guarded in tests/matrix/test_variant_rows.py.
+GUARDED_BY_VARIANTS = {"VARIANTS_FLOAT64_BOUND"}
 
 
 def _case(module, config, dtype):
@@ -125,7 +127,7 @@ def test_baseline_draws_stay_few():
 
 def test_every_constant_is_guarded():
     guarded = ({c for s in SCENARIOS for c in s[6]} | set(NOT_SIZES) | {"FINITE_DIFF_BOUND"}
-               | GUARDED_BY_KERNELS)
+               | GUARDED_BY_KERNELS | GUARDED_BY_VARIANTS)
     constants = set()
     for name in dir(tol):
         value = getattr(tol, name)

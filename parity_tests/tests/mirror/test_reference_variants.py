@@ -10,7 +10,7 @@ import pytest
 from numpy_ref import reference_attention
 from parity_tests.common import tolerances as tol
 from parity_tests.matrix import variants_dense as dense
-from parity_tests.matrix.variants import VARIANT_FLOAT64_BOUND, compare, random_case
+from parity_tests.matrix.variants import compare, random_case
 
 
 def assert_close(got, ref, bound, label):
@@ -25,7 +25,7 @@ def test_dense_autograd_agrees_on_a_grid_mixing_the_variants(seed):
     got = reference_attention(q, k, v, dout, **options, **tiles)
     ref = dense.dense_attention(q, k, v, dout, **options)
     assert set(got) == set(ref)
-    assert_close(got, ref, VARIANT_FLOAT64_BOUND, options)
+    assert_close(got, ref, tol.VARIANTS_FLOAT64_BOUND, options)
 
 
 @pytest.mark.slow
@@ -44,7 +44,7 @@ def test_sdpa_with_attn_mask_and_enable_gqa_agrees(seed):
     options = _no_sdpa_variant(options)
     got = reference_attention(q, k, v, dout, **options)
     ref = dense.sdpa_attention(q, k, v, dout, **options)
-    assert_close(got, ref, VARIANT_FLOAT64_BOUND, options)
+    assert_close(got, ref, tol.VARIANTS_FLOAT64_BOUND, options)
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -53,7 +53,7 @@ def test_flex_attention_forward_agrees(seed):
     options.pop("sinks", None)
     got = reference_attention(q, k, v, **options)
     ref = dense.flex_attention(q, k, v, **options)
-    assert_close(got, ref, VARIANT_FLOAT64_BOUND, options)
+    assert_close(got, ref, tol.VARIANTS_FLOAT64_BOUND, options)
 
 
 def _float32_errors(seed):
