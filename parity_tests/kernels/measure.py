@@ -125,7 +125,7 @@ def _wrong(t, what, shape, dtype, device):
 
 
 def _call(target, case, q, k, v, dout, dtype, device, align):
-    """``(results dict)``: tensor -> float64 array; a str (the reason) for what the target
+    """The results: tensor -> float64 array; a str (the reason) for what the target
     declares it does not run ("not supported"); ``("FAIL", why)`` for what went wrong."""
     layout = target.layout
     opts = dict(causal=case.causal, scale=case.scale, align=align)
@@ -280,10 +280,11 @@ LOWER = {"float64": ("float32", "bfloat16", "float16"), "float32": ("bfloat16", 
 
 def _lower_precision(rows, failing, dtype, rounded, case, offset, gold, den, device):
     """Rows that no mistake explains whose error is the size of a lower precision's say so."""
-    unnamed = [n for n in failing if rows[n].diagnosis is not None and rows[n].diagnosis.id == "none"]
     named_out = rows["out"].diagnosis is not None and rows["out"].diagnosis.id != "none"
-    unnamed = [n for n in unnamed if not named_out]       # a gradient of a named output keeps that name
-    if not unnamed or dtype not in LOWER:
+    if named_out or dtype not in LOWER:                   # a gradient of a named output keeps that name
+        return
+    unnamed = [n for n in failing if rows[n].diagnosis is not None and rows[n].diagnosis.id == "none"]
+    if not unnamed:
         return
     for low in LOWER[dtype]:
         dev = [torch.from_numpy(a).to(device=device, dtype=DTYPES[low]) for a in rounded]
@@ -292,8 +293,9 @@ def _lower_precision(rows, failing, dtype, rounded, case, offset, gold, den, dev
             low_err, _ = errors_of(base[n], gold[n], den[n])
             if low_err and 1 / LOWER_SHARE <= rows[n].error / low_err <= LOWER_SHARE:
                 d = rows[n].diagnosis
+                first = d.sentence[:d.sentence.index(f"{n} matches none")]   # "the output is right; ..."
                 d.id, d.residual = "lower-precision", rows[n].error
-                d.sentence = (f"{n}'s error {rows[n].error:.1e} is the size of {low}'s (a plain {low} "
+                d.sentence = (f"{first}{n}'s error {rows[n].error:.1e} is the size of {low}'s (a plain {low} "
                               f"computation: {low_err:.1e}): the kernel appears to compute in {low} inside this "
-                              f"{dtype} check" + (" -- " + d.sentence if "(closest" in d.sentence else ""))
+                              f"{dtype} check")
                 unnamed.remove(n)
