@@ -227,6 +227,19 @@ CHECK_FACTOR = 4.0
 CHECK_FLOOR_ULPS = {"float64": 8, "float32": 8, "float16": 2, "bfloat16": 2}
 
 
+# A gradient that is zero by theory (its reference below SCALE_FLOOR x the case's
+# largest gradient: dq and dk when every row sees one key, as with a 0-wide window
+# of --features window) is measured against that floor, and the baseline, whose
+# P is exactly 1 there, has no error at all to scale.  A kernel does: D =
+# rowsum(dO ∘ O) and dP = dO V^T summed in different orders leave dS at rounding
+# size.  Measured: PyTorch's CPU flash kernel, 0-wide windows, 3.5e-6 (59 float32
+# units) in float32 and bfloat16 alike (it accumulates in float32); a mistake
+# there is of the size of the floor itself (>= 1e-1).  128 float32 units, or the
+# usual bound where that is larger.
+CHECK_ZERO_FLOOR = {"float64": 128 * 2.0 ** -53, "float32": 128 * 2.0 ** -24,
+                    "bfloat16": 128 * 2.0 ** -24, "float16": 128 * 2.0 ** -24}
+
+
 def check_bound(dtype, baseline):
     """The bound of ``attention-parity check`` for a tensor whose baseline error is ``baseline``."""
     if dtype not in CHECK_FLOOR_ULPS:

@@ -13,4 +13,14 @@ mistake when a tensor fails.
 - ``diagnosis``  the catalogue of mistakes, recomputed, the best match named
 - ``report``     the rows, their table, the summary, the JSON copy
 - ``run``        the command line and ``check(...)``, the Python entry point
+
+With ``--features`` (production kernels: GQA, windows, softcap, ALiBi, bias,
+sinks, varlen, lse, decode, determinism):
+
+- ``features``          the feature names, their cases, what a callable receives
+- ``dense``             every feature written densely in PyTorch: the baseline,
+                        and the catalogue's mistakes with one knob turned
+- ``featured``          one feature case: call, judge every tensor, diagnose
+- ``feature_mistakes``  the mistakes the features invite
+- ``feature_targets``   SDPA, FlexAttention and flash_attn with the features
 """

@@ -101,3 +101,23 @@ def baseline(q, k, v, dout, case, offset):
 
 def _numpy(t):
     return t.detach().to("cpu", torch.float64).numpy()
+
+
+# ---------------------------------------------------------------------------
+# The production features (``features``): golden and baseline of one case
+# ---------------------------------------------------------------------------
+
+def feature_golden(q, k, v, dout, opts):
+    """The float64 reference of a feature case: a dict of NumPy arrays ``out``, ``lse``
+    and, with ``dout``, ``dq``, ``dk``, ``dv`` (``dbias``, ``dsinks`` with a bias or sinks).
+    ``opts``: ``numpy_ref.reference_attention``'s options.  (``dense.run(q, k, v, dout, opts)``
+    computes the same densely with autograd: it agrees to ~1e-15 on every feature case.)"""
+    from numpy_ref import reference_attention
+    return {n: np.asarray(a, dtype=np.float64) for n, a in reference_attention(q, k, v, dout, **opts).items()}
+
+
+def feature_baseline(q, k, v, dout, opts, dtype, device):
+    """The same computed plainly in PyTorch in ``dtype`` on ``device`` (the features'
+    formulas in ``dense``, gradients by autograd): float64 NumPy arrays."""
+    from parity_tests.kernels import dense
+    return dense.run(q, k, v, dout, opts, dtype, device)

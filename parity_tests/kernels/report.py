@@ -44,6 +44,8 @@ class Row:
     where: tuple = None
     note: str = ""
     diagnosis: object = None          # a diagnosis.Diagnosis for failing rows
+    mean_error: float = None          # with features: the mean error and the cosine with the reference
+    cosine: float = None
 
     @property
     def passed(self):
@@ -66,7 +68,8 @@ class Row:
                 "error": num(self.error), "baseline": num(self.baseline), "bound": num(self.bound),
                 "ratio": num(self.ratio), "verdict": self.verdict, "passed": self.passed,
                 "where": None if self.where is None else list(self.where), "note": self.note,
-                "diagnosis": None if self.diagnosis is None else self.diagnosis.as_dict()}
+                "diagnosis": None if self.diagnosis is None else self.diagnosis.as_dict(),
+                "mean_error": num(self.mean_error), "cosine": num(self.cosine)}
 
 
 def _sci(x):
@@ -155,7 +158,14 @@ class Report:
         return text
 
     def table(self, rows=None):
-        return format_table(HEADERS, [_cells(r) for r in (self.rows if rows is None else rows)])
+        rows = self.rows if rows is None else rows
+        if not any(r.mean_error is not None for r in self.rows):
+            return format_table(HEADERS, [_cells(r) for r in rows])
+        # with features: the mean error and the cosine after the ratio
+        at = HEADERS.index("ratio") + 1
+        headers = HEADERS[:at] + ("mean", "cosine") + HEADERS[at:]
+        extra = lambda r: [_sci(r.mean_error), "-" if r.cosine is None else f"{r.cosine:.4f}"]
+        return format_table(headers, [c[:at] + extra(r) + c[at:] for r, c in ((r, _cells(r)) for r in rows)])
 
     def diagnosis_lines(self, limit=40):
         lines = [f"  {r.case} {r.dtype}: {d.sentence}" for r, d in self.diagnoses[:limit]]

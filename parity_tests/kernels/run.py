@@ -18,6 +18,8 @@ import time
 import torch
 
 import parity_tests.kernels.cases as cases_mod
+import parity_tests.kernels.featured as featured
+import parity_tests.kernels.features as feat
 import parity_tests.kernels.measure as measure
 import parity_tests.kernels.targets as targets
 from parity_tests.kernels.report import Report, find_growth
@@ -69,24 +71,28 @@ def _progress_line(name, total, start):
 
 def check(target, *, device="cpu", dtypes=None, tokens=None, head_dims=None, heads=None, batch=None,
           causal="both", align="top-left", layout="bhtd", long=False, seed=0, progress=False,
-          reference_functions=None, timeout=measure.DEFAULT_TIMEOUT):
+          reference_functions=None, features=None, timeout=measure.DEFAULT_TIMEOUT):
     """Hold ``target`` (a built-in name, ``"module.path:callable"`` or a callable taking
     ``(q, k, v, *, causal, scale)``) to the float64 reference; returns a `Report`
     (``.passed``, ``.rows``, ``.failures``, ``.diagnoses``, ``.diagnosis``).
 
     ``tokens``: lengths ``T`` or ``(Tq, Tk)`` / ``"TqxTk"``; ``causal``: "yes", "no"
     or "both"; ``align``: where a causal mask sits when Tq != Tk, "top-left"
-    (SDPA's ``is_causal``) or "bottom-right" (FlashAttention's); ``timeout``: seconds the
+    (SDPA's ``is_causal``) or "bottom-right" (FlashAttention's); ``features``: names among
+    ``features.FEATURES`` (gqa, value_dim, window, softcap, alibi, bias, sinks, varlen, lse,
+    decode, deterministic), each adding its cases on top of the grid; ``timeout``: seconds the
     target may take on one case (default ``measure.DEFAULT_TIMEOUT``, 0 or None: no limit),
     past which the case FAILS "timed out" -- a pure-Python loop is stopped, one long call
     into C only when it returns (``measure.time_limit``).
     """
     limit = _timeout(timeout)
-    plan = _plan(target, device, dtypes, tokens, head_dims, heads, batch, causal, align, layout, long)
+    plan = _plan(target, device, dtypes, tokens, head_dims, heads, batch, causal, align, layout, long,
+                 features, seed)
     return _run(plan, align, seed, progress, reference_functions, limit)
 
 
-def _plan(target, device, dtypes, tokens, head_dims, heads, batch, causal, align, layout, long):
+def _plan(target, device, dtypes, tokens, head_dims, heads, batch, causal, align, layout, long,
+          features=None, seed=0):
     """The target, the dtypes and the cases; ValueError/TypeError for a bad option."""
     device = _device(device)
     names = _dtypes(dtypes, device)
@@ -97,8 +103,20 @@ def _plan(target, device, dtypes, tokens, head_dims, heads, batch, causal, align
     listify = lambda x: [x] if isinstance(x, (int, str)) else x
     grid = cases_mod.build_grid(tokens=listify(tokens), head_dims=listify(head_dims), heads=listify(heads),
                                 batch=listify(batch), causal=CAUSAL[causal], long=long, device=device)
+    wanted = feat.parse_features(features)
+    if layout == "thd":               # FlashAttention's packed layout: what varlen runs
+        if "varlen" not in wanted:
+            raise ValueError("layout 'thd' (FlashAttention's varlen layout) goes with the feature varlen")
+        layout = "bhtd"
+    elif "varlen" in wanted and layout != "bhtd":
+        raise ValueError(f"layout: varlen runs every case in the thd layout, not {layout!r}")
     _refuse_what_does_not_fit(grid, names, device)
-    return targets.resolve(target, device, layout), device, names, grid
+    tgt = targets.resolve(target, device, layout)
+    if wanted:
+        feat.require(tgt.name, tgt.fn, wanted)             # a usage error, before any case runs
+        takes = getattr(tgt.fn, "takes_align", False) or feat.takes_align(tgt.fn)
+        grid = [feat.as_feature_case(c) for c in grid] + feat.feature_cases(wanted, CAUSAL[causal], seed, takes)
+    return tgt, device, names, grid, wanted
 
 
 def available_memory(device):
@@ -134,7 +152,7 @@ def _refuse_what_does_not_fit(grid, dtypes, device):
 
 
 def _run(plan, align, seed, progress, reference_functions, timeout=measure.DEFAULT_TIMEOUT):
-    tgt, device, names, grid = plan
+    tgt, device, names, grid, wanted = plan
     work = [(case, d) for d in names for case in grid]
     start = time.perf_counter()
     show = _progress_line(tgt.name, len(work), start) if progress else None
@@ -142,12 +160,16 @@ def _run(plan, align, seed, progress, reference_functions, timeout=measure.DEFAU
     for i, (case, d) in enumerate(work, 1):
         if show:
             show(i - 1, f"({d}, {case})")
-        rows += measure.run_case(tgt, case, d, device, align, seed, reference_functions, timeout)
+        if wanted:
+            rows += featured.run_feature_case(tgt, case, d, device, align, seed, wanted, timeout)
+        else:
+            rows += measure.run_case(tgt, case, d, device, align, seed, reference_functions, timeout)
     if show:
         show(len(work), "")
     find_growth(rows)
     return Report(tgt.name, rows, time.perf_counter() - start,
-                  {"device": device, "dtypes": names, "align": align, "layout": tgt.layout,
+                  {"device": device, "dtypes": names, "align": align,
+                   "layout": "thd" if "varlen" in wanted else tgt.layout, "features": wanted,
                    "factor": tol.CHECK_FACTOR, "floor_ulps": tol.CHECK_FLOOR_ULPS})
 
 
@@ -156,6 +178,8 @@ def build_parser():
     cuda_only = {n: d for n, d in targets.builtin_names("cuda").items() if n not in cpu}
     listing = "\n".join(f"  {n:<17} {d}" for n, d in cpu.items())
     listing += "\n" + "\n".join(f"  {n:<17} {d} (CUDA only)" for n, d in cuda_only.items())
+    if not any(n in cuda_only for n in targets.FLASH):
+        listing += "\n" + "\n".join(f"  {n:<17} FlashAttention's {n} (CUDA with flash_attn)" for n in targets.FLASH)
     p = argparse.ArgumentParser(
         prog="attention-parity check", formatter_class=argparse.RawDescriptionHelpFormatter,
         description=textwrap.fill(
@@ -182,8 +206,12 @@ def build_parser():
     p.add_argument("--align", choices=list(targets.ALIGNMENTS), default="top-left",
                    help="where the causal mask sits when Tq != Tk: top-left (SDPA's is_causal, "
                         "default) or bottom-right (FlashAttention's)")
-    p.add_argument("--layout", choices=["bhtd", "bthd"], default="bhtd",
-                   help="the layout a callable takes: (B, H, T, D) (default) or (B, T, H, D)")
+    p.add_argument("--layout", choices=["bhtd", "bthd", "thd"], default="bhtd",
+                   help="the layout a callable takes: (B, H, T, D) (default) or (B, T, H, D); thd, "
+                        "FlashAttention's packed varlen layout, is what --features varlen runs")
+    p.add_argument("--features", action="append", metavar="F,...",
+                   help="add the cases of production features: " + ", ".join(feat.FEATURES) +
+                        " (comma-separate; the callable receives each feature's keyword on its cases)")
     p.add_argument("--long", action="store_true", help="add T = 16384 (and 32768 on cuda)")
     p.add_argument("--seed", type=outputs.seed, default=0,
                    help="seed of the inputs drawn, 0 .. 2**32 - 1 (default: 0)")
@@ -223,6 +251,9 @@ def main(argv=None):
     if args.list:
         for name, text in targets.builtin_names(args.device).items():
             print(f"{name:<17} {text}")
+        if args.device == "cuda" and "flash" not in targets.builtin_names("cuda"):
+            from parity_tests.kernels.feature_targets import flash_unavailable
+            print(f"(FlashAttention's {', '.join(targets.FLASH)} skipped: {flash_unavailable()})")
         return 0
     if not args.target:
         print("attention-parity check: error: TARGET is required (see --help or --list)", file=sys.stderr)
@@ -235,7 +266,7 @@ def main(argv=None):
         plan = _plan(args.target, args.device, _split(args.dtype, "--dtype"),
                      _split(args.tokens, "--tokens"), _split(args.head_dim, "--head-dim", int),
                      _split(args.heads, "--heads", int), _split(args.batch, "--batch", int),
-                     args.causal, args.align, args.layout, args.long)
+                     args.causal, args.align, args.layout, args.long, _split(args.features, "--features"), args.seed)
     except (ValueError, TypeError) as e:
         print(f"attention-parity check: error: {e}", file=sys.stderr)
         return 2

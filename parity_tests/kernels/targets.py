@@ -29,16 +29,15 @@ Built in:
 import importlib
 import os
 import sys
-import warnings
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 
 __all__ = ["Target", "Unsupported", "builtin_names", "resolve", "user_target", "call",
            "to_layout", "from_layout"]
 
 ALIGNMENTS = ("top-left", "bottom-right")
+FLASH = ("flash", "flash-varlen", "flash-kvcache")        # flash_attn's, when it imports (CUDA)
 
 
 class Unsupported(Exception):
@@ -57,29 +56,8 @@ class Target:
 
 
 def _sdpa(backend):
-    from torch.nn.attention import sdpa_kernel, SDPBackend
-    chosen = getattr(SDPBackend, backend)
-
-    def fn(q, k, v, *, causal, scale, align="top-left"):
-        mask, is_causal = None, False
-        with warnings.catch_warnings(record=True) as seen:
-            warnings.simplefilter("always")
-            if causal and align == "bottom-right" and q.shape[-2] != k.shape[-2]:
-                # (warns that rows seeing no key are NaN with Tq > Tk; SDPA returns zeros there)
-                from torch.nn.attention.bias import causal_lower_right
-                mask = causal_lower_right(q.shape[-2], k.shape[-2])
-            else:
-                is_causal = causal
-            try:
-                with sdpa_kernel([chosen]):
-                    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
-                                                          is_causal=is_causal, scale=scale)
-            except RuntimeError as e:
-                reasons = [str(w.message).splitlines()[0] for w in seen
-                           if "causal_lower_right" not in str(w.message)]
-                raise Unsupported("; ".join(reasons[-2:]) or str(e).splitlines()[0]) from None
-    fn.takes_align = True
-    return fn
+    from parity_tests.kernels import feature_targets
+    return feature_targets.sdpa(backend, Unsupported)
 
 
 def _selection_module(cls, case, dtype, device, causal):
@@ -126,35 +104,6 @@ def _causal_self_attention_only(case, dtype, device, align):
     return _self_attention_only(case, dtype, device, align)
 
 
-def _flex(q, k, v, *, causal, scale, align="top-left"):
-    from torch.nn.attention.flex_attention import flex_attention, create_block_mask
-    tq, tk = q.shape[-2], k.shape[-2]
-    block_mask, attend = None, flex_attention
-    if q.is_cuda:
-        attend = _compiled_flex()
-    if causal:
-        offset = 0 if align == "top-left" else tk - tq
-        mask_mod = lambda b, h, i, j: j <= i + offset
-        block_mask = create_block_mask(mask_mod, None, None, tq, tk, device=q.device)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")      # "called without torch.compile": eager on CPU on purpose
-        try:
-            return attend(q, k, v, block_mask=block_mask, scale=scale)
-        except NotImplementedError as e:
-            raise Unsupported(str(e).split(". ")[0]) from None
-
-
-_flex.takes_align = True
-_COMPILED = {}
-
-
-def _compiled_flex():
-    if "flex" not in _COMPILED:
-        from torch.nn.attention.flex_attention import flex_attention
-        _COMPILED["flex"] = torch.compile(flex_attention)
-    return _COMPILED["flex"]
-
-
 def _builtins(device):
     targets = {
         "sdpa-math": Target("sdpa-math", _sdpa("MATH"), description="SDPA, math backend"),
@@ -173,7 +122,11 @@ def _builtins(device):
         "torch_impl-fused", _through_module("FusedMultiHeadAttention"),
         description="torch_impl.FusedMultiHeadAttention's attention core (SDPA, causal)",
         refuses=_causal_self_attention_only)
-    targets["flex"] = Target("flex", _flex, description="FlexAttention (forward only on CPU)")
+    from parity_tests.kernels import feature_targets
+    targets["flex"] = Target("flex", feature_targets.flex(Unsupported), description="FlexAttention (forward only on CPU)")
+    if device == "cuda" and feature_targets.flash_unavailable() is None:
+        targets.update(feature_targets.flash_targets(
+            lambda name, fn, layout, description, refuses: Target(name, fn, layout, description, refuses)))
     return targets
 
 
@@ -235,6 +188,10 @@ def resolve(target, device="cpu", layout="bhtd"):
     if not isinstance(target, str):
         raise TypeError(f"target must be a callable or a name, got {type(target).__name__}")
     builtins = _builtins(device)
+    if target in FLASH and target not in builtins:
+        from parity_tests.kernels.feature_targets import flash_unavailable
+        why = "it runs on CUDA only" if device != "cuda" else flash_unavailable()
+        raise ValueError(f"target {target!r} (FlashAttention) is not available here: {why}")
     if target in builtins:
         if layout != "bhtd":
             raise ValueError(f"layout applies to user callables; the built-in {target!r} takes (B, H, T, D)")

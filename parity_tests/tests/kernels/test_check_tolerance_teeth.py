@@ -55,3 +55,56 @@ def test_a_slip_fails_and_would_pass_with_the_constant_ten_times_looser(
 def test_every_check_constant_is_guarded():
     constants = {"CHECK_FACTOR"} | {f"CHECK_FLOOR_ULPS[{k}]" for k in tol.CHECK_FLOOR_ULPS}
     assert constants == {s[3] for s in SCENARIOS}
+
+
+class _DqSlip(torch.autograd.Function):
+    """q unchanged; its gradient plus ``rel`` x max|dO| on one entry (dO seen by _SeeDout)."""
+
+    @staticmethod
+    def forward(ctx, q, rel, seen):
+        ctx.rel, ctx.seen = rel, seen
+        return q.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        slip = torch.zeros(g.numel(), dtype=g.dtype)
+        slip[0] = ctx.rel * ctx.seen[0]
+        return g + slip.view(g.shape), None, None
+
+
+class _SeeDout(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, out, seen):
+        ctx.seen = seen
+        return out.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        ctx.seen[0] = float(g.abs().max())
+        return g, None
+
+
+def _zero_wide_dq_row(rel):
+    """dq of a 0-wide window (one key per row: dq = 0 by theory, measured against
+    SCALE_FLOOR x max|dv| = 0.1 max|dO|), float32, with a slip of rel x max|dO|."""
+    def kernel(q, k, v, *, causal, scale, window=None):
+        seen = [0.0]
+        n = q.shape[-2]
+        i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+        mask = torch.ones(n, n, dtype=torch.bool)
+        if window is not None:
+            mask = (j >= i - window[0] if window[0] >= 0 else mask) & (j <= i + window[1] if window[1] >= 0 else mask)
+        out = F.scaled_dot_product_attention(_DqSlip.apply(q, rel, seen), k, v, attn_mask=mask, scale=scale)
+        return _SeeDout.apply(out, seen)
+    report = parity_tests.check(kernel, features=["window"], dtypes=["float32"], tokens=["17"], head_dims=[16],
+                                heads=[1], batch=[1], causal="no")
+    (row,) = [r for r in report.rows if r.tensor == "dq" and r.case == "B1 H2 T113 D64 full window(0,0)"]
+    return row
+
+
+def test_the_zero_by_theory_floor_is_tight(monkeypatch):
+    # the floor 128 u = 7.6e-6 of 0.1 max|dO|: a slip of 3e-6 max|dO| is 3e-5 of it
+    row = _zero_wide_dq_row(3e-6)
+    assert row.failed and row.error < 1e-3, row              # failed on its error, not a crash
+    loosen(monkeypatch, "CHECK_ZERO_FLOOR[float32]")
+    assert _zero_wide_dq_row(3e-6).passed

@@ -46,7 +46,8 @@ NOT_SIZES = {
     "UNIT_ROUNDOFF[float64]": "float64 rows use FLOAT64_BOUND, not a roundoff",
 }
 # The bounds of `attention-parity check`, guarded the same way in its own room.
-GUARDED_BY_KERNELS = {"CHECK_FACTOR"} | {f"CHECK_FLOOR_ULPS[{k}]" for k in tol.CHECK_FLOOR_ULPS}
+GUARDED_BY_KERNELS = ({"CHECK_FACTOR"} | {f"CHECK_FLOOR_ULPS[{k}]" for k in tol.CHECK_FLOOR_ULPS}
+                      | {f"CHECK_ZERO_FLOOR[{k}]" for k in tol.CHECK_ZERO_FLOOR})
 # The production variants' bound, guarded in tests/matrix/test_variant_rows.py.
 GUARDED_BY_VARIANTS = {"VARIANTS_FLOAT64_BOUND"}
 

@@ -1,0 +1,184 @@
+"""Kernels with production features, right and deliberately wrong: one wrong kernel per
+catalogued feature mistake.  Written apart from the check's own formulas (``dense``):
+the sink as one more softmax column dropped afterwards (gpt-oss's reference), masks
+built from positions, varlen as a loop over ``cu_seqlens``.  Each computes in float64
+and returns the input's dtype (lse in float32, as FlashAttention's)."""
+
+import math
+
+import torch
+
+
+class _OneHeadExpand(torch.autograd.Function):
+    """kv heads repeated for their group; the backward takes the gradient of query
+    head ``r`` of each group alone instead of summing the group."""
+
+    @staticmethod
+    def forward(ctx, x, group, r):
+        ctx.group, ctx.r = group, r
+        return x.repeat_interleave(group, 1)
+
+    @staticmethod
+    def backward(ctx, g):
+        b, h, t, d = g.shape
+        return g.view(b, h // ctx.group, ctx.group, t, d)[:, :, ctx.r], None, None
+
+
+class _CapWithoutDerivative(torch.autograd.Function):
+    """c · tanh(S / c) forward; the backward passes the gradient through unchanged."""
+
+    @staticmethod
+    def forward(ctx, S, c):
+        return c * torch.tanh(S / c)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None
+
+
+def _offset(tq, tk, align):
+    return 0 if align == "top-left" else tk - tq
+
+
+def attend(q, k, v, *, causal, scale, align="top-left", window=None, softcap=None, alibi_slopes=None,
+           bias=None, sinks=None, mistake=None):
+    """(out, lse) of attention with the features, (B, H, T, D); ``mistake`` plants one."""
+    dt = q.dtype
+    q, k, v = (t.double() for t in (q, k, v))
+    b, hq, tq, _ = q.shape
+    hkv, tk = k.shape[1], k.shape[2]
+    group = hq // hkv
+    if mistake == "gqa-repeat":
+        k, v = k.repeat(1, group, 1, 1), v.repeat(1, group, 1, 1)
+    elif mistake == "gqa-grad-one-head":
+        k, v = _OneHeadExpand.apply(k, group, 0), _OneHeadExpand.apply(v, group, 0)
+    else:
+        k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    off = _offset(tq, tk, align)
+    if mistake == "decode-top-left" and tq < 16:
+        off = 0
+    S = q @ k.transpose(-1, -2)
+    if softcap is not None:
+        if mistake == "softcap-before-scale":
+            S = softcap * torch.tanh(S / softcap) * scale
+        elif mistake == "softcap-no-derivative":
+            S = _CapWithoutDerivative.apply(S * scale, softcap)
+        else:
+            S = softcap * torch.tanh(S * scale / softcap)
+    else:
+        S = S * scale
+    i = torch.arange(tq, dtype=torch.float64)[:, None]
+    j = torch.arange(tk, dtype=torch.float64)[None, :]
+    if alibi_slopes is not None:
+        slopes = alibi_slopes.double()
+        if mistake == "alibi-reversed":
+            slopes = slopes.flip(0)
+        sign = -1.0 if mistake == "alibi-sign" else 1.0
+        dist = (i - j).abs() if mistake == "alibi-no-offset" else (i + off - j).abs()
+        S = S - sign * slopes[:, None, None] * dist
+    if bias is not None:
+        S = S + (bias.detach() if mistake == "bias-no-grad" else bias).double()
+    seen = torch.ones(tq, tk, dtype=torch.bool)
+    if causal:
+        seen &= j <= i + off
+    if window is not None:
+        left, right = window
+        if mistake == "window-swapped":
+            left, right = right, left
+        # an unbounded side (-1) stays unbounded, a 0-wide one is not narrowed
+        left += {"window-left-wider": left >= 0, "window-left-narrower": -(left >= 1)}.get(mistake, 0)
+        right += {"window-right-wider": right >= 0, "window-right-narrower": -(right >= 1)}.get(mistake, 0)
+        w_off = _offset(tq, tk, "bottom-right" if align == "top-left" else "top-left") \
+            if mistake == "window-other-alignment" else off
+        if left >= 0:
+            seen &= j >= i + w_off - left
+        if right >= 0:
+            seen &= j <= i + w_off + right
+    S = S.masked_fill(~seen, -math.inf)
+    if sinks is not None and mistake != "sink-ignored":
+        s = (sinks.detach() if mistake == "sink-no-grad" else sinks).double()
+        S = torch.cat([S, s[None, :, None, None].expand(b, hq, tq, 1)], dim=-1)
+    lse = torch.logsumexp(S, dim=-1)                                   # -inf where nothing is seen
+    P = torch.exp(S - torch.where(torch.isfinite(lse), lse, 0.0)[..., None])
+    if S.shape[-1] > tk:
+        P = P[..., :tk]                                                # the sink's column dropped
+    out = P @ v
+    if mistake == "lse-base-2":
+        lse = lse / math.log(2.0)
+    elif mistake == "lse-no-max":
+        m = S.amax(-1)
+        lse = torch.where(torch.isfinite(m), lse - m, lse)
+    return out.to(dt), lse.float()
+
+
+def varlen(q, k, v, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, mistake=None, **options):
+    """The packed layout (total, H, D): one sequence at a time, as FlashAttention's varlen."""
+    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    if mistake == "varlen-neighbours":                 # the whole pack as one sequence
+        cq, ck = [0, cq[-1]], [0, ck[-1]]
+    outs, lses = [], []
+    count = len(cq) - 1 - (mistake == "varlen-dropped-last")
+    for n in range(count):
+        seq = lambda x, c: x[c[n]:c[n + 1]].transpose(0, 1)[None]      # (1, H, t, D)
+        out, lse = attend(seq(q, cq), seq(k, ck), seq(v, ck), mistake=mistake, **options)
+        outs.append(out[0].transpose(0, 1))
+        lses.append(lse[0])
+    total = cq[-1]
+    out = torch.cat(outs) if outs else q.new_zeros((0,) + q.shape[1:2] + v.shape[2:])
+    lse = torch.cat(lses, dim=-1) if lses else torch.zeros(q.shape[1], 0)
+    if out.shape[0] < total:                            # a dropped sequence: left as zeros
+        out = torch.cat([out, out.new_zeros((total - out.shape[0],) + out.shape[1:])])
+        lse = torch.cat([lse, lse.new_zeros(lse.shape[0], total - lse.shape[1])], dim=-1)
+    return out, lse
+
+
+def kernel(mistake=None, *, returns_lse=True, packed=False):
+    """A kernel taking every feature's keyword (and ``align``), with ``mistake`` planted."""
+    if packed:
+        def fn(q, k, v, *, causal, scale, align="top-left", window=None, softcap=None, alibi_slopes=None,
+               sinks=None, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+            out, lse = varlen(q, k, v, causal=causal, scale=scale, align=align, window=window, softcap=softcap,
+                              alibi_slopes=alibi_slopes, sinks=sinks, cu_seqlens_q=cu_seqlens_q,
+                              cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                              max_seqlen_k=max_seqlen_k, mistake=mistake)
+            return (out, lse) if returns_lse else out
+    else:
+        def fn(q, k, v, *, causal, scale, align="top-left", window=None, softcap=None, alibi_slopes=None,
+               bias=None, sinks=None):
+            out, lse = attend(q, k, v, causal=causal, scale=scale, align=align, window=window, softcap=softcap,
+                              alibi_slopes=alibi_slopes, bias=bias, sinks=sinks, mistake=mistake)
+            return (out, lse) if returns_lse else out
+    fn.__name__ = fn.__qualname__ = (mistake or "right").replace("-", "_")
+    return fn
+
+
+# diagnosis id -> the features its kernel is checked with (the id is also the mistake planted)
+FEATURE_GALLERY = {
+    "gqa-repeat": ["gqa"],
+    "gqa-grad-one-head": ["gqa"],
+    "window-left-wider": ["window"],
+    "window-left-narrower": ["window"],
+    "window-right-wider": ["window"],
+    "window-right-narrower": ["window"],
+    "window-swapped": ["window"],
+    "window-other-alignment": ["window"],
+    "softcap-before-scale": ["softcap"],
+    "softcap-no-derivative": ["softcap"],
+    "alibi-sign": ["alibi"],
+    "alibi-reversed": ["alibi"],
+    "alibi-no-offset": ["alibi"],
+    "bias-no-grad": ["bias"],
+    "sink-ignored": ["sinks"],
+    "sink-no-grad": ["sinks"],
+    "varlen-neighbours": ["varlen"],
+    "varlen-dropped-last": ["varlen"],
+    "lse-base-2": ["lse"],
+    "lse-no-max": ["lse"],
+    "decode-top-left": ["decode"],
+}
+
+
+def wrong_kernel(mistake):
+    """The gallery kernel of ``mistake`` and the features to check it with (lse always on)."""
+    features = FEATURE_GALLERY[mistake]
+    return kernel(mistake, packed="varlen" in features), list(dict.fromkeys(features + ["lse"]))

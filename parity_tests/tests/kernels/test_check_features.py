@@ -1,0 +1,264 @@
+"""``check(..., features=[...])``: what the callable receives, what is judged, the
+feature gallery's teeth, and the built-in targets with the features they express."""
+
+import json
+
+import pytest
+import torch
+
+import parity_tests
+from parity_tests import cli
+from parity_tests.kernels import features as feat
+from feature_gallery import FEATURE_GALLERY, attend, kernel, varlen, wrong_kernel
+
+# The grid part kept to one small case; the features' own cases are fixed.
+SMALL = dict(tokens=["17"], head_dims=[16], heads=[2], batch=[1], dtypes=["float32"])
+QUICK = {"gqa-repeat", "window-left-wider", "softcap-no-derivative", "sink-ignored", "lse-no-max"}
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def _named_first(mistake, **options):
+    fn, features = wrong_kernel(mistake)
+    report = parity_tests.check(fn, features=features, **{**SMALL, **options})
+    assert not report.passed
+    assert report.diagnosis == mistake, [d.sentence for _, d in report.diagnoses][:6]
+    return report
+
+
+@pytest.mark.parametrize("mistake", sorted(QUICK))
+def test_a_wrong_feature_kernel_fails_and_is_named(mistake):
+    _named_first(mistake, causal="yes")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mistake", list(FEATURE_GALLERY))
+def test_every_wrong_feature_kernel_fails_and_is_named_in_both_dtypes(mistake):
+    _named_first(mistake, dtypes=["float32", "bfloat16"], causal="both")
+
+
+def test_a_right_kernel_passes_its_features():
+    features = ["gqa", "sinks", "lse"]
+    report = parity_tests.check(kernel(), features=features, **{**SMALL, "dtypes": ["float32", "bfloat16"]},
+                                causal="yes")
+    assert report.passed, str(report)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("features", [["gqa", "value_dim"], ["window"], ["softcap", "alibi"], ["bias"],
+                                      ["sinks", "lse"], ["decode", "deterministic"]], ids=str)
+def test_a_right_kernel_passes_every_feature(features):
+    report = parity_tests.check(kernel(returns_lse="lse" in features), features=features,
+                                **{**SMALL, "dtypes": ["float32", "bfloat16"]}, causal="both")
+    assert report.passed, str(report)
+
+
+@pytest.mark.slow
+def test_a_right_packed_kernel_passes_varlen_with_lse():
+    report = parity_tests.check(kernel(packed=True), features=["varlen", "lse", "window"],
+                                **{**SMALL, "dtypes": ["float32", "bfloat16"]}, causal="both")
+    assert report.passed, str(report)
+    assert report.settings["layout"] == "thd"
+
+
+def test_sdpa_passes_the_features_it_expresses_in_its_own_dtype():
+    report = parity_tests.check("sdpa-math", features=["gqa", "alibi"],
+                                **{**SMALL, "dtypes": ["float32", "bfloat16"]}, causal="yes")
+    assert report.passed, str(report)
+
+
+def test_flex_passes_its_features_forward_only_on_cpu():
+    report = parity_tests.check("flex", features=["lse"], **SMALL, causal="yes")
+    assert report.passed, str(report)
+    judged = {r.tensor for r in report.rows if r.passed}
+    assert judged == {"out", "lse"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, features", [
+    ("sdpa-math", ["gqa", "value_dim", "window", "alibi", "bias", "decode", "deterministic"]),
+    ("sdpa-flash", ["gqa", "window", "decode", "deterministic"]),
+    ("flex", ["gqa", "window", "softcap", "alibi", "varlen", "lse", "decode"]),
+    ("flex", ["bias"]),
+])
+def test_builtin_targets_pass_their_features_on_the_full_grid(name, features):
+    report = parity_tests.check(name, features=features)
+    assert report.passed, str(report)
+
+
+def test_a_keyword_reaches_only_the_cases_of_its_feature():
+    calls = []
+
+    def recording(q, k, v, *, causal, scale, window=None, softcap=None):
+        calls.append((q.shape, k.shape, window, softcap))
+        return attend(q, k, v, causal=causal, scale=scale, window=window, softcap=softcap)[0]
+    report = parity_tests.check(recording, features=["window", "softcap", "gqa"], **SMALL, causal="no")
+    assert report.passed, str(report)
+    windows = [c for c in calls if c[2] is not None]
+    caps = [c for c in calls if c[3] is not None]
+    assert windows and caps and not any(c[2] is not None and c[3] is not None for c in calls)
+    assert {(0, 0)} <= {c[2] for c in windows}                      # the 0-wide window is there
+    assert any(c[0][1] != c[1][1] for c in calls)                   # GQA: fewer kv heads
+    assert all(c[0][1] == c[1][1] for c in calls if c[2] is not None or c[3] is not None)
+
+
+def test_a_feature_the_signature_lacks_is_a_usage_error_before_any_case(capsys):
+    calls = []
+
+    def plain(q, k, v, *, causal, scale):
+        calls.append(1)
+        return attend(q, k, v, causal=causal, scale=scale)[0]
+    with pytest.raises(ValueError, match="'window' passes window="):
+        parity_tests.check(plain, features=["window"])
+    with pytest.raises(ValueError, match="features must be among"):
+        parity_tests.check(plain, features=["windows"])
+    assert cli.main(["check", "sdpa-math", "--features", "softcap"]) == 2
+    assert "softcap=" in capsys.readouterr().err
+    assert cli.main(["check", "sdpa-math", "--features", "lse"]) == 2
+    assert cli.main(["check", "sdpa-math", "--layout", "thd"]) == 2
+    assert not calls
+
+
+def test_varlen_hands_the_packed_layout_with_nan_past_the_end():
+    seen = []
+
+    def packed(q, k, v, *, causal, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+        seen.append((q.dim(), cu_seqlens_q.dtype, int(cu_seqlens_q[0]), int(cu_seqlens_q[-1]) == q.shape[0],
+                     max_seqlen_q, bool(torch.isnan(q.as_strided((q.shape[0] + 1,) + q.shape[1:], q.stride())[-1]).all())))
+        return varlen(q, k, v, causal=causal, scale=scale, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                      max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)[0]
+    report = parity_tests.check(packed, features=["varlen"], **SMALL, causal="yes")
+    assert report.passed, str(report)
+    assert all(s[:4] == (3, torch.int32, 0, True) and s[5] for s in seen)
+    assert {s[4] for s in seen} >= {129, 17}
+
+
+def test_a_kernel_that_reads_past_its_sequence_fails():
+    def overreads(q, k, v, *, causal, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+        # each sequence's keys read as max_seqlen_k rows from its start: the neighbours' (and the NaN past the end)
+        outs = []
+        for n in range(len(cu_seqlens_q) - 1):
+            a, b, c = int(cu_seqlens_q[n]), int(cu_seqlens_q[n + 1]), int(cu_seqlens_k[n])
+            full = lambda x: x.as_strided((max_seqlen_k,) + x.shape[1:], x.stride(), x.storage_offset() + c * x.stride(0))
+            kk, vv = full(k), full(v)
+            outs.append(attend(q[a:b].transpose(0, 1)[None], kk.transpose(0, 1)[None], vv.transpose(0, 1)[None],
+                               causal=causal, scale=scale)[0][0].transpose(0, 1))
+        return torch.cat(outs)
+    report = parity_tests.check(overreads, features=["varlen"], **SMALL, causal="no")
+    assert not report.passed
+    assert any(r.tensor == "out" and r.error == float("inf") for r in report.failures)
+
+
+def test_lse_rows_that_see_no_key_are_not_judged_and_flash_attentions_alibi_form_is_accepted():
+    def fa_style(q, k, v, *, causal, scale, align="top-left", alibi_slopes=None):
+        out, lse = attend(q, k, v, causal=causal, scale=scale, align=align, alibi_slopes=alibi_slopes)
+        lse = torch.where(torch.isfinite(lse), lse, torch.inf)          # FlashAttention 2 stores +inf
+        if alibi_slopes is not None:
+            tq, tk = q.shape[-2], k.shape[-2]
+            i = torch.arange(tq) + (0 if align == "top-left" else tk - tq)
+            lse = lse + alibi_slopes[:, None] * i                        # the row constants left out
+        return out, lse
+    report = parity_tests.check(fa_style, features=["alibi", "lse"], **SMALL, causal="yes")
+    assert report.passed, str(report)
+    notes = {r.note for r in report.rows if r.tensor == "lse" and "alibi" in r.case}
+    assert notes == {"lse in FlashAttention's causal ALiBi form (+slope j)"}
+
+
+def test_a_gradient_that_does_not_reach_bias_or_sinks_fails():
+    def detached(q, k, v, *, causal, scale, bias=None, sinks=None):
+        return attend(q, k, v, causal=causal, scale=scale, bias=None if bias is None else bias.detach(),
+                      sinks=None if sinks is None else sinks.detach())[0]
+    report = parity_tests.check(detached, features=["bias", "sinks"], **SMALL, causal="yes")
+    failing = {r.tensor for r in report.failures}
+    assert failing == {"dbias", "dsinks"}
+    assert all("no gradient reached" in r.note for r in report.failures)
+
+
+def test_every_tensor_is_judged_with_its_mean_error_and_cosine(tmp_path):
+    path = tmp_path / "check.json"
+    assert cli.main(["check", "check_gallery:attention", "--features", "decode", "--tokens", "17",
+                     "--head-dim", "16", "--dtype", "float32", "--json", str(path)]) == 0
+    rows = json.loads(path.read_text())["rows"]
+    decode = [r for r in rows if r["feature"] == "decode"]
+    assert decode and {r["tensor"] for r in decode} == {"out"}       # forward only
+    assert all(r["mean_error"] <= r["error"] and r["cosine"] > 0.999999 for r in rows)
+
+
+def test_a_nondeterministic_kernel_fails_deterministic():
+    calls = [0]
+
+    def atomic_like(q, k, v, *, causal, scale):       # every other call one unit of roundoff off
+        calls[0] += 1
+        out = attend(q, k, v, causal=causal, scale=scale)[0]
+        if calls[0] % 2:
+            first = out.detach().reshape(-1)[0]
+            nudge = torch.zeros_like(out)
+            nudge.view(-1)[0] = torch.nextafter(first, torch.tensor(float("inf"), dtype=out.dtype)) - first
+            out = out + nudge
+        return out
+    report = parity_tests.check(atomic_like, features=["deterministic"], **SMALL)
+    assert not report.passed
+    assert {r.diagnosis.id for r in report.failures} == {"not-deterministic"}
+
+
+def test_the_summaries_say_what_a_user_asks_first():
+    report = _named_first("softcap-no-derivative", causal="yes")
+    assert all(d.sentence.startswith("the output is right; only the backward is wrong: ")
+               for _, d in report.diagnoses)
+
+    def third_wrong(q, k, v, *, causal, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+        out = varlen(q, k, v, causal=causal, scale=scale, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                     max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)[0]
+        if len(cu_seqlens_q) > 4:
+            a, b = int(cu_seqlens_q[3]), int(cu_seqlens_q[4])
+            out = torch.cat([out[:a], 2 * out[a:b], out[b:]])
+        return out
+    report = parity_tests.check(third_wrong, features=["varlen"], **SMALL, causal="yes")
+    outs = [d for r, d in report.diagnoses if r.tensor == "out"]
+    assert outs and all(d.sentence.startswith("only sequence 3 of the batch") for d in outs)
+
+
+def test_a_window_edge_is_named():
+    report = _named_first("window-left-wider", causal="yes")
+    assert "only the keys at the window's left edge differ" in report.diagnoses[0][1].sentence
+
+
+def test_a_gradient_pointing_the_wrong_way_is_named_so():
+    class Negated(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            return -g
+
+    def negated_dq(q, k, v, *, causal, scale):
+        return attend(Negated.apply(q), k, v, causal=causal, scale=scale)[0]
+    report = parity_tests.check(negated_dq, features=["gqa"], **SMALL, causal="yes")
+    dq = [d for r, d in report.diagnoses if r.tensor == "dq"]
+    assert dq and all("dq points the wrong way (cosine -1.00" in d.sentence for d in dq)
+
+
+def test_flash_attention_targets_are_skipped_with_the_reason_off_cuda():
+    with pytest.raises(ValueError, match="FlashAttention.*not available here: it runs on CUDA only"):
+        parity_tests.check("flash", features=["window"])
+
+
+@pytest.mark.cuda
+@needs_cuda
+@pytest.mark.parametrize("name, features, align", [
+    ("flash", ["gqa", "value_dim", "window", "softcap", "alibi", "decode"], "bottom-right"),
+    ("flash-varlen", ["varlen", "window", "softcap", "alibi"], "bottom-right"),
+    ("flash-kvcache", ["decode", "window", "softcap", "alibi"], "bottom-right"),
+])
+def test_flash_attention_targets_on_cuda(name, features, align):
+    from parity_tests.kernels.feature_targets import flash_unavailable
+    if flash_unavailable():
+        pytest.skip(flash_unavailable())
+    report = parity_tests.check(name, device="cuda", dtypes=["bfloat16", "float16"], features=features, align=align)
+    assert not report.failures, str(report)
+
+
+def test_feature_names_are_the_contracts():
+    assert feat.FEATURES == ("gqa", "value_dim", "window", "softcap", "alibi", "bias", "sinks", "varlen",
+                             "lse", "decode", "deterministic")
