@@ -151,15 +151,19 @@ def bench_one(args, params, T, rng):
     """Warm-up, interleaved timing (the last run's results checked for agreement),
     peak memory."""
     dtype = np.dtype(args.dtype)
-    x = rng.standard_normal((args.batch, T, args.d_model)).astype(dtype)
-    dout = rng.standard_normal((args.batch, T, args.d_model)).astype(dtype)
     row = {"tokens": T, "skipped": {}}
-    modules, steps = {}, {}
-    for name in args.impl:
-        why = impls.too_large(name, T, args.batch, args.heads)
+    for name in args.impl:                      # estimated before anything is allocated
+        why = impls.too_large(name, T, args.batch, args.heads, args.d_model)
         if why:
             row["skipped"][name] = why
-            continue
+    runnable = [name for name in args.impl if name not in row["skipped"]]
+    if not runnable:
+        row["ratios"] = {}
+        return row
+    x = rng.standard_normal((args.batch, T, args.d_model)).astype(dtype)
+    dout = rng.standard_normal((args.batch, T, args.d_model)).astype(dtype)
+    modules, steps = {}, {}
+    for name in runnable:
         modules[name] = impls.build(name, args, T, params)
         steps[name] = impls.make_step(name, modules[name], x, dout)
     if not args.no_warmup:

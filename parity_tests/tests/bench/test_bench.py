@@ -79,8 +79,26 @@ def test_defaults_reach_long_sequences():
 
 def test_full_matrix_paths_are_skipped_where_they_cannot_fit():
     assert impls.too_large("numpy", 10**6, 1, 12) is not None
-    assert impls.too_large("blockwise", 10**6, 1, 12) is None
+    assert impls.too_large("blockwise", 16384, 1, 12) is None
     assert impls.too_large("numpy", 64, 1, 12) is None
+
+
+def test_memory_is_estimated_for_every_impl_and_refused_before_allocating():
+    """blockwise at 2M tokens (inputs alone ~6 GiB each) is refused with the
+    estimate; a row where every impl is refused allocates nothing."""
+    import tracemalloc
+    import numpy as np
+    why = impls.too_large("blockwise", 2 * 10**6, 1, 12)
+    assert why is not None and "GiB (estimated)" in why
+    args = bench.parse_args(["--tokens", "2000000", "--impl", "numpy,blockwise"])
+    tracemalloc.start()
+    try:
+        row = bench.bench_one(args, None, 2 * 10**6, np.random.default_rng(0))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert set(row["skipped"]) == {"numpy", "blockwise"}
+    assert peak < 2**20
 
 
 def test_table_is_printed():
