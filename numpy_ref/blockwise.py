@@ -81,6 +81,8 @@ from numbers import Integral, Real
 
 import numpy as np
 
+from numpy_ref import _parallel
+
 __all__ = ["attention_forward", "attention_backward", "choose_tiles"]
 
 
@@ -270,9 +272,11 @@ def attention_forward(q, k, v, *, scale=None, causal=False, causal_offset=0,
     lead, Tq = q.shape[:-2], q.shape[-2]
     out = np.empty(lead + (Tq, v.shape[-1]), dtype=q.dtype)
     lse = np.empty(lead + (Tq,), dtype=q.dtype)
-    for idx in np.ndindex(lead):
+
+    def head(idx):
         forward_head(q[idx], k[idx], v[idx], out[idx], lse[idx], scale, causal,
                      causal_offset, B_r, B_c)
+    _parallel.run_jobs(head, np.ndindex(lead))           # heads over the usable CPUs
     return out, lse
 
 
@@ -291,10 +295,12 @@ def attention_backward(dout, q, k, v, out, lse, *, scale=None, causal=False, cau
     out = _same("out", out, lead + (Tq, v.shape[-1]), q.dtype)
     lse = _same("lse", lse, lead + (Tq,), q.dtype)
     dq, dk, dv = np.empty_like(q), np.empty_like(k), np.empty_like(v)
-    for idx in np.ndindex(lead):
+
+    def head(idx):
         D = _delta(dout[idx], out[idx])                          # (Tq,) = rowsum(dO ∘ O)
         backward_head(dout[idx], q[idx], k[idx], v[idx], D, lse[idx],
                       dq[idx], dk[idx], dv[idx], scale, causal, causal_offset, B_r, B_c)
+    _parallel.run_jobs(head, np.ndindex(lead))           # heads over the usable CPUs
     return dq, dk, dv
 
 

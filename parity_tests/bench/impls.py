@@ -29,6 +29,12 @@ DEFAULT_IMPLS = ("blockwise", "fused")
 # skipped at a T where this estimate exceeds MEMORY_SHARE of the machine.
 BYTES_PER_SCORE = {"numpy": 9.0, "numpy_fast": 2.6, "eager": 16.0}
 MEMORY_SHARE = 0.6
+# (B, T, d) float32 arrays one forward + backward holds at its peak (the
+# blockwise module: ~8 measured, see its docstring; the others about as many),
+# plus the inputs x and dout and their float64 draws: estimated for every impl,
+# before anything is allocated.
+ARRAYS_PER_RUN = 10
+INPUT_ARRAYS = 6             # x, dout (float32) and their float64 draws (2 each)
 
 
 def classes():
@@ -45,17 +51,23 @@ def classes():
     }
 
 
-def too_large(name, T, batch, heads):
-    """None, or why ``name`` is not run at T (its (B, H, T, T) arrays would not fit)."""
-    if name not in BYTES_PER_SCORE:
-        return None
-    need = BYTES_PER_SCORE[name] * batch * heads * T * T
+def estimate_bytes(name, T, batch, heads, d_model):
+    """Estimated peak bytes of one forward + backward of ``name`` at T, inputs included."""
+    need = (ARRAYS_PER_RUN + INPUT_ARRAYS) * 4.0 * batch * T * d_model
+    return need + BYTES_PER_SCORE.get(name, 0.0) * batch * heads * T * T
+
+
+def too_large(name, T, batch, heads, d_model=768):
+    """None, or why ``name`` is not run at T: its estimated peak memory is more
+    than MEMORY_SHARE of the machine's (decided before anything is allocated)."""
+    need = estimate_bytes(name, T, batch, heads, d_model)
     try:
         have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         return None
     if need > MEMORY_SHARE * have:
-        return f"needs ~{need / 2**30:.0f} GiB of (T, T) arrays"
+        return (f"needs ~{need / 2**30:.1f} GiB (estimated), more than "
+                f"{MEMORY_SHARE:.0%} of this machine's {have / 2**30:.0f} GiB")
     return None
 
 

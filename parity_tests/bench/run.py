@@ -151,15 +151,19 @@ def bench_one(args, params, T, rng):
     """Warm-up, interleaved timing (the last run's results checked for agreement),
     peak memory."""
     dtype = np.dtype(args.dtype)
-    x = rng.standard_normal((args.batch, T, args.d_model)).astype(dtype)
-    dout = rng.standard_normal((args.batch, T, args.d_model)).astype(dtype)
     row = {"tokens": T, "skipped": {}}
-    modules, steps = {}, {}
-    for name in args.impl:
-        why = impls.too_large(name, T, args.batch, args.heads)
+    for name in args.impl:                      # estimated before anything is allocated
+        why = impls.too_large(name, T, args.batch, args.heads, args.d_model)
         if why:
             row["skipped"][name] = why
-            continue
+    runnable = [name for name in args.impl if name not in row["skipped"]]
+    if not runnable:
+        row["ratios"] = {}
+        return row
+    x = rng.standard_normal((args.batch, T, args.d_model)).astype(dtype)
+    dout = rng.standard_normal((args.batch, T, args.d_model)).astype(dtype)
+    modules, steps = {}, {}
+    for name in runnable:
         modules[name] = impls.build(name, args, T, params)
         steps[name] = impls.make_step(name, modules[name], x, dout)
     if not args.no_warmup:
@@ -190,6 +194,28 @@ def bench_one(args, params, T, rng):
     row["ratios"] = {f"{a}/{b}": row[a]["median_s"] / row[b]["median_s"]
                      for a, b in ratio_pairs(args.impl) if a in steps and b in steps}
     return row
+
+
+def gemm_gflops(dtype, n=1024, repeats=3):
+    """GFLOP/s of an (n, n) @ (n, n) product in ``dtype`` in this process, as the
+    BLAS is set now (best of ``repeats``): the rate the implementations are held to."""
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal((n, n)).astype(dtype) for _ in range(2))
+    a @ b
+    best = min(_timed(lambda: a @ b) for _ in range(repeats))
+    return 2.0 * n**3 / best / 1e9
+
+
+def _timed(fn):
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def model_flops(batch, T, d_model):
+    """FLOPs of one causal forward + backward: 4 projections (2 B T d^2 each
+    forward, twice that backward) and attention's 7 products of B H T^2 D / 2."""
+    return 24.0 * batch * T * d_model**2 + 7.0 * batch * T * T * d_model
 
 
 # --- the machine -------------------------------------------------------------------
@@ -251,6 +277,7 @@ def run(args):
     try:
         params = impls.weights(args)
         threads = thread_info()
+        gemm = gemm_gflops(np.dtype(args.dtype))
         rng = np.random.default_rng(args.seed)
         rows = [bench_one(args, params, T, rng) for T in args.tokens]
     finally:
@@ -266,6 +293,7 @@ def run(args):
                    "repeats": args.repeats, "tokens": tokens, "seed": args.seed,
                    "impls": list(args.impl)},
         "rows": rows,
+        "gemm_gflops": gemm,
         "growth_exponent": {name: growth_exponent(tokens, [r[name]["median_s"] if name in r
                                                            else None for r in rows])
                             for name in args.impl},
@@ -319,6 +347,19 @@ def detail_rows(result):
     return rows
 
 
+def gemm_line(result):
+    """The GEMM rate of this process and the share of it each impl reaches."""
+    c, gemm = result["config"], result["gemm_gflops"]
+    parts = []
+    for r in result["rows"]:
+        flops = model_flops(c["batch"], r["tokens"], c["d_in"])
+        shares = ", ".join(f"{n} {flops / r[n]['median_s'] / 1e9 / gemm:.0%}"
+                           for n in c["impls"] if n in r)
+        parts.append(f"T {r['tokens']}: {shares or '-'}")
+    return (f"GEMM ({c['dtype']}, 1024^3, this process): {gemm:.1f} GFLOP/s; share of it "
+            f"reached (causal forward + backward FLOPs / time): " + "; ".join(parts))
+
+
 def render(result):
     from parity_tests.common.tables import format_table
     m, t, c = result["machine"], result["threads"], result["config"]
@@ -341,6 +382,8 @@ def render(result):
         f"gradient; median of {c['repeats']} interleaved runs",
         "",
         format_table(time_headers(c["impls"]), time_rows(result)),
+        "",
+        gemm_line(result),
         "",
         f"growth exponent of time in T (log-log fit over T = "
         f"{', '.join(map(str, result['fit_tokens']))}): {fit}",

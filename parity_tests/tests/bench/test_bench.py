@@ -25,7 +25,8 @@ def test_bench_exits_zero_and_writes_every_section(tiny_run):
     status, result = tiny_run
     assert status == 0
     assert set(result) == {"machine", "threads", "config", "rows", "growth_exponent",
-                           "fit_tokens", "runtime_s"}
+                           "fit_tokens", "runtime_s", "gemm_gflops"}
+    assert result["gemm_gflops"] > 0
     assert result["config"]["tokens"] == [4, 8]
     assert result["config"]["repeats"] == 1
     assert result["config"]["impls"] == list(impls.IMPLS)
@@ -79,8 +80,33 @@ def test_defaults_reach_long_sequences():
 
 def test_full_matrix_paths_are_skipped_where_they_cannot_fit():
     assert impls.too_large("numpy", 10**6, 1, 12) is not None
-    assert impls.too_large("blockwise", 10**6, 1, 12) is None
+    assert impls.too_large("blockwise", 16384, 1, 12) is None
     assert impls.too_large("numpy", 64, 1, 12) is None
+
+
+def test_memory_is_estimated_for_every_impl_and_refused_before_allocating():
+    """blockwise at 2M tokens (inputs alone ~6 GiB each) is refused with the
+    estimate; a row where every impl is refused allocates nothing."""
+    import tracemalloc
+    import numpy as np
+    why = impls.too_large("blockwise", 2 * 10**6, 1, 12)
+    assert why is not None and "GiB (estimated)" in why
+    args = bench.parse_args(["--tokens", "2000000", "--impl", "numpy,blockwise"])
+    tracemalloc.start()
+    try:
+        row = bench.bench_one(args, None, 2 * 10**6, np.random.default_rng(0))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert set(row["skipped"]) == {"numpy", "blockwise"}
+    assert peak < 2**20
+
+
+def test_gemm_line_gives_each_impl_its_share_of_the_gemm_rate():
+    result = {"config": {"batch": 1, "d_in": 8, "dtype": "float32", "impls": ["blockwise"]},
+              "gemm_gflops": 1.0,
+              "rows": [{"tokens": 4, "blockwise": {"median_s": bench.model_flops(1, 4, 8) / 0.5e9}}]}
+    assert "1.0 GFLOP/s" in bench.gemm_line(result) and "blockwise 50%" in bench.gemm_line(result)
 
 
 def test_table_is_printed():
@@ -92,7 +118,7 @@ def test_table_is_printed():
               "config": {"batch": 1, "d_in": 8, "d_out": 8, "num_heads": 2,
                          "dtype": "float32", "repeats": 1, "impls": ["blockwise", "fused"]},
               "growth_exponent": {"blockwise": 1.75, "fused": None},
-              "fit_tokens": [4, 8], "runtime_s": 0.5, "rows": []}
+              "fit_tokens": [4, 8], "runtime_s": 0.5, "rows": [], "gemm_gflops": 10.0}
     text = bench.render(result)
     assert text.splitlines()[0].startswith("machine: x86_64, 2 cores")
     assert "load average 0.5 at start, 1.5 at end" in text

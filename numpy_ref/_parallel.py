@@ -1,0 +1,41 @@
+"""Independent (batch, head) jobs spread over the CPUs this process may use.
+
+Each job runs with one BLAS thread, so there are never more busy threads than
+usable CPUs (``os.sched_getaffinity``): no oversubscription, and no BLAS
+threads spinning on small tiles while another process wants the core.  Idle
+workers wait on a queue (they do not spin).  Each job writes only its own
+slices of the outputs and sums in the same order whatever the worker count,
+so the results are bitwise the same for any ``workers``.
+"""
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+from numpy_ref import _blas_threads
+
+__all__ = ["usable_cpus", "run_jobs"]
+
+
+def usable_cpus():
+    """CPUs this process may run on (its affinity mask), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):                # not on every platform
+        return max(1, os.cpu_count() or 1)
+
+
+def run_jobs(work, jobs, workers=None):
+    """``work(job)`` for every job, on ``workers`` threads (default: usable CPUs,
+    at most one per job), each BLAS call on one thread.  Without a way to set
+    the BLAS's threads the jobs run one after another with the BLAS as it is."""
+    jobs = list(jobs)
+    if workers is None:
+        workers = usable_cpus()
+    workers = max(1, min(int(workers), len(jobs)))
+    if workers == 1 or not _blas_threads.available():
+        for job in jobs:
+            work(job)
+        return
+    with _blas_threads.blas_threads(1), ThreadPoolExecutor(max_workers=workers) as pool:
+        for future in [pool.submit(work, job) for job in jobs]:
+            future.result()
