@@ -186,7 +186,9 @@ def walk(tile=DEFAULT_TILE):
     ref = dense(q, k, v, dO, d_k)
     T = q.shape[0]
     w = BlockwiseWalk(int(tile), q, k, v, dO, d_k, ref)
-    add = lambda *a: w.checks.append(Check(*a))       # noqa: E731
+    def add(label, formula, rows, blockwise, dense_value):
+        w.checks.append(Check(label, formula, rows, blockwise, dense_value))
+
     root = np.sqrt(d_k)
     out, L = np.zeros_like(q), np.zeros((T, 1))
     blocks = tiles(T, w.tile)
@@ -194,7 +196,8 @@ def walk(tile=DEFAULT_TILE):
     # forward: for each query tile, the online softmax over its key tiles
     for i, (r0, r1) in enumerate(blocks, 1):
         rows = _names(r0, r1)
-        m, ell, acc = np.full((r1 - r0, 1), -np.inf), np.zeros((r1 - r0, 1)), np.zeros((r1 - r0, v.shape[1]))
+        n = r1 - r0
+        m, ell, acc = np.full((n, 1), -np.inf), np.zeros((n, 1)), np.zeros((n, v.shape[1]))
         m_prev_dense = m
         for j, (c0, c1) in enumerate(blocks, 1):
             mask = causal_tile((r0, r1), (c0, c1))
@@ -267,6 +270,10 @@ def _delta(a, b):
     return float(np.max(d))
 
 
+def _cells(row):
+    return " ".join(num(x) for x in row)
+
+
 def print_walk(w):
     print(f"blockwise CausalAttention on the chapter's input (\"Your journey starts with one "
           f"step\", d_in = 3), float64, tiles of B_r = B_c = {w.tile}")
@@ -277,8 +284,7 @@ def print_walk(w):
         width = max(c.blockwise.shape[1] * 9 - 1, len("blockwise"))
         print(f"    {'':<8}  {'blockwise':<{width}}   {'dense':<{width}}   max |Δ|")
         for name, a, b in zip(c.rows, c.blockwise, c.dense):
-            cells = lambda r: " ".join(num(x) for x in r)      # noqa: E731
-            print(f"    {name:<8}  {cells(a)}   {cells(b)}   {_delta(a, b):.1e}")
+            print(f"    {name:<8}  {_cells(a)}   {_cells(b)}   {_delta(a, b):.1e}")
         print(f"    error {c.error:.1e} <= {c.bound:.0e}: {'ok' if c.passed else 'FAIL'}")
         print()
     worst = max(w.checks, key=lambda c: c.error)
