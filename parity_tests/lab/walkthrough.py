@@ -12,6 +12,10 @@ when all do, 1 otherwise.
 
 --token N zooms on query N (1-6, or its word): the softmax Jacobian of that row,
 J = diag(w) − w wᵀ, and the product w ⊙ (g − ⟨w, g⟩), term by term.
+
+--blockwise [--tile N] walks CausalAttention in tiles of N (default 2), the
+FlashAttention-2 way, beside the dense computation; with --token N, that row's
+D = rowsum(dO ∘ O) beside ⟨w, g⟩, term by term.
 """
 
 import argparse
@@ -25,7 +29,7 @@ from parity_tests.common.help_text import plain
 from parity_tests.common import plots
 from parity_tests.common.tolerances import FLOAT64_BOUND
 from parity_tests.common.verdicts import parse_verb_args
-from parity_tests.lab import example, steps, zoom
+from parity_tests.lab import blockwise_walk, example, steps, zoom
 
 DECIMALS = 4
 
@@ -55,6 +59,16 @@ def parse_dropout(text):
     return p
 
 
+def parse_tile(text):
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"--tile must be a positive integer, got {text!r}")
+    return n
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="attention-parity backprop", description=plain(__doc__),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -69,7 +83,16 @@ def parse_args(argv):
                    help="write PNG heatmaps of the gradients into DIR (needs matplotlib)")
     p.add_argument("--json", metavar="PATH", default=None,
                    help="also write every step as JSON to PATH ('-' for standard output)")
+    p.add_argument("--blockwise", action="store_true",
+                   help="walk CausalAttention in tiles, FlashAttention-2's way, beside the dense numbers")
+    p.add_argument("--tile", type=parse_tile, default=None, metavar="N",
+                   help=f"with --blockwise: tiles of N queries by N keys "
+                        f"(default {blockwise_walk.DEFAULT_TILE})")
     args = p.parse_args(argv)
+    if args.tile is not None and not args.blockwise:
+        p.error("--tile: only with --blockwise")
+    if args.blockwise and (args.module != "CausalAttention" or args.dropout or args.plot or args.json):
+        p.error("--blockwise: walks CausalAttention without dropout; no --module, --dropout, --plot, --json")
     if args.dropout and not example.SPECS[args.module].has_dropout:
         p.error(f"--dropout: {args.module} has no dropout (only the causal modules do)")
     return args
@@ -164,10 +187,21 @@ def plot(w, directory):
     return paths
 
 
+def _blockwise(args):
+    w = blockwise_walk.walk(args.tile or blockwise_walk.DEFAULT_TILE)
+    blockwise_walk.print_walk(w)
+    if args.token is not None:
+        print()
+        blockwise_walk.print_zoom(w, args.token)
+    return 0 if w.passed else 1
+
+
 def main(argv=None):
     args, status = parse_verb_args(parse_args, argv)
     if status is not None:            # --help, a refused argument, --plot without matplotlib
         return status
+    if args.blockwise:
+        return _blockwise(args)
     w = steps.walk(args.module, args.dropout)
     print_walk(w)
     if args.token is not None:
