@@ -241,7 +241,8 @@ def _diagnose_tensor(t, hyps, cache, got, ref, denom, bound, sel):
         # a fitted hypothesis must explain the error, not shave it: 90% of it at least; a
         # denominator is positive (a factor 0 is an output of zeros); and with one key it
         # fits any output proportional to v, so it is not claimed there
-        one_key = ref["dk"].shape[-2] == 1
+        # the key count from a key-side gradient; a forward-only case (decode) has none
+        one_key = next((ref[n].shape[-2] for n in ("dk", "dv") if n in ref), None) == 1
         if residual.max() <= FIT_SHARE * slice_errors(a, r, denom).max() and c.min() > 0 and not one_key:
             lo, hi = float(c.min()), float(c.max())
             candidates.append((residual, "denominator", f"each row divided by a wrong softmax "
