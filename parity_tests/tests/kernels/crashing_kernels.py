@@ -17,18 +17,29 @@ def forward_crashes_on_long_keys(q, k, v, *, causal, scale):
     return sdpa(q, k, v, causal=causal, scale=scale)
 
 
-class _NoBackward(torch.autograd.Function):
+class _Identity(torch.autograd.Function):
+    """Identity forward; the backward is ``backward(g)`` of the incoming gradient."""
     @staticmethod
-    def forward(ctx, x):
+    def forward(ctx, x, backward):
+        ctx.backward_of = backward
         return x.clone()
 
     @staticmethod
     def backward(ctx, g):
-        raise RuntimeError("backward not written yet")
+        return ctx.backward_of(g), None
+
+
+def with_backward(x, backward):
+    """``x`` unchanged, its gradient replaced by ``backward(g)``: a backward-only bug."""
+    return _Identity.apply(x, backward)
+
+
+def _not_written(g):
+    raise RuntimeError("backward not written yet")
 
 
 def backward_crashes(q, k, v, *, causal, scale):
-    return _NoBackward.apply(sdpa(q, k, v, causal=causal, scale=scale))
+    return with_backward(sdpa(q, k, v, causal=causal, scale=scale), _not_written)
 
 
 def scales_q_in_place(q, k, v, *, causal, scale):

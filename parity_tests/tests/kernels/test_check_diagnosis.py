@@ -21,19 +21,9 @@ def test_a_case_of_exactly_dense_limit_pairs_is_diagnosed_densely():
     assert diagnosis._subset(one_more, whole, whole, (whole["out"],) * 3, whole["out"])[0] != sel
 
 
-class _ScaleGrad(torch.autograd.Function):
-    """Identity forward; the backward scales the gradient by 1.5 (a backward-only bug)."""
-    @staticmethod
-    def forward(ctx, x):
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, g):
-        return g * 1.5
-
 
 def _dk_too_large(q, k, v, *, causal, scale):
-    return bad.sdpa(q, _ScaleGrad.apply(k), v, causal=causal, scale=scale)
+    return bad.sdpa(q, bad.with_backward(k, lambda g: g * 1.5), v, causal=causal, scale=scale)
 
 
 def _times(c):

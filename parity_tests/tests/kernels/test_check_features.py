@@ -9,6 +9,7 @@ import torch
 import parity_tests
 from parity_tests import cli
 from parity_tests.kernels import features as feat
+from crashing_kernels import with_backward
 from feature_gallery import FEATURE_GALLERY, attend, kernel, varlen, wrong_kernel
 
 # The grid part kept to one small case; the features' own cases are fixed.
@@ -223,17 +224,8 @@ def test_a_window_edge_is_named():
 
 
 def test_a_gradient_pointing_the_wrong_way_is_named_so():
-    class Negated(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x):
-            return x.clone()
-
-        @staticmethod
-        def backward(ctx, g):
-            return -g
-
     def negated_dq(q, k, v, *, causal, scale):
-        return attend(Negated.apply(q), k, v, causal=causal, scale=scale)[0]
+        return attend(with_backward(q, lambda g: -g), k, v, causal=causal, scale=scale)[0]
     report = parity_tests.check(negated_dq, features=["gqa"], **SMALL, causal="yes")
     dq = [d for r, d in report.diagnoses if r.tensor == "dq"]
     assert dq and all("dq points the wrong way (cosine -1.00" in d.sentence for d in dq)
