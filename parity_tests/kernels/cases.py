@@ -1,9 +1,12 @@
 """The shapes a kernel is checked at, and the inputs each case draws.
 
-A *case* is (B, H, Tq, Tk, D, causal).  The default grid is chosen to break the
-things kernels get wrong, after FlashAttention's tests (lengths that are not
-multiples of any tile, head dims that are not powers of two, query and key
-lengths that differ), while finishing in about a minute on a 2-core CPU:
+A *case* is (B, H, Tq, Tk, D, causal) plus the production features it tests
+(``features``: GQA's kv heads, a window, a softcap, ...), each a (name, value)
+pair that the feature's own module reads.  A plain case is a case with no
+features.  The default grid is chosen to break the things kernels get wrong,
+after FlashAttention's tests (lengths that are not multiples of any tile, head
+dims that are not powers of two, query and key lengths that differ), while
+finishing in about a minute on a 2-core CPU:
 
 ====  ===  ===========  ====  ==================================================
 B     H    Tq x Tk      D     why
@@ -19,17 +22,20 @@ each causal and not.  ``--long`` adds T = 16384 (and 32768 on a GPU).
 
 Inputs: q, k, v and the upstream gradient dO are standard normal (as in
 FlashAttention's tests: scores q.k/sqrt(D) of unit spread), drawn in float64
-from a seed fixed per case, then rounded to the tested dtype once.  The golden
-result is computed from the *rounded* numbers, so the check measures the
-kernel's arithmetic, not the rounding of its inputs.
+from a seed fixed by the case's *fields* (editing how a case prints reseeds
+nothing), then rounded to the tested dtype once.  The golden result is computed
+from the *rounded* numbers, so the check measures the kernel's arithmetic, not
+the rounding of its inputs.
 """
 
+import math
 import zlib
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass, replace
 
 import numpy as np
 
-__all__ = ["Case", "DEFAULT_SHAPES", "LONG_LENGTHS", "build_grid", "parse_tokens", "draw_inputs"]
+__all__ = ["Case", "DEFAULT_SHAPES", "LONG_LENGTHS", "build_grid", "parse_tokens", "case_rng",
+           "offset_of"]
 
 # (B, H, Tq, Tk, D): see the table above
 DEFAULT_SHAPES = (
@@ -47,6 +53,11 @@ DEFAULT_TOKENS = ((1, 1), (17, 17), (113, 203), (1023, 1023), (2049, 2049))
 DEFAULT_HEAD_DIM, DEFAULT_HEADS, DEFAULT_BATCH = 64, 2, 1
 
 
+def offset_of(tq, tk, align):
+    """The alignment's offset: query i sees key j iff j <= i + offset (causal)."""
+    return 0 if align == "top-left" else tk - tq
+
+
 @dataclass(frozen=True)
 class Case:
     batch: int
@@ -55,23 +66,62 @@ class Case:
     tk: int
     head_dim: int
     causal: bool
+    features: tuple = ()          # ((feature name, value), ...) in the registry's order
+    align: str = None             # None: the run's alignment
 
-    def __str__(self):
-        t = f"{self.tq}" if self.tq == self.tk else f"{self.tq}x{self.tk}"
-        return (f"B{self.batch} H{self.heads} T{t} D{self.head_dim} "
-                f"{'causal' if self.causal else 'full'}")
+    def get(self, name, default=None):
+        """The value of feature ``name`` on this case (``default`` when it does not test it)."""
+        return dict(self.features).get(name, default)
+
+    def with_feature(self, name, value):
+        from parity_tests.kernels.features import ordered
+        return replace(self, features=ordered(dict(self.features, **{name: value})))
+
+    @property
+    def hkv(self):
+        return self.get("gqa", self.heads)
+
+    @property
+    def dv(self):
+        return self.get("value_dim", self.head_dim)
+
+    @property
+    def seqlens(self):
+        """(seqlens_q, seqlens_k) of a varlen batch, else None."""
+        return self.get("varlen")
+
+    @property
+    def forward_only(self):
+        return bool(self.get("decode"))
 
     @property
     def scale(self):
-        return 1.0 / float(np.sqrt(self.head_dim))
+        return self.get("scale", 1.0 / math.sqrt(self.head_dim))
 
     def offset(self, align):
-        """``causal_offset``: query i sees key j iff j <= i + offset."""
-        return 0 if align == "top-left" else self.tk - self.tq
+        return offset_of(self.tq, self.tk, self.align or align)
+
+    def __str__(self):
+        from parity_tests.kernels.features import label
+        t = f"{self.tq}" if self.tq == self.tk else f"{self.tq}x{self.tk}"
+        h = f"{self.heads}" if self.hkv == self.heads else f"{self.heads}/{self.hkv}"
+        d = f"{self.head_dim}" if self.dv == self.head_dim else f"{self.head_dim}/{self.dv}"
+        parts = [f"B{self.batch} H{h} T{t} D{d} {'causal' if self.causal else 'full'}"]
+        parts += [p for p in (label(n, v) for n, v in self.features) if p]
+        if self.align is not None:
+            parts.append(self.align)
+        return " ".join(parts)
 
     def as_dict(self):
-        return {"batch": self.batch, "heads": self.heads, "tq": self.tq, "tk": self.tk,
-                "head_dim": self.head_dim, "causal": self.causal}
+        return {"batch": self.batch, "heads": self.heads, "kv_heads": self.hkv, "tq": self.tq,
+                "tk": self.tk, "head_dim": self.head_dim, "v_dim": self.dv, "causal": self.causal,
+                "features": [n for n, _ in self.features]}
+
+
+def case_rng(seed, case, *salt):
+    """A generator fixed by the seed and the case's fields (never by its label)."""
+    key = repr((seed,) + astuple(case) + salt)
+    return np.random.default_rng(zlib.crc32(key.encode()))
 
 
 def parse_tokens(text):
@@ -99,7 +149,7 @@ def _positive(name, values):
 
 def build_grid(*, tokens=None, head_dims=None, heads=None, batch=None, causal=(True, False),
                long=False, device="cpu"):
-    """The cases: the default grid, or the product of the sizes given (others defaulted)."""
+    """The plain cases: the default grid, or the product of the sizes given (others defaulted)."""
     causal = list(dict.fromkeys(causal))
     if tokens is None and head_dims is None and heads is None and batch is None:
         shapes = list(DEFAULT_SHAPES)
@@ -114,15 +164,3 @@ def build_grid(*, tokens=None, head_dims=None, heads=None, batch=None, causal=(T
     if long:
         shapes += [(1, 1, t, t, 64) for t in LONG_LENGTHS.get(device, LONG_LENGTHS["cpu"])]
     return [Case(b, h, tq, tk, d, c) for (b, h, tq, tk, d) in shapes for c in causal]
-
-
-def draw_inputs(case, seed=0):
-    """q, k, v, dout as float64 arrays, (B, H, T, D), from a seed fixed by the case."""
-    key = f"{seed}:{case.batch},{case.heads},{case.tq},{case.tk},{case.head_dim},{case.causal}"
-    rng = np.random.default_rng(zlib.crc32(key.encode()))
-    b, h, d = case.batch, case.heads, case.head_dim
-    q = rng.standard_normal((b, h, case.tq, d))
-    k = rng.standard_normal((b, h, case.tk, d))
-    v = rng.standard_normal((b, h, case.tk, d))
-    dout = rng.standard_normal((b, h, case.tq, d))
-    return q, k, v, dout

@@ -1,11 +1,11 @@
-"""Attention with every production feature, written densely in PyTorch.
+"""Attention with every production feature, written once, densely, in PyTorch.
 
-One function serves three purposes: in float64 it stands in for the golden
-result where ``numpy_ref.reference_attention`` is not there; in the tested dtype
-it is the *baseline* (the plain computation an engineer would write); and with
-one knob turned it is a catalogued mistake (``feature_mistakes``).  Gradients
-come from autograd, so each variant's dq, dk, dv, dbias, dsinks are those of its
-own forward.  The order of the contract (``CONTRACT.md``, "Beyond the chapter")::
+One formula serves every torch-side purpose of the check: in the tested dtype it
+is the *baseline* (the plain computation an engineer would write, `run`, in
+query chunks so that long cases fit); in float64 with one knob turned it is a
+catalogued *mistake* (``mistakes``).  Gradients come from autograd, so each
+variant's dq, dk, dv, dbias, dsinks are those of its own forward.  The order of
+the contract (``CONTRACT.md``, "Beyond the chapter")::
 
     S = scale · Q Kᵀ                 (query head h reads kv head h // (Hq / Hkv))
     S ← c · tanh(S / c)              softcap
@@ -16,7 +16,8 @@ own forward.  The order of the contract (``CONTRACT.md``, "Beyond the chapter"):
     O = P V,  lse_i = log(exp(sink_h) + Σ_j exp(S_ij))
 
 A row that sees no key and no sink gives out 0 (its lse −inf); a padding query
-(i ≥ seqlens_q[b]) is such a row even with a sink.
+(i ≥ seqlens_q[b]) is such a row even with a sink.  Which keys a query sees is
+`visible`, the torch mirror of ``numpy_ref``'s definition (tested equal to it).
 
 Knobs (the catalogue's mistakes; each None/False means "right"):
 ``kv_map="repeat"`` (kv heads tiled instead of interleaved), ``softcap_first``
@@ -24,12 +25,19 @@ Knobs (the catalogue's mistakes; each None/False means "right"):
 derivative 1 − tanh² left out of the backward), ``shift`` (added to every
 offset: the causal mask one diagonal off), ``window_align`` (the window placed
 with another alignment than the causal mask), ``alibi_no_offset`` (the ALiBi
-distance |i − j| whatever the alignment), ``axis`` (the softmax over queries).
+distance |i − j| whatever the alignment), ``axis`` (the softmax over queries),
+``stale_block`` (an online softmax over key blocks of that size that forgets to
+rescale by exp(m_old − m_new)), ``no_delta`` (the backward's D = rowsum(dO ∘ O)
+dropped: the weights differentiated with their normaliser held constant).
 """
 
 import torch
 
-__all__ = ["attention", "alibi_slopes", "offsets"]
+__all__ = ["attention", "run", "visible", "alibi_slopes", "offsets"]
+
+# Query rows per chunk of the baseline: the (rows, Tk) arrays of one chunk stay
+# near this many elements per (batch, head).
+CHUNK_ELEMENTS = 2 ** 25
 
 
 def alibi_slopes(heads):
@@ -58,30 +66,57 @@ def offsets(tq, tk, seqlens_q, seqlens_k, align, batch):
     return [int(lk) - int(lq) for lq, lk in zip(seqlens_q, seqlens_k)]
 
 
-def _hidden(tq, tk, off, w_off, causal, window, lq, lk, device):
-    """(Tq, Tk) bool, True where query i does not see key j."""
-    i = torch.arange(tq, device=device)[:, None]
+def visible(rows, tk, *, causal=False, offset=0, window=None, nq=None, nk=None, window_offset=None,
+            device="cpu"):
+    """(len(rows), Tk) bool: True where query ``rows[i]`` sees key j.  The contract's rule:
+    j ≤ i + offset when causal; i + offset − left ≤ j ≤ i + offset + right within a window
+    (−1: unbounded; causal caps the right side at 0); i < nq and j < nk (the lengths)."""
+    i = torch.as_tensor(rows, device=device)[:, None]
     j = torch.arange(tk, device=device)[None, :]
-    hidden = (i >= lq) | (j >= lk)
+    seen = torch.ones(len(rows), tk, dtype=torch.bool, device=device)
+    if nq is not None:
+        seen &= i < nq
+    if nk is not None:
+        seen &= j < nk
     if causal:
-        hidden |= j > i + off
+        seen &= j <= i + offset
     if window is not None:
+        w = offset if window_offset is None else window_offset
         left, right = window
         if left >= 0:
-            hidden |= j < i + w_off - left
+            seen &= j >= i + w - left
         if right >= 0 and not causal:
-            hidden |= j > i + w_off + right
-    return hidden
+            seen &= j <= i + w + right
+    return seen
+
+
+def _stale_max(S, v, block):
+    """Online softmax over key blocks that forgets to rescale by exp(m_old - m_new)."""
+    m = torch.full(S.shape[:-1], -torch.inf, dtype=S.dtype, device=S.device)
+    l = torch.zeros(S.shape[:-1], dtype=S.dtype, device=S.device)
+    acc = torch.zeros(S.shape[:-1] + (v.shape[-1],), dtype=S.dtype, device=S.device)
+    # split, not S[..., j0:j1]: a slice's backward writes a full-size zero gradient per block
+    for Sb, vb in zip(S.split(block, dim=-1), v.split(block, dim=-2)):
+        m = torch.maximum(m, Sb.amax(-1))
+        shift = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+        p = torch.exp(Sb - shift[..., None])
+        l = l + p.sum(-1)                       # the mistake: l and acc not multiplied
+        acc = acc + p @ vb                      # by exp(m_old - m_new)
+    return acc / torch.where(l > 0, l, torch.ones_like(l))[..., None]
 
 
 def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, softcap=None,
-              alibi_slopes=None, bias=None, sinks=None, seqlens_q=None, seqlens_k=None,
+              alibi_slopes=None, bias=None, sinks=None, seqlens_q=None, seqlens_k=None, rows=None,
               kv_map="interleave", softcap_first=False, softcap_no_grad=False, shift=0,
-              window_align=None, alibi_no_offset=False, axis=-1, with_max=False):
+              window_align=None, alibi_no_offset=False, axis=-1, stale_block=None, no_delta=False,
+              with_max=False):
     """(out, lse): out (B, Hq, Tq, Dv), lse (B, Hq, Tq), in q's dtype; torch tensors,
-    differentiable.  ``with_max``: (out, lse, m), m the row maximum of the scores."""
+    differentiable.  ``rows``: (first, total) when q holds query rows first .. of a case
+    with ``total`` query rows (the baseline's chunks); the bias then holds those rows too.
+    ``with_max``: (out, lse, m), m the row maximum of the scores."""
     b, hq, tq, _ = q.shape
     hkv, tk = k.shape[1], k.shape[2]
+    first, total = rows or (0, tq)
     group = hq // hkv
     if group > 1:
         if kv_map == "repeat":            # head h reads kv head h % Hkv: the tiling mistake
@@ -98,33 +133,37 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
             S = S + (capped - S).detach() if softcap_no_grad else capped
     else:
         S = S * scale
-    offs = [o + shift for o in offsets(tq, tk, seqlens_q, seqlens_k, align, b)]
-    w_offs = offs if window_align is None else offsets(tq, tk, seqlens_q, seqlens_k, window_align, b)
-    lq = [tq] * b if seqlens_q is None else [int(x) for x in seqlens_q]
+    offs = [o + shift for o in offsets(total, tk, seqlens_q, seqlens_k, align, b)]
+    w_offs = offs if window_align is None else offsets(total, tk, seqlens_q, seqlens_k, window_align, b)
+    lq = [total] * b if seqlens_q is None else [int(x) for x in seqlens_q]
     lk = [tk] * b if seqlens_k is None else [int(x) for x in seqlens_k]
+    i = torch.arange(first, first + tq, device=q.device)
     if alibi_slopes is not None:
         slopes = alibi_slopes.to(S.dtype)
         slopes = slopes.expand(b, hq) if slopes.dim() == 1 else slopes          # (B, Hq)
         a_offs = [0] * b if alibi_no_offset else offs
-        i = torch.arange(tq, device=q.device, dtype=S.dtype)[:, None]
         j = torch.arange(tk, device=q.device, dtype=S.dtype)[None, :]
-        dist = torch.stack([(i + o - j).abs() for o in a_offs])                 # (B, Tq, Tk)
+        dist = torch.stack([(i.to(S.dtype)[:, None] + o - j).abs() for o in a_offs])   # (B, Tq, Tk)
         S = S - slopes[:, :, None, None] * dist[:, None]
     if bias is not None:
         S = S + bias.to(S.dtype)
-    hidden = torch.stack([_hidden(tq, tk, offs[n], w_offs[n], causal, window, lq[n], lk[n], q.device)
-                          for n in range(b)])[:, None]                          # (B, 1, Tq, Tk)
-    S = S.masked_fill(hidden, -torch.inf)
-    padding_row = torch.stack([torch.arange(tq, device=q.device) >= lq[n] for n in range(b)])
-    padding_row = padding_row[:, None, :, None]                                # (B, 1, Tq, 1)
+    seen = torch.stack([visible(i, tk, causal=causal, offset=offs[n], window=window, nq=lq[n], nk=lk[n],
+                                window_offset=w_offs[n], device=q.device) for n in range(b)])[:, None]
+    S = S.masked_fill(~seen, -torch.inf)                                       # (B, Hq, Tq, Tk)
     if sinks is not None:
+        padding_row = torch.stack([i >= lq[n] for n in range(b)])[:, None, :, None]   # (B, 1, Tq, 1)
         sink = sinks.to(S.dtype)[None, :, None, None].expand(b, hq, tq, 1)
-        sink = sink.masked_fill(padding_row, -torch.inf)
-        S = torch.cat([S, sink], dim=-1)                                       # (B, Hq, Tq, Tk + 1)
-    seen = torch.isfinite(S).any(axis, keepdim=True)
-    S_safe = S.masked_fill(~seen, 0.0)
-    P = torch.softmax(S_safe, dim=axis) * seen
-    lse = torch.logsumexp(S_safe, dim=-1).masked_fill(~torch.isfinite(S).any(-1), -torch.inf)
+        S = torch.cat([S, sink.masked_fill(padding_row, -torch.inf)], dim=-1)   # (B, Hq, Tq, Tk + 1)
+    row_seen = torch.isfinite(S).any(-1)
+    S_safe = S.masked_fill(~torch.isfinite(S).any(axis, keepdim=True), 0.0)
+    lse = torch.logsumexp(S_safe, dim=-1).masked_fill(~row_seen, -torch.inf)
+    if stale_block is not None:
+        out = _stale_max(S[..., :tk], v.to(S.dtype), stale_block)
+        return (out, lse, S.detach().amax(-1)) if with_max else (out, lse)
+    if no_delta:                                # P = exp(S − lse) with lse held constant: dS = P ∘ dP
+        P = torch.exp(S_safe - lse.detach().masked_fill(~row_seen, 0.0)[..., None]) * row_seen[..., None]
+    else:
+        P = torch.softmax(S_safe, dim=axis) * torch.isfinite(S).any(axis, keepdim=True)
     if sinks is not None:
         P = P[..., :-1]
     out = P @ v.to(P.dtype)
@@ -133,28 +172,55 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
     return out, lse
 
 
-def run(q, k, v, dout, opts, dtype=torch.float64, device="cpu", grads=True, **knobs):
+def run(q, k, v, dout, opts, dtype=torch.float64, device="cpu", grads=True, dlse=None, **knobs):
     """``attention`` on NumPy inputs in ``dtype``: a dict of float64 NumPy arrays, ``out``
     and ``lse`` and, with ``grads`` and a ``dout``, ``dq``, ``dk``, ``dv`` (plus ``dbias``,
-    ``dsinks`` when the options hold a bias or sinks), from autograd.  ``opts``: the
-    reference's options (NumPy arrays for bias, sinks, alibi_slopes, seqlens)."""
+    ``dsinks`` when the options hold a bias or sinks), from autograd; ``dlse`` (B, Hq, Tq)
+    is an upstream gradient on lse as well.  ``opts``: the reference's options (NumPy
+    arrays for bias, sinks, alibi_slopes, seqlens).  Query rows go in chunks (`CHUNK_ELEMENTS`):
+    dq and out row by row, dk, dv, dbias and dsinks summed over the chunks, in float32 for
+    a half dtype (as a single matmul accumulates them before its one final rounding)."""
     grads = grads and dout is not None
-    t = lambda a, grad=False, dt=dtype: torch.as_tensor(a).to(device=device, dtype=dt).requires_grad_(grad)
-    leaves = {"q": t(q, grads), "k": t(k, grads), "v": t(v, grads)}
+    tq, tk = q.shape[-2], k.shape[-2]
+    chunk = max(64, CHUNK_ELEMENTS // max(tk, 1))
+    t = lambda a, dt=dtype: torch.as_tensor(a).to(device=device, dtype=dt)
     kw = {n: opts[n] for n in ("scale", "causal", "align", "window", "softcap", "seqlens_q", "seqlens_k")
           if n in opts}
-    if opts.get("bias") is not None:
-        leaves["bias"] = kw["bias"] = t(opts["bias"], grads)
-    if opts.get("sinks") is not None:
-        leaves["sinks"] = kw["sinks"] = t(opts["sinks"], grads)
     if opts.get("alibi_slopes") is not None:
         kw["alibi_slopes"] = t(opts["alibi_slopes"])
-    with torch.set_grad_enabled(grads):
-        out, lse = attention(leaves["q"], leaves["k"], leaves["v"], **kw, **knobs)
-        result = {"out": out, "lse": lse}
+    bias = None if opts.get("bias") is None else t(opts["bias"])
+    bias4 = None if bias is None else bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape))
+    sinks = None if opts.get("sinks") is None else t(opts["sinks"]).requires_grad_(grads)
+    acc = torch.float32 if chunk < tq and dtype in (torch.float16, torch.bfloat16) else dtype
+    Q, K, V = t(q).requires_grad_(grads), t(k).requires_grad_(grads), t(v).requires_grad_(grads)
+    parts, totals = {}, {}
+    for r0 in range(0, max(tq, 1), chunk):
+        r1 = min(tq, r0 + chunk)
+        piece = bias4 if bias4 is None or bias4.shape[2] == 1 else bias4[:, :, r0:r1]
+        piece = None if piece is None else piece.detach().requires_grad_(grads)
+        with torch.set_grad_enabled(grads):
+            qc = Q[..., r0:r1, :].detach().requires_grad_(grads) if grads else Q[..., r0:r1, :]
+            out, lse = attention(qc, K, V, bias=piece, sinks=sinks, rows=(r0, tq), **kw, **knobs)
+        _put(parts, "out", out.detach())
+        _put(parts, "lse", lse.detach())
         if grads:
-            names = list(leaves)
-            found = torch.autograd.grad(out, [leaves[n] for n in names], t(dout), allow_unused=True)
-            for n, g in zip(names, found):
-                result["d" + n] = torch.zeros_like(leaves[n]) if g is None else g
+            leaves = {"dq": qc, "dk": K, "dv": V, "dbias": piece, "dsinks": sinks}
+            leaves = {n: x for n, x in leaves.items() if x is not None}
+            ups = [(out, t(dout[..., r0:r1, :]))] + ([(lse, t(dlse[..., r0:r1]))] if dlse is not None else [])
+            found = torch.autograd.grad([o for o, _ in ups], list(leaves.values()), [g for _, g in ups],
+                                        allow_unused=True)
+            for n, g in zip(leaves, found):
+                g = torch.zeros_like(leaves[n]) if g is None else g
+                if n == "dq" or (n == "dbias" and bias4.shape[2] > 1):
+                    _put(parts, n, g)
+                else:
+                    totals[n] = totals.get(n, 0) + g.to(acc)
+    result = {n: torch.cat(p, dim=2) if p[0].dim() >= 3 else p[0] for n, p in parts.items()}
+    result.update({n: g.to(dtype) for n, g in totals.items()})
+    if "dbias" in result:
+        result["dbias"] = result["dbias"].reshape(bias.shape)
     return {n: x.detach().to("cpu", torch.float64).numpy() for n, x in result.items()}
+
+
+def _put(parts, name, x):
+    parts.setdefault(name, []).append(x)

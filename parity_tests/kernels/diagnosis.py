@@ -2,30 +2,32 @@
 
 For each failing tensor, in this order:
 
-0. *NaN or infinity*: how many entries, in which rows, and -- when the case has
+0. What needs no recomputation: a gradient that never reached bias or sinks, a
+   kernel that is not deterministic.
+1. *NaN or infinity*: how many entries, in which rows, and -- when the case has
    query rows that see no key (causal, bottom-right, Tq > Tk) -- what the check
    expects there and why.  No formula of the catalogue gives a NaN, and a NaN
    differs from itself, so this comes before the second call below.
-1. *Dropout left on* (or any random draw): the target is called a second time on
+2. *Dropout left on* (or any random draw): the target is called a second time on
    the same inputs; if the tensor moves by more than its bound, no fixed
    formula can explain it, and that is the diagnosis.
-2. The catalogue (``mistakes``), plus a fitted *wrong softmax denominator* for
-   out (each row the reference times its own factor c_i): each hypothesis's
-   residual is the tensor's error measured against the hypothesis instead of
-   the reference, with the same denominator; the smallest residual within the
-   tensor's bound is the match: "out matches the reference with bottom-right
-   causal alignment to 3e-07 (bound 2e-06)".  The bound is the *reference's*
-   rounding budget; a mistake that sharpens the softmax (no scale, 1/D) rounds
-   more than the reference does in the kernel's dtype, so a residual above the
-   bound also matches when it is at most `MATCH_SHARE` of the error against the
-   reference: the mistake explains all but that share of what went wrong.
-3. Slice by slice: when no hypothesis explains the whole tensor, the (batch,
+3. The catalogue (``mistakes``: the chapter's and the case's features'), plus a
+   fitted *wrong softmax denominator* for out (each row the reference times its
+   own factor c_i): each hypothesis's residual is the tensor's error measured
+   against the hypothesis instead of the reference, with the same denominator;
+   the smallest residual within the tensor's bound is the match: "out matches
+   the reference with bottom-right causal alignment to 3e-07 (bound 2e-06)".
+   The bound is the *reference's* rounding budget; a mistake that sharpens the
+   softmax (no scale, 1/D) rounds more than the reference does in the kernel's
+   dtype, so a residual above the bound also matches when it is at most
+   `MATCH_SHARE` of the error against the reference.
+4. Slice by slice: when no hypothesis explains the whole tensor, the (batch,
    head) slices that fail are compared on their own -- one head with a mistake
    and the others right reads "head 1 matches ... ; the other slices match the
    reference".
-4. Otherwise "matches none of the catalogued mistakes", with the closest one
-   when it comes closer than the reference (``measure`` then checks whether the
-   error is the size of a lower precision's).
+5. Otherwise "matches none of the catalogued mistakes", with the closest one
+   when it comes closer than the reference; then, when the error is the size of
+   a plain computation's in a lower precision, that is said instead.
 
 What is not claimed: a mistake whose prediction is zero everywhere (any kernel
 returning zeros matches it: the shifted mask at T = 1), a fitted denominator
@@ -37,20 +39,21 @@ A pattern across cases -- the error growing with the sequence length -- is
 found afterwards, over the rows of a whole run (``report``).
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from parity_tests.common import tolerances as tol
 import parity_tests.kernels.mistakes as mistakes
 
-__all__ = ["Diagnosis", "diagnose", "slice_errors", "DENSE_LIMIT"]
+__all__ = ["Diagnosis", "Evidence", "diagnose", "slice_errors", "DENSE_LIMIT"]
 
 # Dense float64 recomputation: at most this many (query, key) pairs in all
 # (2^25 x 8 bytes = 256 MiB per array).  Larger cases are diagnosed on the
 # (batch, head) slice holding the largest error, if that slice fits.
 DENSE_LIMIT = 2 ** 25
 
-TENSORS = ("out", "dq", "dk", "dv")
+GRADS = ("dq", "dk", "dv", "dbias", "dsinks")
 
 # The per-row factor of the "wrong denominator" entry is fitted to the target's
 # output, so it always explains *some* of the error; it counts only when what
@@ -63,6 +66,12 @@ FIT_SHARE = 0.1
 # of ~1; a wrong alignment or mask leaves < 1e-7; across the gallery the runner-up
 # hypothesis leaves at least 0.2 of the error, so 1e-3 sits far from both).
 MATCH_SHARE = 1e-3
+
+# A kernel computing in a lower precision than it is checked in: its error sits within
+# this factor of a plain computation's in that precision (measured: bfloat16 inside a
+# float32 check gives 0.4 .. 1.3 x the bfloat16 baseline's error; float16's is ~8x smaller).
+LOWER_SHARE = 3.0
+LOWER = {"float64": ("float32", "bfloat16", "float16"), "float32": ("bfloat16", "float16")}
 
 
 def explains(residual, error, bound):
@@ -84,8 +93,32 @@ class Diagnosis:
                 "bound": _finite(self.bound), "slices": [list(s) for s in self.slices]}
 
 
+@dataclass
+class Evidence:
+    """Everything one failing case offers its diagnosis (``measure.run_case`` fills it)."""
+    case: object
+    align: str
+    dtype: str
+    device: str
+    wanted: tuple
+    rounded: dict          # the inputs, float64, rounded to the dtype
+    opts: dict             # reference_attention's options
+    gold: dict             # judged (4-D) reference, lse zero where unjudged
+    gold_raw: dict         # the reference in its own shapes
+    den: dict
+    bounds: dict
+    arrays: dict           # the target's tensors, judged form
+    got: dict              # the target's raw answer
+    second: object         # a second call's answer, or None
+    caller: object         # calls the target again
+
+
 def _finite(x):
     return float(x) if np.isfinite(x) else None
+
+
+def _fmt(x):
+    return f"{x:.1e}"
 
 
 def slice_errors(a, ref, denom):
@@ -95,74 +128,106 @@ def slice_errors(a, ref, denom):
     return worst / denom
 
 
-def _row_scaled(a, ref):
-    """out = c_i x reference row i: the best factor per row, and the fitted prediction."""
-    num = (a * ref).sum(-1, keepdims=True)
-    den = (ref * ref).sum(-1, keepdims=True)
-    c = np.where(den > 0, num / np.where(den > 0, den, 1.0), 1.0)
-    return c, c * ref
+def diagnose(failing, rows, ev):
+    """Set ``rows[n].diagnosis`` for each tensor ``n`` in ``failing``."""
+    result = {}
+    for n in failing:                                  # what needs no recomputation
+        note = rows[n].note
+        if n in ("dbias", "dsinks") and "no gradient reached" in note:
+            what = "bias" if n == "dbias" else "sink"
+            result[n] = Diagnosis(f"{what}-no-grad", f"{n}: no gradient reached {n[1:]} (None or detached): "
+                                  f"the {n[1:]} is used without its gradient")
+        elif "not deterministic" in note:
+            result[n] = Diagnosis("not-deterministic", f"{n} differs between two calls on the same inputs: "
+                                  "the kernel is not deterministic (atomic adds, or a reduction in varying order)")
+        elif n in ev.arrays and not np.isfinite(ev.arrays[n]).all():
+            result[n] = _non_finite(n, ev.arrays[n], ev.case, ev.align)
+    rest = [n for n in failing if n not in result and n in ev.arrays]
+    if rest and ev.second is None:
+        ev.second = ev.caller()
+    for n in list(rest):
+        again = ev.second.get(n) if isinstance(ev.second, dict) else None
+        if isinstance(again, np.ndarray):
+            from parity_tests.kernels.measure import judged
+            first, again = judged({n: ev.got[n]})[n], judged({n: again})[n]
+            moved = slice_errors(np.where(first == again, 0.0, again), np.where(first == again, 0.0, first),
+                                 ev.den[n]).max()
+            if moved > ev.bounds[n]:
+                result[n] = Diagnosis("dropout", f"{n} changes between two calls on the same inputs (by "
+                                      f"{_fmt(moved)}, bound {_fmt(ev.bounds[n])}): dropout left on, or another "
+                                      "random draw in the kernel", moved, ev.bounds[n])
+                rest.remove(n)
+    if rest:
+        result.update(_catalogue(rest, rows, ev))
+    _lower_precision(result, rows, ev)
+    _summaries(result, rows, ev)
+    for n, d in result.items():
+        rows[n].diagnosis = d
 
 
-def _fmt(x):
-    return f"{x:.1e}"
+def _catalogue(rest, rows, ev):
+    """The catalogue's best match for each tensor, on the whole case or its worst slice."""
+    case = ev.case
+    sel, sub = (slice(None), slice(None)), ev
+    if not fits_densely(case):
+        sel, sub = _worst_slice(ev)
+        if sub is None:
+            why = (f"Tq x Tk = {case.tq * case.tk} is too large" if case.tq * case.tk > DENSE_LIMIT else
+                   "a case with features this large is too large")
+            return {n: Diagnosis("not-diagnosed", f"{n} not diagnosed: {why} for the dense float64 "
+                                 f"recomputation (limit {DENSE_LIMIT}); rerun with --tokens 4096 or less")
+                    for n in rest}
+    from parity_tests.kernels.measure import judged
+    unjudged = ~np.isfinite(judged({"lse": sub.gold_raw["lse"]})["lse"]) if "lse" in sub.gold else None
 
-
-def _where(slices, shape):
-    b, h = shape
-    heads = sorted({s[1] for s in slices})
-    if b == 1 or len(slices) == len(heads) * b and all((i, hh) in slices for i in range(b) for hh in heads):
-        word = "head" if len(heads) == 1 else "heads"
-        every = "" if b == 1 else " (every batch)"
-        return f"{word} {', '.join(map(str, heads))}{every}"
-    return "(batch, head) " + ", ".join(str(tuple(s)) for s in slices)
-
-
-def diagnose(failing, got, golden, denoms, bounds, case, offset, align, inputs, dout, rerun):
-    """``{tensor: Diagnosis}`` for the tensors in ``failing``.
-
-    got, golden: dicts tensor -> float64 array (B, H, T, D); denoms, bounds: per tensor;
-    inputs: (q, k, v) float64 rounded; rerun: () -> a second call's dict, or None.
-    """
-    result = {t: _non_finite(t, got[t], case, offset, align) for t in failing if not np.isfinite(got[t]).all()}
-    second = rerun() if len(result) < len(failing) else None
-    for t in failing:
-        if t in result:
-            continue
-        if second is not None and t in second:
-            moved = slice_errors(second[t], got[t], denoms[t]).max()
-            if moved > bounds[t]:
-                result[t] = Diagnosis("dropout", f"{t} changes between two calls on the same inputs "
-                                      f"(by {_fmt(moved)}, bound {_fmt(bounds[t])}): dropout left on, "
-                                      "or another random draw in the kernel", moved, bounds[t])
-    rest = [t for t in failing if t not in result]
-    if not rest:
-        return result
-    sel, sub = _subset(case, got, golden, inputs, dout)
-    if sel is None:
-        for t in rest:
-            result[t] = Diagnosis("not-diagnosed", f"{t} not diagnosed: Tq x Tk = {case.tq * case.tk} is too "
-                                  f"large for the dense float64 recomputation (limit {DENSE_LIMIT}); "
-                                  "rerun with --tokens 4096 or less")
-        return result
-    g_got, g_ref, g_in, g_dout = sub
-    hyps = mistakes.catalogue(case, offset, align, g_in, g_dout, g_ref)
-    cache = {}
-    out_right = "out" not in failing and "out" in got       # judged, and passed
-    out_fits = {} if out_right else _out_fits(hyps, cache, g_got, g_ref["out"], denoms["out"], bounds["out"])
-    for t in rest:
-        tried = hyps if t == "out" else [h for h in hyps if "out" not in h.tensors or out_fits.get(id(h))]
-        result[t] = _diagnose_tensor(t, tried, cache, g_got, g_ref, denoms[t], bounds[t], sel)
-        if out_right:
-            result[t].sentence = "the output is right; only the backward is wrong: " + result[t].sentence
+    def judge(raw):                         # a prediction, in the judged form, lse on the judged rows
+        out = judged(raw)
+        if unjudged is not None and "lse" in out:
+            out["lse"] = np.where(unjudged, 0.0, out["lse"])
+        return out
+    r = sub.rounded
+    ctx = mistakes.Context(sub.case, sub.align, (r["q"], r["k"], r["v"], r["dout"]), r.get("dlse"), sub.opts,
+                           sub.gold_raw, judge, ev.wanted)
+    hyps = mistakes.catalogue(ctx)
+    cache, result = {}, {}
+    out_right = "out" in rows and rows["out"].passed
+    backward_only = [h for h in hyps if "out" not in h.tensors]
+    out_fits = {} if out_right or "out" not in sub.arrays or not np.isfinite(sub.arrays["out"]).all() else \
+        _out_fits(hyps, cache, sub.arrays, sub.gold["out"], sub.den["out"], sub.bounds["out"])
+    for n in rest:
+        tried = hyps if n in ("out", "lse") else backward_only if out_right else \
+            [h for h in hyps if "out" not in h.tensors or out_fits.get(id(h), True)]
+        result[n] = _diagnose_tensor(n, tried, cache, sub.arrays, sub.gold, sub.den[n], sub.bounds[n], sel)
         if sel != (slice(None), slice(None)):
-            result[t].sentence += (f" (judged on (batch, head) {tuple(int(i) for i in sel)} alone, the one "
+            result[n].sentence += (f" (judged on (batch, head) {tuple(int(i) for i in sel)} alone, the one "
                                    "with the largest error: the whole case is too large to recompute)")
     named = result.get("out")
     if named is not None and named.id not in ("none", "not-diagnosed"):
-        for t in rest:                # a gradient no entry explains, of an output one does
-            if result[t].id == "none":
-                result[t].sentence += f" (out of this case: {named.id})"
+        for n in rest:                # a gradient no entry explains, of an output one does
+            if result[n].id == "none":
+                result[n].sentence += f" (out of this case: {named.id})"
     return result
+
+
+def fits_densely(case):
+    """Whether the whole case is recomputed densely (else its worst (batch, head) slice)."""
+    return case.batch * case.heads * case.tq * case.tk <= DENSE_LIMIT
+
+
+def _worst_slice(ev):
+    """The (batch, head) slice with the largest error of out as a case of its own, or None
+    when even one slice is too large or the case's features tie heads together."""
+    case = ev.case
+    if case.tq * case.tk > DENSE_LIMIT or case.hkv != case.heads or \
+            any(n in ev.rounded for n in ("bias", "sinks", "alibi_slopes")) or case.seqlens:
+        return None, None
+    worst = slice_errors(ev.arrays["out"], ev.gold["out"], 1.0) if "out" in ev.arrays else np.zeros((1, 1))
+    b, h = (int(i) for i in np.unravel_index(np.argmax(worst), (case.batch, case.heads)))
+    pick = lambda a: a[b:b + 1, h:h + 1]
+    picked = lambda d: {n: pick(a) for n, a in d.items()}
+    sub = replace(ev, case=replace(case, batch=1, heads=1), rounded=picked(ev.rounded), gold=picked(ev.gold),
+                  gold_raw={n: a[b:b + 1, h:h + 1] for n, a in ev.gold_raw.items()}, arrays=picked(ev.arrays))
+    return (b, h), sub
 
 
 def _ranges(indices):
@@ -175,16 +240,17 @@ def _ranges(indices):
     return ", ".join(pieces[:4]) + (", ..." if len(pieces) > 4 else "")
 
 
-def _non_finite(t, a, case, offset, align):
+def _non_finite(t, a, case, align):
     """How many entries of ``a`` are NaN or infinite, in which rows, and what the check
     expects in the query rows that see no key."""
     bad = ~np.isfinite(a)                                           # (B, H, T, D)
     nan, inf = int(np.isnan(a).sum()), int(np.isinf(a).sum())
     rows = sorted(int(i) for i in np.nonzero(bad.any(axis=(0, 1, 3)))[0])
-    kind = "query" if t in ("out", "dq") else "key"
+    kind = "query" if t in ("out", "dq", "lse") else "key" if t in ("dk", "dv") else "bias"
     b, h, i = (int(x[0]) for x in np.nonzero(bad)[:3])
     sentence = (f"{t} has {nan} NaN and {inf} infinite entries of {a.size}, in {kind} rows "
                 f"{_ranges(rows)} (first at (b, h, row) = ({b}, {h}, {i}))")
+    offset = case.offset(align)
     blind = -offset if case.causal and offset < 0 else 0       # query rows 0 .. blind-1 see no key
     if blind:
         expects = ("zeros there" if kind == "query" else "them to add nothing to dk and dv")
@@ -207,24 +273,29 @@ def _out_fits(hyps, cache, got, golden_out, denom, bound):
     return fits
 
 
-def _subset(case, got, golden, inputs, dout):
-    """All slices, or the worst one, or None when even one slice is too large."""
-    q, k, v = inputs
-    if case.batch * case.heads * case.tq * case.tk <= DENSE_LIMIT:
-        return (slice(None), slice(None)), (got, golden, inputs, dout)
-    if case.tq * case.tk > DENSE_LIMIT:
-        return None, None
-    b, h = np.unravel_index(np.argmax(slice_errors(got["out"], golden["out"], 1.0)), (case.batch, case.heads))
-    pick = lambda a: a[b:b + 1, h:h + 1]
-    return (b, h), ({n: pick(a) for n, a in got.items()}, {n: pick(a) for n, a in golden.items()},
-                    tuple(pick(a) for a in inputs), pick(dout))
-
-
 def _predict(hyp, cache):
     key = id(hyp)
     if key not in cache:
         cache[key] = hyp.predict()
     return cache[key]
+
+
+def _row_scaled(a, ref):
+    """out = c_i x reference row i: the best factor per row, and the fitted prediction."""
+    num = (a * ref).sum(-1, keepdims=True)
+    den = (ref * ref).sum(-1, keepdims=True)
+    c = np.where(den > 0, num / np.where(den > 0, den, 1.0), 1.0)
+    return c, c * ref
+
+
+def _where(slices, shape):
+    b, h = shape
+    heads = sorted({s[1] for s in slices})
+    if b == 1 or len(slices) == len(heads) * b and all((i, hh) in slices for i in range(b) for hh in heads):
+        word = "head" if len(heads) == 1 else "heads"
+        every = "" if b == 1 else " (every batch)"
+        return f"{word} {', '.join(map(str, heads))}{every}"
+    return "(batch, head) " + ", ".join(str(tuple(s)) for s in slices)
 
 
 def _diagnose_tensor(t, hyps, cache, got, ref, denom, bound, sel):
@@ -233,15 +304,14 @@ def _diagnose_tensor(t, hyps, cache, got, ref, denom, bound, sel):
     for hyp in hyps:
         # a mistake that predicts zeros everywhere (the shifted mask at T = 1) is matched by
         # any kernel returning zeros: it cannot be told apart, so it is not claimed
-        if t in hyp.tensors and np.any(_predict(hyp, cache)[t]):
+        if t in hyp.tensors and t in _predict(hyp, cache) and np.any(_predict(hyp, cache)[t]):
             candidates.append((slice_errors(a, _predict(hyp, cache)[t], denom), hyp.id, hyp.says))
-    if t == "out" and np.all(np.isfinite(a)):
+    if t == "out":
         c, fitted = _row_scaled(a, r)
         residual = slice_errors(a, fitted, denom)
         # a fitted hypothesis must explain the error, not shave it: 90% of it at least; a
         # denominator is positive (a factor 0 is an output of zeros); and with one key it
         # fits any output proportional to v, so it is not claimed there
-        # the key count from a key-side gradient; a forward-only case (decode) has none
         one_key = next((ref[n].shape[-2] for n in ("dk", "dv") if n in ref), None) == 1
         if residual.max() <= FIT_SHARE * slice_errors(a, r, denom).max() and c.min() > 0 and not one_key:
             lo, hi = float(c.min()), float(c.max())
@@ -262,7 +332,7 @@ def _diagnose_tensor(t, hyps, cache, got, ref, denom, bound, sel):
     by_slice = _by_slice(t, candidates, a, r, denom, bound, sel)
     if by_slice is not None:
         return by_slice
-    if best[0] >= slice_errors(a, r, denom).max():       # nothing comes closer than the reference
+    if best[0] >= error:       # nothing comes closer than the reference
         return Diagnosis("none", f"{t} matches none of the catalogued mistakes")
     return Diagnosis("none", f"{t} matches none of the catalogued mistakes (closest: {best[2]}, "
                      f"{_fmt(best[0])} vs bound {_fmt(bound)})", best[0], bound)
@@ -286,3 +356,49 @@ def _by_slice(t, candidates, a, r, denom, bound, sel):
     return Diagnosis(hid, f"{t}: {where} ({len(slices)} of {plain.size} (batch, head) slices) "
                      f"{verb} the reference with {says} to {_fmt(res)} (bound {_fmt(bound)}); "
                      "the other slices match the reference", res, bound, slices)
+
+
+def _lower_precision(result, rows, ev):
+    """Tensors that no mistake explains whose error is the size of a lower precision's say so."""
+    named_out = "out" in result and result["out"].id not in ("none", "not-diagnosed")
+    unnamed = [n for n, d in result.items() if d.id == "none"]
+    if named_out or ev.dtype not in LOWER or not unnamed:   # a gradient of a named output keeps that name
+        return
+    from parity_tests.kernels.measure import baseline, judged
+    grads = not ev.case.forward_only
+    for low in LOWER[ev.dtype]:
+        base = baseline({n: a for n, a in ev.rounded.items()}, ev.opts, low, ev.device, grads)
+        base = judged({n: a for n, a in base.items() if n in ev.gold})
+        if "lse" in base:
+            base["lse"] = np.where(ev.gold["lse"] == 0.0, 0.0, base["lse"])
+        for n in list(unnamed):
+            low_err = float(np.abs(base[n] - ev.gold[n]).max(initial=0.0) / ev.den[n])
+            if low_err and 1 / LOWER_SHARE <= rows[n].error / low_err <= LOWER_SHARE:
+                result[n] = Diagnosis("lower-precision", f"{n}'s error {rows[n].error:.1e} is the size of "
+                                      f"{low}'s (a plain {low} computation: {low_err:.1e}): the kernel appears "
+                                      f"to compute in {low} inside this {ev.dtype} check", rows[n].error,
+                                      rows[n].bound)
+                unnamed.remove(n)
+
+
+def _summaries(result, rows, ev):
+    """What a user asks first, ahead of the sentence."""
+    forward_ok = all(rows[n].passed for n in ("out", "lse") if n in rows)
+    case = ev.case
+    for n, d in result.items():
+        lead = []
+        if n in GRADS and forward_ok:
+            lead.append("the output is right; only the backward is wrong")
+        if case.seqlens is not None and case.batch > 1 and n in ev.arrays and n != "dsinks":
+            per_batch = slice_errors(ev.arrays[n], ev.gold[n], ev.den[n]).max(axis=1)
+            bad = [int(b) for b in np.nonzero(per_batch > ev.bounds[n])[0]]
+            if 0 < len(bad) < case.batch:
+                word = "sequence" if len(bad) == 1 else "sequences"
+                lead.append(f"only {word} {', '.join(map(str, bad))} of the batch")
+        r = rows[n]
+        if r.cosine is not None and r.cosine < 0:
+            d.sentence += f"; {n} points the wrong way (cosine {r.cosine:.2f} with the reference)"
+            if d.id == "none":
+                d.id = "wrong-direction"
+        if lead:
+            d.sentence = "; ".join(lead) + ": " + d.sentence

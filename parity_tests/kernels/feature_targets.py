@@ -22,33 +22,29 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-__all__ = ["sdpa", "flex", "flash_targets", "flash_unavailable"]
+from parity_tests.kernels.cases import offset_of
+from parity_tests.kernels.dense import visible
 
+__all__ = ["sdpa", "flex", "flash_targets", "flash_unavailable", "SDPA_FEATURES", "FLEX_FEATURES"]
 
-def _offset(tq, tk, align):
-    return 0 if align == "top-left" else tk - tq
+# The features each built-in expresses (``targets.Target.features``).
+SDPA_FEATURES = frozenset({"gqa", "value_dim", "window", "alibi", "bias", "decode", "deterministic"})
+FLEX_FEATURES = frozenset({"gqa", "value_dim", "window", "softcap", "alibi", "bias", "varlen", "lse", "decode",
+                           "deterministic"})
+FLASH_FEATURES = {"flash": frozenset({"gqa", "value_dim", "window", "softcap", "alibi", "decode", "deterministic"}),
+                  "flash-varlen": frozenset({"gqa", "window", "softcap", "alibi", "varlen", "deterministic"}),
+                  "flash-kvcache": frozenset({"gqa", "window", "softcap", "alibi", "decode"})}
 
 
 def _seen(tq, tk, causal, window, align, device):
-    """(Tq, Tk) bool: True where query i sees key j (FlashAttention's window_size)."""
-    off = _offset(tq, tk, align)
-    i = torch.arange(tq, device=device)[:, None]
-    j = torch.arange(tk, device=device)[None, :]
-    seen = torch.ones(tq, tk, dtype=torch.bool, device=device)
-    if causal:
-        seen &= j <= i + off
-    if window is not None:
-        left, right = window
-        if left >= 0:
-            seen &= j >= i + off - left
-        if right >= 0:
-            seen &= j <= i + off + right
-    return seen
+    """(Tq, Tk) bool: True where query i sees key j (the contract's one rule, ``dense.visible``)."""
+    return visible(torch.arange(tq, device=device), tk, causal=causal, offset=offset_of(tq, tk, align),
+                   window=window, device=device)
 
 
 def _alibi(slopes, tq, tk, align, dtype, device):
     """−slope_h · |i + offset − j|, (H, Tq, Tk)."""
-    off = _offset(tq, tk, align)
+    off = offset_of(tq, tk, align)
     i = torch.arange(tq, device=device, dtype=torch.float32)[:, None]
     j = torch.arange(tk, device=device, dtype=torch.float32)[None, :]
     return (-slopes.float()[:, None, None] * (i + off - j).abs()).to(dtype)
@@ -83,8 +79,6 @@ def sdpa(backend, unsupported):
             except RuntimeError as e:
                 reasons = [str(w.message).splitlines()[0] for w in seen]
                 raise unsupported("; ".join(reasons[-2:]) or str(e).splitlines()[0]) from None
-    fn.takes_align = True
-    fn.returns_lse = False
     return fn
 
 
@@ -130,7 +124,7 @@ def flex(unsupported, lse=False):
             doc_off = (lens_k - lens_q) if align == "bottom-right" else torch.zeros_like(lens_q)
             place = lambda i, j: (i - start_q[i], j - start_k[j], doc_off[doc_q[i]])
         else:
-            off = _offset(tq, tk, align)
+            off = offset_of(tq, tk, align)
             place = lambda i, j: (i, j, off)
         mask_mod = None
         if causal or window is not None or packed:
@@ -162,9 +156,6 @@ def flex(unsupported, lse=False):
             return result[0].transpose(0, 1) if packed else result
         out, lse_ = result
         return (out[0].transpose(0, 1), lse_[0]) if packed else (out, lse_)
-    fn.takes_align = True
-    if not lse:
-        fn.with_lse = flex(unsupported, lse=True)
     return fn
 
 
@@ -180,19 +171,19 @@ def flash_unavailable():
 
 
 def _flash_refuses(case, dtype, device, align):
-    if getattr(case, "seqlens_q", None) is not None:
+    if case.seqlens is not None and len(set(case.seqlens[0])) > 1:
         return "flash_attn_func takes equal lengths: flash-varlen takes the packed batches"
     return _fa_refuses(case, dtype, device, align)
 
 
 def _varlen_refuses(case, dtype, device, align):
-    if getattr(case, "seqlens_q", None) is None:
+    if case.seqlens is None:
         return "flash_attn_varlen_func takes the packed layout: run with --features varlen"
     return _fa_refuses(case, dtype, device, align)
 
 
 def _kvcache_refuses(case, dtype, device, align):
-    if not getattr(case, "forward_only", False):
+    if not case.forward_only:
         return "flash_attn_with_kvcache is a decode kernel, forward only: run with --features decode"
     return _fa_refuses(case, dtype, device, align)
 
@@ -229,13 +220,12 @@ def flash_targets(make_target):
         with torch.no_grad():                        # an inference kernel: forward only
             return flash_attn_with_kvcache(q, k, v, **_fa_options(causal, scale, window, softcap, alibi_slopes))
 
-    for f in (func, varlen, kvcache):
-        f.returns_lse = False
+    made = lambda name, fn, description, refuses: make_target(name, fn, "bthd", description, refuses,
+                                                              FLASH_FEATURES[name])
     return {
-        "flash": make_target("flash", func, "bthd", "flash_attn_func (CUDA, flash_attn)", _flash_refuses),
-        "flash-varlen": make_target("flash-varlen", varlen, "bthd",
-                                    "flash_attn_varlen_func (CUDA, flash_attn; --features varlen)", _varlen_refuses),
-        "flash-kvcache": make_target("flash-kvcache", kvcache, "bthd",
-                                     "flash_attn_with_kvcache (CUDA, flash_attn; decode, forward only)",
-                                     _kvcache_refuses),
+        "flash": made("flash", func, "flash_attn_func (CUDA, flash_attn)", _flash_refuses),
+        "flash-varlen": made("flash-varlen", varlen, "flash_attn_varlen_func (CUDA, flash_attn; --features varlen)",
+                             _varlen_refuses),
+        "flash-kvcache": made("flash-kvcache", kvcache,
+                              "flash_attn_with_kvcache (CUDA, flash_attn; decode, forward only)", _kvcache_refuses),
     }

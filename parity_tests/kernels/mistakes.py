@@ -1,11 +1,11 @@
 """The catalogue of mistakes attention kernels make, each recomputed in float64.
 
 Each entry is the reference computed *under that mistake*, on the same rounded
-inputs and upstream gradient: when a failing tensor sits within its bound of
-one of them, that is what the kernel does.  Forward mistakes are a dense
-float64 PyTorch attention with one thing changed, differentiated by autograd
-(so dq, dk, dv are the gradients a kernel with that forward would produce);
-backward mistakes change one step of the backward formulas::
+inputs and upstream gradients: when a failing tensor sits within its bound of
+one of them, that is what the kernel does.  A mistake is the one dense formula
+(``dense.attention``) with an option changed or a knob turned, differentiated by
+autograd (so dq, dk, dv are the gradients a kernel with that forward would
+produce), or the reference with one tensor changed::
 
     S = scale Q K^T (masked)   P = softmax(S)   O = P V
     dV = P^T dO   dP = dO V^T   D = rowsum(dO ∘ O)   dS = P ∘ (dP - D)
@@ -13,22 +13,32 @@ backward mistakes change one step of the backward formulas::
 
 dV has no scale in it, so "missing the scale" applies to dQ and dK only.
 
+The chapter's mistakes (`chapter`) apply to every case, with the case's features
+on; each feature adds its own (``features/<name>.py``, its ``mistakes``), and
+those come first: where one coincides with a chapter mistake on a case (the
+other alignment of a 0-wide causal window), the feature's name is the answer.
+
 A `Hypothesis` has an ``id`` (stable, for tests and JSON), the words that
 complete "matches the reference with ...", and ``predict()`` -> a dict of the
-tensors it models (``out``, ``dq``, ``dk``, ``dv``), float64 NumPy, (B, H, T, D);
-``predict(grads=False)`` gives out alone, without autograd (a forward mistake
-that does not reproduce the output is not tried on the gradients).
+tensors it models, float64 NumPy in the judged (4-D) form;
+``predict(grads=False)`` gives the forward alone, without autograd (a forward
+mistake that does not reproduce the output is not tried on the gradients).
 Two entries are judged elsewhere, since no recomputation reproduces them:
 dropout left on (the kernel disagrees with itself on a second call) and a
 wrong softmax denominator (out is the reference with each row multiplied by
 its own factor, fitted row by row); see ``diagnosis``.
 """
 
+import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-__all__ = ["Hypothesis", "catalogue", "STALE_BLOCKS", "attention64"]
+from parity_tests.kernels import dense
+from parity_tests.kernels.features import REGISTRY
+
+__all__ = ["Hypothesis", "Context", "catalogue", "STALE_BLOCKS"]
 
 # Key-block sizes tried for the stale running maximum (a kernel's B_c is not known).
 STALE_BLOCKS = (16, 32, 64, 128, 256)
@@ -38,117 +48,123 @@ STALE_BLOCKS = (16, 32, 64, 128, 256)
 class Hypothesis:
     id: str
     says: str
-    predict: object          # (grads=True) -> {tensor: array}; grads=False: out alone
+    predict: object          # (grads=True) -> {tensor: array}; grads=False: the forward alone
     tensors: tuple = ("out", "dq", "dk", "dv")
 
 
-def _mask(tq, tk, offset):
-    i = torch.arange(tq)[:, None]
-    j = torch.arange(tk)[None, :]
-    return j > i + offset                       # True: hidden
+class Context:
+    """What a mistake is recomputed from: the case, its alignment, the rounded inputs
+    (q, k, v, dout) and upstream lse gradient, the reference's options and result
+    (``golden_raw``, its own shapes), and ``judged`` (raw dict -> judged form)."""
+
+    def __init__(self, case, align, inputs, dlse, opts, golden_raw, judged, wanted):
+        self.case, self.align, self.inputs, self.dlse, self.opts = case, align, inputs, dlse, opts
+        self.golden_raw, self.judged, self.wanted = golden_raw, judged, wanted
+        self.present = tuple(n for n in ("out", "lse", "dq", "dk", "dv", "dbias", "dsinks") if n in golden_raw)
+        self.other_align = "bottom-right" if align == "top-left" else "top-left"
+        lens = case.seqlens or (None, None)
+        self.offsets = dense.offsets(case.tq, case.tk, lens[0], lens[1], align, case.batch)
+
+    def dense(self, q, k, v, dout, opts, grads=True, **knobs):
+        return dense.run(q, k, v, dout if grads else None, opts, grads=grads,
+                         dlse=self.dlse if grads and dout is not None else None, **knobs)
+
+    def fwd(self, changes=None, dlse="same", **knobs):
+        """A forward mistake: the dense formula with ``changes`` to the options, ``knobs`` turned."""
+        q, k, v, dout = self.inputs
+        opts = {**self.opts, **(changes or {})}
+
+        def predict(grads=True):
+            saved = self.dlse
+            self.dlse = saved if dlse == "same" else dlse
+            try:
+                return self.judged(self.dense(q, k, v, dout, opts, grads=grads, **knobs))
+            finally:
+                self.dlse = saved
+        return predict
+
+    def changed(self, **arrays):
+        """The reference with some tensors replaced."""
+        return lambda grads=True: self.judged({**self.golden_raw, **arrays})
+
+    def H(self, hid, says, predict, tensors=None):
+        return Hypothesis(hid, says, predict, self.present if tensors is None else tensors)
+
+    def row_max(self):
+        """m: each row's maximum score (the sink included), from the dense forward."""
+        q, k, v, _ = self.inputs
+        t = lambda a: torch.as_tensor(a).double()
+        kw = {n: self.opts[n] for n in ("scale", "causal", "align", "window", "softcap", "seqlens_q", "seqlens_k")
+              if n in self.opts}
+        kw.update({n: t(self.opts[n]) for n in ("bias", "sinks", "alibi_slopes") if self.opts.get(n) is not None})
+        m = dense.attention(t(q), t(k), t(v), **kw, with_max=True)[2].numpy()
+        return np.where(np.isfinite(m), m, 0.0)
 
 
-def _softmax(S, axis):
-    """Softmax with rows (or columns) that see nothing set to 0, not NaN."""
-    seen = torch.isfinite(S).any(axis, keepdim=True)
-    P = torch.softmax(S.masked_fill(~seen, 0.0), dim=axis)
-    return P * seen
+def catalogue(ctx):
+    """The hypotheses that can be told apart from the reference on this case: the
+    features' own (the case's, then the run's own such as lse's), then the chapter's."""
+    out = []
+    for name, value in ctx.case.features:
+        if name in REGISTRY:
+            out += REGISTRY[name].mistakes(ctx, value)
+    for name in ctx.wanted:
+        if REGISTRY[name].run_wide and ctx.case.get(name) is None:
+            out += REGISTRY[name].mistakes(ctx, True)
+    known = {(h.id, h.says) for h in out}
+    return out + [h for h in chapter(ctx) if (h.id, h.says) not in known]
 
 
-def _stale_max(S, v, block):
-    """Online softmax over key blocks that forgets to rescale by exp(m_old - m_new)."""
-    m = torch.full(S.shape[:-1], -torch.inf, dtype=S.dtype)
-    l = torch.zeros(S.shape[:-1], dtype=S.dtype)
-    acc = torch.zeros(S.shape[:-1] + (v.shape[-1],), dtype=S.dtype)
-    # split, not S[..., j0:j1]: a slice's backward writes a full-size zero gradient per block
-    for Sb, vb in zip(S.split(block, dim=-1), v.split(block, dim=-2)):
-        m = torch.maximum(m, Sb.amax(-1))
-        shift = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-        p = torch.exp(Sb - shift[..., None])
-        l = l + p.sum(-1)                       # the mistake: l and acc not multiplied
-        acc = acc + p @ vb                      # by exp(m_old - m_new)
-    return acc / torch.where(l > 0, l, torch.ones_like(l))[..., None]
-
-
-def attention64(q, k, v, *, scale, causal, offset, axis=-1, stale_block=None):
-    """Dense float64 attention with the knobs the catalogue turns.  (B, H, T, D) tensors."""
-    S = (q @ k.transpose(-1, -2)) * scale                     # (B, H, Tq, Tk)
-    if causal:
-        S = S.masked_fill(_mask(q.shape[-2], k.shape[-2], offset), -torch.inf)
-    if stale_block is not None:
-        return _stale_max(S, v, stale_block)
-    return _softmax(S, axis) @ v
-
-
-def _forward_mistake(inputs, dout, **knobs):
-    """Predict out, dq, dk, dv of a kernel whose forward is ``attention64(**knobs)``."""
-    swap = knobs.pop("swap_layout", False)
-
-    def predict(grads=True):
-        q, k, v = (torch.tensor(a, requires_grad=grads) for a in inputs)
-        if swap:       # (B, T, H, D) read as (B, H, T, D): attention runs across the heads
-            out = attention64(*(t.transpose(1, 2) for t in (q, k, v)), **knobs).transpose(1, 2)
-        else:
-            out = attention64(q, k, v, **knobs)
-        if not grads:
-            return {"out": out.numpy()}
-        grads = torch.autograd.grad(out, (q, k, v), torch.from_numpy(dout))
-        return {name: t.detach().numpy() for name, t in zip(("out", "dq", "dk", "dv"), (out,) + grads)}
-    return predict
-
-
-def _no_delta(inputs, dout, case, offset):
-    """Backward with dS = P ∘ dP: the D = rowsum(dO ∘ O) correction dropped."""
-    def predict(grads=True):
-        q, k, v = (torch.from_numpy(a) for a in inputs)
-        dO = torch.from_numpy(dout)
-        S = (q @ k.transpose(-1, -2)) * case.scale
-        if case.causal:
-            S = S.masked_fill(_mask(case.tq, case.tk, offset), -torch.inf)
-        P = _softmax(S, -1)
-        dS = P * (dO @ v.transpose(-1, -2))
-        return {"dq": ((dS @ k) * case.scale).numpy(),
-                "dk": ((dS.transpose(-1, -2) @ q) * case.scale).numpy()}
-    return predict
-
-
-def catalogue(case, offset, align, inputs, dout, golden):
-    """The hypotheses that can be told apart from the reference on this case
-    (``golden``: tensor name -> the reference's array)."""
-    fwd = lambda **knobs: _forward_mistake(inputs, dout, **knobs)
-    base = dict(scale=case.scale, causal=case.causal, offset=offset)
+def chapter(ctx):
+    """The chapter's mistakes, and the blockwise kernel's, with the case's features on."""
+    case, fwd, H = ctx.case, ctx.fwd, ctx.H
     out = []
     if case.causal:
-        out.append(Hypothesis("no-causal-mask", "no causal mask", fwd(**{**base, "causal": False})))
-        out.append(Hypothesis("mask-one-future", "the causal mask shifted one diagonal "
-                              "(each query also sees the next key)", fwd(**{**base, "offset": offset + 1})))
-        out.append(Hypothesis("mask-one-past", "the causal mask shifted one diagonal "
-                              "the other way (each query misses its own key)", fwd(**{**base, "offset": offset - 1})))
-        if case.tq != case.tk:
-            other = "bottom-right" if align == "top-left" else "top-left"
-            other_offset = case.tk - case.tq if other == "bottom-right" else 0
-            out.append(Hypothesis("other-alignment", f"{other} causal alignment (the check assumed {align})",
-                                  fwd(**{**base, "offset": other_offset})))
+        out += [H("no-causal-mask", "no causal mask", fwd({"causal": False})),
+                H("mask-one-future", "the causal mask shifted one diagonal (each query also sees "
+                  "the next key)", fwd(shift=1)),
+                H("mask-one-past", "the causal mask shifted one diagonal the other way (each "
+                  "query misses its own key)", fwd(shift=-1))]
+    if case.tq != case.tk and (case.causal or case.get("window") or case.get("alibi")):
+        if case.get("decode") and ctx.align == "bottom-right":
+            out.append(H("decode-top-left", "the decode queries placed top-left (query i sees keys j <= i; "
+                         "bottom-right is meant: the last query sees every key)", fwd({"align": "top-left"})))
+        else:
+            what = "causal alignment" if not (case.get("window") or case.get("alibi")) else "alignment"
+            out.append(H("other-alignment", f"{ctx.other_align} {what} (the check assumed {ctx.align})",
+                         fwd({"align": ctx.other_align})))
     d = case.head_dim
     if d > 1:
-        out.append(Hypothesis("scale-1/D", "scale 1/D instead of 1/sqrt(D)", fwd(**{**base, "scale": 1.0 / d})))
-        out.append(Hypothesis("no-scale", "no scale (1 instead of 1/sqrt(D))", fwd(**{**base, "scale": 1.0})))
+        default = 1.0 / math.sqrt(d)
+        out += [H("scale-1/D", "scale 1/D instead of 1/sqrt(D)", fwd({"scale": 1.0 / d})),
+                H("no-scale", "no scale (1 instead of 1/sqrt(D))", fwd({"scale": 1.0}))]
+        if not math.isclose(case.scale, default):
+            out.append(H("scale-ignored", f"the scale argument ignored (1/sqrt(D) = {default:.4g} used instead "
+                         f"of the {case.scale:.4g} given)", fwd({"scale": default})))
     if case.tq > 1:
-        out.append(Hypothesis("softmax-over-queries", "the softmax taken over the query axis "
-                              "instead of the key axis", fwd(**base, axis=-2)))
-    if case.tq == case.tk and case.tq > 1:
-        out.append(Hypothesis("layout-bthd-as-bhtd", "(B, T, H, D) read as (B, H, T, D): "
-                              "attention across the heads instead of the tokens", fwd(**base, swap_layout=True)))
-    for block in STALE_BLOCKS:
-        if case.tk > block:
-            out.append(Hypothesis("stale-max", f"a stale running maximum (key blocks of {block} "
-                                  "not rescaled when the maximum moves)", fwd(**base, stale_block=block)))
-    if case.tk > 1:
-        out.append(Hypothesis("backward-no-D", "the backward's D = rowsum(dO ∘ O) term dropped",
-                              _no_delta(inputs, dout, case, offset), tensors=("dq", "dk")))
-        s = case.scale
-        out.append(Hypothesis("dq-missing-scale", "dq missing the scale",
-                              lambda grads=True: {"dq": golden["dq"] / s}, tensors=("dq",)))
-        out.append(Hypothesis("dk-missing-scale", "dk missing the scale",
-                              lambda grads=True: {"dk": golden["dk"] / s}, tensors=("dk",)))
+        out.append(H("softmax-over-queries", "the softmax taken over the query axis instead of the "
+                     "key axis", fwd(axis=-2)))
+    if case.tq == case.tk > 1 and not case.features:
+        out.append(H("layout-bthd-as-bhtd", "(B, T, H, D) read as (B, H, T, D): attention across the "
+                     "heads instead of the tokens", _swapped(ctx)))
+    if "out" in ctx.present:
+        out += [H("stale-max", f"a stale running maximum (key blocks of {block} not rescaled when the "
+                  "maximum moves)", fwd(stale_block=block)) for block in STALE_BLOCKS if case.tk > block]
+    if "dq" in ctx.present and case.tk > 1:
+        g, s = ctx.golden_raw, case.scale
+        out += [H("backward-no-D", "the backward's D = rowsum(dO ∘ O) term dropped", fwd(no_delta=True),
+                  ("dq", "dk")),
+                H("dq-missing-scale", "dq missing the scale", ctx.changed(dq=g["dq"] / s), ("dq",)),
+                H("dk-missing-scale", "dk missing the scale", ctx.changed(dk=g["dk"] / s), ("dk",))]
     return out
+
+
+def _swapped(ctx):
+    """(B, T, H, D) read as (B, H, T, D): the plain formula on the tensors with T and H exchanged."""
+    q, k, v, dout = (np.ascontiguousarray(a.swapaxes(1, 2)) for a in ctx.inputs)
+    opts = {n: ctx.opts[n] for n in ("scale", "causal", "align")}
+
+    def predict(grads=True):
+        r = dense.run(q, k, v, dout if grads else None, opts, grads=grads)
+        return ctx.judged({n: r[n].swapaxes(1, 2) for n in ("out", "dq", "dk", "dv") if n in r})
+    return predict

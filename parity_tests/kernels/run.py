@@ -18,7 +18,6 @@ import time
 import torch
 
 import parity_tests.kernels.cases as cases_mod
-import parity_tests.kernels.featured as featured
 import parity_tests.kernels.features as feat
 import parity_tests.kernels.measure as measure
 import parity_tests.kernels.targets as targets
@@ -71,7 +70,7 @@ def _progress_line(name, total, start):
 
 def check(target, *, device="cpu", dtypes=None, tokens=None, head_dims=None, heads=None, batch=None,
           causal="both", align="top-left", layout="bhtd", long=False, seed=0, progress=False,
-          reference_functions=None, features=None, timeout=measure.DEFAULT_TIMEOUT):
+          features=None, timeout=measure.DEFAULT_TIMEOUT):
     """Hold ``target`` (a built-in name, ``"module.path:callable"`` or a callable taking
     ``(q, k, v, *, causal, scale)``) to the float64 reference; returns a `Report`
     (``.passed``, ``.rows``, ``.failures``, ``.diagnoses``, ``.diagnosis``).
@@ -80,7 +79,7 @@ def check(target, *, device="cpu", dtypes=None, tokens=None, head_dims=None, hea
     or "both"; ``align``: where a causal mask sits when Tq != Tk, "top-left"
     (SDPA's ``is_causal``) or "bottom-right" (FlashAttention's); ``features``: names among
     ``features.FEATURES`` (gqa, value_dim, window, softcap, alibi, bias, sinks, varlen, lse,
-    decode, deterministic), each adding its cases on top of the grid; ``timeout``: seconds the
+    lse_grad, decode, deterministic), each adding its cases on top of the grid; ``timeout``: seconds the
     target may take on one case (default ``measure.DEFAULT_TIMEOUT``, 0 or None: no limit),
     past which the case FAILS "timed out" -- a pure-Python loop is stopped, one long call
     into C only when it returns (``measure.time_limit``).
@@ -88,7 +87,7 @@ def check(target, *, device="cpu", dtypes=None, tokens=None, head_dims=None, hea
     limit = _timeout(timeout)
     plan = _plan(target, device, dtypes, tokens, head_dims, heads, batch, causal, align, layout, long,
                  features, seed)
-    return _run(plan, align, seed, progress, reference_functions, limit)
+    return _run(plan, align, seed, progress, limit)
 
 
 def _plan(target, device, dtypes, tokens, head_dims, heads, batch, causal, align, layout, long,
@@ -110,12 +109,12 @@ def _plan(target, device, dtypes, tokens, head_dims, heads, batch, causal, align
         layout = "bhtd"
     elif "varlen" in wanted and layout != "bhtd":
         raise ValueError(f"layout: varlen runs every case in the thd layout, not {layout!r}")
-    _refuse_what_does_not_fit(grid, names, device)
     tgt = targets.resolve(target, device, layout)
     if wanted:
-        feat.require(tgt.name, tgt.fn, wanted)             # a usage error, before any case runs
-        takes = getattr(tgt.fn, "takes_align", False) or feat.takes_align(tgt.fn)
-        grid = [feat.as_feature_case(c) for c in grid] + feat.feature_cases(wanted, CAUSAL[causal], seed, takes)
+        feat.require(tgt, wanted)                          # a usage error, before any case runs
+        plan = feat.Plan(seed=seed, takes_align=tgt.takes_align, align=align)
+        grid = grid + feat.feature_cases(wanted, CAUSAL[causal], plan)
+    _refuse_what_does_not_fit(grid, names, device)
     return tgt, device, names, grid, wanted
 
 
@@ -151,7 +150,7 @@ def _refuse_what_does_not_fit(grid, dtypes, device):
                         "ask for fewer tokens, heads or batch")
 
 
-def _run(plan, align, seed, progress, reference_functions, timeout=measure.DEFAULT_TIMEOUT):
+def _run(plan, align, seed, progress, timeout=measure.DEFAULT_TIMEOUT):
     tgt, device, names, grid, wanted = plan
     work = [(case, d) for d in names for case in grid]
     start = time.perf_counter()
@@ -160,10 +159,7 @@ def _run(plan, align, seed, progress, reference_functions, timeout=measure.DEFAU
     for i, (case, d) in enumerate(work, 1):
         if show:
             show(i - 1, f"({d}, {case})")
-        if wanted:
-            rows += featured.run_feature_case(tgt, case, d, device, align, seed, wanted, timeout)
-        else:
-            rows += measure.run_case(tgt, case, d, device, align, seed, reference_functions, timeout)
+        rows += measure.run_case(tgt, case, d, device, align, seed, wanted, timeout)
     if show:
         show(len(work), "")
     find_growth(rows)
@@ -210,8 +206,8 @@ def build_parser():
                    help="the layout a callable takes: (B, H, T, D) (default) or (B, T, H, D); thd, "
                         "FlashAttention's packed varlen layout, is what --features varlen runs")
     p.add_argument("--features", action="append", metavar="F,...",
-                   help="add the cases of production features: " + ", ".join(feat.FEATURES) +
-                        " (comma-separate; the callable receives each feature's keyword on its cases)")
+                   help="add the cases of production features (comma-separate; the callable receives each "
+                        "feature's keyword on its cases): " + feat.help_line())
     p.add_argument("--long", action="store_true", help="add T = 16384 (and 32768 on cuda)")
     p.add_argument("--seed", type=outputs.seed, default=0,
                    help="seed of the inputs drawn, 0 .. 2**32 - 1 (default: 0)")
@@ -270,7 +266,7 @@ def main(argv=None):
     except (ValueError, TypeError) as e:
         print(f"attention-parity check: error: {e}", file=sys.stderr)
         return 2
-    report = _run(plan, args.align, args.seed, sys.stderr.isatty(), None, _timeout(args.timeout))
+    report = _run(plan, args.align, args.seed, sys.stderr.isatty(), _timeout(args.timeout))
     if not args.quiet:
         print(report.table())
         if report.failures:

@@ -33,8 +33,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["Target", "Unsupported", "builtin_names", "resolve", "user_target", "call",
-           "to_layout", "from_layout"]
+__all__ = ["Target", "Unsupported", "builtin_names", "resolve", "user_target", "to_layout", "from_layout"]
 
 ALIGNMENTS = ("top-left", "bottom-right")
 FLASH = ("flash", "flash-varlen", "flash-kvcache")        # flash_attn's, when it imports (CUDA)
@@ -47,17 +46,26 @@ class Unsupported(Exception):
 
 @dataclass
 class Target:
+    """A kernel and what it can do.  ``features``: the features it expresses (None for a
+    user callable: its signature says); ``takes_align``: it receives ``align`` on every
+    case; ``returns_lse``: True, False, or None when not known (a user callable);
+    ``lse_fn``: the same kernel returning ``(out, lse)``, where that is another function."""
     name: str
     fn: object                       # fn(q, k, v, *, causal, scale) -> out
     layout: str = "bhtd"
     description: str = ""
     # returns None when the case can run, else why not (checked before calling)
     refuses: object = field(default=lambda case, dtype, device, align: None)
+    features: frozenset = None
+    takes_align: bool = False
+    returns_lse: bool = None
+    lse_fn: object = None
 
 
-def _sdpa(backend):
+def _sdpa(name, backend, description):
     from parity_tests.kernels import feature_targets
-    return feature_targets.sdpa(backend, Unsupported)
+    return Target(name, feature_targets.sdpa(backend, Unsupported), description=description,
+                  features=feature_targets.SDPA_FEATURES, takes_align=True, returns_lse=False)
 
 
 def _selection_module(cls, case, dtype, device, causal):
@@ -106,27 +114,29 @@ def _causal_self_attention_only(case, dtype, device, align):
 
 def _builtins(device):
     targets = {
-        "sdpa-math": Target("sdpa-math", _sdpa("MATH"), description="SDPA, math backend"),
-        "sdpa-flash": Target("sdpa-flash", _sdpa("FLASH_ATTENTION"),
-                             description="SDPA, FlashAttention backend (the CPU flash kernel on CPU)"),
+        "sdpa-math": _sdpa("sdpa-math", "MATH", "SDPA, math backend"),
+        "sdpa-flash": _sdpa("sdpa-flash", "FLASH_ATTENTION",
+                            "SDPA, FlashAttention backend (the CPU flash kernel on CPU)"),
     }
     if device == "cuda":
-        targets["sdpa-efficient"] = Target("sdpa-efficient", _sdpa("EFFICIENT_ATTENTION"),
-                                           description="SDPA, memory-efficient backend")
-        targets["sdpa-cudnn"] = Target("sdpa-cudnn", _sdpa("CUDNN_ATTENTION"),
-                                       description="SDPA, cuDNN backend")
+        targets["sdpa-efficient"] = _sdpa("sdpa-efficient", "EFFICIENT_ATTENTION", "SDPA, memory-efficient backend")
+        targets["sdpa-cudnn"] = _sdpa("sdpa-cudnn", "CUDNN_ATTENTION", "SDPA, cuDNN backend")
+    plain = dict(features=frozenset({"deterministic"}), returns_lse=False)
     targets["torch_impl-mha"] = Target(
         "torch_impl-mha", _through_module("MultiHeadAttention"),
-        description="torch_impl.MultiHeadAttention's attention core", refuses=_self_attention_only)
+        description="torch_impl.MultiHeadAttention's attention core", refuses=_self_attention_only, **plain)
     targets["torch_impl-fused"] = Target(
         "torch_impl-fused", _through_module("FusedMultiHeadAttention"),
         description="torch_impl.FusedMultiHeadAttention's attention core (SDPA, causal)",
-        refuses=_causal_self_attention_only)
+        refuses=_causal_self_attention_only, **plain)
     from parity_tests.kernels import feature_targets
-    targets["flex"] = Target("flex", feature_targets.flex(Unsupported), description="FlexAttention (forward only on CPU)")
+    targets["flex"] = Target("flex", feature_targets.flex(Unsupported), description="FlexAttention (forward only on CPU)",
+                             features=feature_targets.FLEX_FEATURES, takes_align=True, returns_lse=True,
+                             lse_fn=feature_targets.flex(Unsupported, lse=True))
     if device == "cuda" and feature_targets.flash_unavailable() is None:
         targets.update(feature_targets.flash_targets(
-            lambda name, fn, layout, description, refuses: Target(name, fn, layout, description, refuses)))
+            lambda name, fn, layout, description, refuses, features: Target(
+                name, fn, layout, description, refuses, features=features, returns_lse=False)))
     return targets
 
 
@@ -142,10 +152,21 @@ def _plain_name(fn):
 
 
 def user_target(fn, layout="bhtd", name=None):
+    """A user's callable: what it takes is read from its signature (``align``)."""
     if not callable(fn):
         raise TypeError(f"target must be a callable or a name, got {type(fn).__name__}")
-    return Target(name or _plain_name(fn), fn, layout=layout,
-                  description="user callable")
+    from parity_tests.kernels.features import takes_keyword
+    return Target(name or _plain_name(fn), fn, layout=layout, description="user callable",
+                  takes_align=takes_keyword(fn, "align", default=False) and _names_align(fn))
+
+
+def _names_align(fn):
+    """Only a signature that names ``align`` receives it (not one taking ``**kwargs``)."""
+    import inspect
+    try:
+        return "align" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _one_line(e):
@@ -203,21 +224,10 @@ def resolve(target, device="cpu", layout="bhtd"):
 
 
 def to_layout(x, layout):
-    """(B, H, T, D) -> the target's layout, contiguous (a kernel sees what it would in use)."""
-    return x.transpose(1, 2).contiguous() if layout == "bthd" else x.contiguous()
+    """(B, H, T, D) -> the target's layout (a view: ``measure`` chooses the strides)."""
+    return x.transpose(1, 2) if layout == "bthd" else x
 
 
 def from_layout(x, layout):
     """The target's layout -> (B, H, T, D)."""
     return x.transpose(1, 2) if layout == "bthd" else x
-
-
-def call(target, q, k, v, *, causal, scale, align):
-    """``target.fn`` on tensors already in its layout; the output, checked to be a tensor."""
-    kwargs = {"causal": causal, "scale": scale}
-    if getattr(target.fn, "takes_align", False):
-        kwargs["align"] = align
-    out = target.fn(q, k, v, **kwargs)
-    if not isinstance(out, torch.Tensor):
-        raise TypeError(f"target {target.name} returned {type(out).__name__}, expected a tensor")
-    return out

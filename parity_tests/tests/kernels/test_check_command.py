@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from parity_tests import cli
-from parity_tests.kernels import cases, reference
+from parity_tests.kernels import cases, dense, measure
 from parity_tests.common import tolerances as tol
 
 SMALL = ["--tokens", "17,45x77", "--head-dim", "16", "--heads", "2"]
@@ -82,25 +82,31 @@ def _dense(q, k, v, dout, scale, offset):
 
 def test_golden_pads_rows_that_see_no_key_with_zeros():
     case = cases.Case(1, 2, 9, 4, 8, True)            # bottom-right: rows 0..4 see nothing
-    q, k, v, dout = cases.draw_inputs(case)
+    inputs = measure.draw(case)
+    q, k, v, dout = (inputs[n] for n in ("q", "k", "v", "dout"))
     offset = case.offset("bottom-right")
-    out, dq, dk, dv = reference.golden(q, k, v, dout, case, offset)
-    assert np.all(out[..., :5, :] == 0) and np.all(dq[..., :5, :] == 0)
+    gold = measure.golden(inputs, measure.reference_options(case, "bottom-right", inputs))
+    assert np.all(gold["out"][..., :5, :] == 0) and np.all(gold["dq"][..., :5, :] == 0)
     want = _dense(q[..., 5:, :], k, v, dout[..., 5:, :], case.scale, offset + 5)
-    for got, exp in zip((out[..., 5:, :], dq[..., 5:, :], dk, dv), want):
+    for got, exp in zip((gold["out"][..., 5:, :], gold["dq"][..., 5:, :], gold["dk"], gold["dv"]), want):
         np.testing.assert_allclose(got, exp, rtol=1e-12, atol=1e-12)
 
 
-def test_baseline_in_chunks_is_the_dense_computation(monkeypatch):
-    case = cases.Case(1, 2, 70, 50, 8, True)
-    arrays = cases.draw_inputs(case)
-    tensors = [torch.from_numpy(a) for a in arrays]
-    dense = reference.baseline(*tensors, case, 0)
-    monkeypatch.setattr(reference, "_CHUNK_ELEMENTS", 64 * 50 // 4)       # several chunks of 64 rows
-    chunked = reference.baseline(*tensors, case, 0)
-    for a, b, exp in zip(dense, chunked, _dense(*arrays, case.scale, 0)):
-        np.testing.assert_allclose(a, exp, rtol=1e-12, atol=1e-12)
-        np.testing.assert_allclose(b, exp, rtol=1e-12, atol=1e-12)
+@pytest.mark.parametrize("features", [(), (("bias", (1, 2, 70, 50)), ("sinks", "large")),
+                                      (("bias", (2, 1, 1, 50)), ("alibi", True), ("window", (9, 3))),
+                                      (("varlen", ((70, 33), (50, 12))),)], ids=str)
+def test_baseline_in_chunks_is_the_dense_computation(features, monkeypatch):
+    case = cases.Case(2, 2, 70, 50, 8, True, features)
+    inputs = measure.draw(case, wanted=("lse_grad",))
+    opts = measure.reference_options(case, "bottom-right", inputs)
+    whole = measure.baseline(inputs, opts, "float64", "cpu")
+    monkeypatch.setattr(dense, "CHUNK_ELEMENTS", 64 * 50 // 4)       # two chunks: 64 rows, then 6
+    chunked = measure.baseline(inputs, opts, "float64", "cpu")
+    gold = measure.golden(inputs, opts)
+    assert set(whole) == set(chunked) == set(gold)
+    for n in gold:
+        np.testing.assert_allclose(whole[n], gold[n], rtol=1e-12, atol=1e-12, err_msg=n)
+        np.testing.assert_allclose(chunked[n], gold[n], rtol=1e-12, atol=1e-12, err_msg=n)
 
 
 def test_the_bound_refuses_an_unknown_dtype():

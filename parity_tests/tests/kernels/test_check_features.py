@@ -179,7 +179,7 @@ def test_every_tensor_is_judged_with_its_mean_error_and_cosine(tmp_path):
     assert cli.main(["check", "check_gallery:attention", "--features", "decode", "--tokens", "17",
                      "--head-dim", "16", "--dtype", "float32", "--json", str(path)]) == 0
     rows = json.loads(path.read_text())["rows"]
-    decode = [r for r in rows if r["feature"] == "decode"]
+    decode = [r for r in rows if "decode" in r["features"]]
     assert decode and {r["tensor"] for r in decode} == {"out"}       # forward only
     assert all(r["mean_error"] <= r["error"] and r["cosine"] > 0.999999 for r in rows)
 
@@ -253,4 +253,4 @@ def test_flash_attention_targets_on_cuda(name, features, align):
 
 def test_feature_names_are_the_contracts():
     assert feat.FEATURES == ("gqa", "value_dim", "window", "softcap", "alibi", "bias", "sinks", "varlen",
-                             "lse", "decode", "deterministic")
+                             "lse", "lse_grad", "decode", "deterministic")

@@ -1,0 +1,155 @@
+"""The features production kernels add: one module each, and this registry listing them.
+
+A feature (``Feature``) declares, in its own module, everything the check needs
+to test it -- as FlexAttention splits "what changes the scores" from "which keys
+are seen", each piece here is one function:
+
+- ``name``, ``help``: its name on the command line and its line in ``--help``
+  (and the README's table);
+- ``keywords``: what the callable receives on the feature's cases (a callable
+  whose signature lacks one is a usage error before any case runs: `require`);
+- ``cases(causal, plan)``: the cases it adds (a `cases.Case` carries the feature's
+  value in ``case.features``);
+- ``label(value)``: its part of a case's name;
+- ``draw(case, value, rng, inputs)``: its extra inputs (a bias, sinks, slopes),
+  added to the dict of float64 arrays that ``q``, ``k``, ``v``, ``dout`` start;
+- ``reference(case, value, inputs)``: the options it passes to
+  ``numpy_ref.reference_attention`` (and, being the same names, to the dense
+  baseline and the catalogue's mistakes);
+- ``kwargs(case, value, tensors)``: the keywords the callable receives;
+- ``mistakes(ctx, value)``: the mistakes it invites (``mistakes.Hypothesis``), each the
+  reference recomputed with that mistake's options or knob.
+
+Features that change how *every* case runs (``run_wide``: ``lse``, ``lse_grad``,
+``varlen``, ``deterministic``) are read by name in ``measure``; their mistakes are
+tried on every case of a run that asks for them.
+Which built-in targets express a feature is the target's own field
+(``targets.Target.features``).
+"""
+
+import inspect
+from dataclasses import dataclass, field, replace
+from importlib import import_module
+
+__all__ = ["Feature", "FEATURES", "REGISTRY", "parse_features", "require", "feature_cases", "label",
+           "ordered", "Plan", "takes_keyword", "help_line"]
+
+
+def _nothing(*args):
+    return {}
+
+
+@dataclass(frozen=True)
+class Feature:
+    name: str
+    help: str
+    keywords: tuple = ()
+    cases: object = lambda causal, plan: []
+    label: object = lambda value: ""
+    draw: object = lambda case, value, rng, inputs: None
+    reference: object = _nothing
+    kwargs: object = _nothing
+    mistakes: object = lambda ctx, value: []
+    run_wide: bool = False          # changes how every case of the run is called or judged
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a feature's cases may depend on: the run's seed, whether the callable takes
+    ``align`` (then both alignments are drawn), the run's alignment."""
+    seed: int = 0
+    takes_align: bool = False
+    align: str = "top-left"
+    tokens: tuple = field(default=())
+
+
+# The registry: one module per feature, in this order (help, parsing, the README table).
+FEATURES = ("gqa", "value_dim", "window", "softcap", "alibi", "bias", "sinks", "varlen", "lse",
+            "lse_grad", "decode", "deterministic")
+
+
+def ordered(values):
+    """``{name: value}`` as the (name, value) tuple a `cases.Case` holds, in registry order
+    (values of names outside the registry, such as the grid's own ``scale``, last)."""
+    rank = {n: i for i, n in enumerate(FEATURES)}
+    return tuple(sorted(values.items(), key=lambda kv: rank.get(kv[0], len(rank))))
+
+
+def label(name, value):
+    feature = REGISTRY.get(name)
+    if feature is None:                                # the grid's own variations (inputs.py)
+        from parity_tests.kernels import inputs
+        return inputs.label(name, value)
+    return feature.label(value)
+
+
+def help_line():
+    return "; ".join(f"{f.name}: {f.help}" for f in REGISTRY.values())
+
+
+def parse_features(features):
+    """A list of feature names (from a list or ``"a,b"``); ValueError naming an unknown one."""
+    if features is None:
+        return []
+    if isinstance(features, str):
+        features = features.split(",")
+    names = [str(f).strip().replace("-", "_") for f in features if str(f).strip()]
+    unknown = [f for f in names if f not in REGISTRY]
+    if unknown:
+        raise ValueError(f"features must be among {', '.join(FEATURES)}; got {', '.join(unknown)}")
+    if "varlen" in names and "bias" in names:
+        raise ValueError("features: bias and varlen cannot be combined (a bias has no packed layout)")
+    return list(dict.fromkeys(names))
+
+
+def _parameters(fn):
+    try:
+        return inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return None
+
+
+def takes_keyword(fn, keyword, default=True):
+    """Whether ``fn`` accepts ``keyword`` (``default`` when its signature cannot be read)."""
+    params = _parameters(fn)
+    if params is None:
+        return default
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return True
+    p = params.get(keyword)
+    return p is not None and p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+def require(target, features):
+    """ValueError, before any case, for a feature the target cannot be given."""
+    if {"lse", "lse_grad"} & set(features) and target.returns_lse is False:
+        raise ValueError(f"features: 'lse' needs a target that returns (out, lse), and {target.name} "
+                         "returns out alone")
+    for f in features:
+        missing = [kw for kw in REGISTRY[f].keywords if not takes_keyword(target.fn, kw)]
+        if missing:
+            raise ValueError(f"features: {f!r} passes {', '.join(k + '=' for k in missing)} to the target, "
+                             f"and {target.name}'s signature has no such keyword")
+        if target.features is not None and f not in target.features and f not in ("lse", "lse_grad"):
+            raise ValueError(f"features: {target.name} does not express {f!r} (it expresses "
+                             f"{', '.join(sorted(target.features))})")
+
+
+def both_alignments(cases, plan):
+    """Each case with Tq ≠ Tk in both alignments, when the callable takes ``align``."""
+    if not plan.takes_align:
+        return cases
+    out = []
+    for c in cases:
+        out += [replace(c, align="top-left"), replace(c, align="bottom-right")] if c.tq != c.tk else [c]
+    return out
+
+
+def feature_cases(features, causal, plan):
+    """The added cases of every requested feature, in the order of ``FEATURES``, for each
+    value of ``causal`` (a tuple of bools)."""
+    return [c for f in FEATURES if f in features for cz in causal for c in REGISTRY[f].cases(cz, plan)]
+
+
+# Each module imports this one: the registry is filled last.
+REGISTRY = {name: import_module(f"{__name__}.{name}").FEATURE for name in FEATURES}

@@ -1,0 +1,39 @@
+"""``alibi``: ``S ← S − slope_h · |i + o − j|`` with ALiBi's slopes (Press et al.:
+2^(−8h/H), h = 1 .. H, for H a power of two) for 4, 6 (not a power of two) and 8
+heads, both alignments when the callable takes ``align``.  Invited mistakes: the
+sign flipped, the slopes in reverse head order, the alignment's offset left out."""
+
+import numpy as np
+
+from parity_tests.kernels.cases import Case
+from parity_tests.kernels.dense import alibi_slopes
+from parity_tests.kernels.features import Feature, both_alignments
+
+
+def cases(causal, plan):
+    return both_alignments([Case(1, 4, 113, 113, 64, causal, (("alibi", True),)),
+                            Case(1, 6, 45, 77, 64, causal, (("alibi", True),)),
+                            Case(2, 8, 77, 45, 32, causal, (("alibi", True),))], plan)
+
+
+def draw(case, on, rng, inputs):
+    inputs["alibi_slopes"] = np.array(alibi_slopes(case.heads))
+
+
+def mistakes(ctx, on):
+    slopes = ctx.opts["alibi_slopes"]
+    out = [ctx.H("alibi-sign", "the ALiBi bias with its sign flipped (S + slope |i - j|)",
+                 ctx.fwd({"alibi_slopes": -slopes}))]
+    if ctx.case.heads > 1:
+        out.append(ctx.H("alibi-reversed", "the ALiBi slopes in reverse head order",
+                         ctx.fwd({"alibi_slopes": slopes[::-1].copy()})))
+    if any(ctx.offsets):
+        out.append(ctx.H("alibi-no-offset", "the ALiBi distance |i - j| without the alignment's offset "
+                         "(|i + offset - j| is meant)", ctx.fwd(alibi_no_offset=True)))
+    return out
+
+
+FEATURE = Feature("alibi", "alibi_slopes= float32 tensor (H,), ALiBi's slopes", keywords=("alibi_slopes",),
+                  cases=cases, label=lambda on: "alibi", draw=draw,
+                  reference=lambda case, on, inputs: {"alibi_slopes": inputs["alibi_slopes"]},
+                  kwargs=lambda case, on, tensors: {"alibi_slopes": tensors["alibi_slopes"]}, mistakes=mistakes)

@@ -1,0 +1,27 @@
+"""``bias``: an additive bias broadcastable to (B, H, Tq, Tk), requiring grad: dbias is
+checked in the bias's own shape (the sum over its broadcast axes).  Shapes (B, H, Tq, Tk),
+(1, H, Tq, Tk), (B, 1, 1, Tk), (Tq, Tk).  Invited mistake: the gradient never reaches
+the bias (dbias = 0)."""
+
+from parity_tests.kernels.cases import Case
+from parity_tests.kernels.features import Feature
+
+
+def cases(causal, plan):
+    return [Case(2, 2, 45, 77, 64, causal, (("bias", s),))
+            for s in ((2, 2, 45, 77), (1, 2, 45, 77), (2, 1, 1, 77), (45, 77))]
+
+
+def draw(case, shape, rng, inputs):
+    inputs["bias"] = rng.standard_normal(shape)
+
+
+def mistakes(ctx, shape):
+    return [ctx.H("bias-no-grad", "the bias without its gradient (dbias = 0)",
+                  ctx.changed(dbias=0 * ctx.golden_raw["dbias"]), ("dbias",))] if "dbias" in ctx.golden_raw else []
+
+
+FEATURE = Feature("bias", "bias= tensor broadcastable to (B, H, Tq, Tk), requiring grad: dbias is checked",
+                  keywords=("bias",), cases=cases, label=lambda s: "bias" + "x".join(map(str, s)), draw=draw,
+                  reference=lambda case, s, inputs: {"bias": inputs["bias"]},
+                  kwargs=lambda case, s, tensors: {"bias": tensors["bias"]}, mistakes=mistakes)

@@ -1,0 +1,18 @@
+"""``decode``: Tq of 1 to a few queries against a long Tk (2500 .. 4109), bottom-right
+(the last query sees every key): the output (and lse) only.  Invited mistake: the
+decode queries placed top-left."""
+
+from dataclasses import replace
+
+from parity_tests.kernels.cases import Case
+from parity_tests.kernels.features import Feature
+
+
+def cases(causal, plan):
+    out = [Case(2, 4, 1, 2500, 64, causal, (("decode", True),)), Case(1, 2, 5, 3077, 64, causal, (("decode", True),)),
+           Case(1, 8, 8, 4109, 64, causal, (("decode", True),))]
+    return [replace(c, align="bottom-right") for c in out] if plan.takes_align else out
+
+
+FEATURE = Feature("decode", "Tq of 1 to a few queries against a long Tk, bottom-right; forward only",
+                  cases=cases, label=lambda on: "decode")

@@ -1,0 +1,43 @@
+"""``gqa``: k and v with fewer heads than q (MQA included); query head h reads kv head
+h // (Hq / Hkv).  Cases Hq/Hkv = 4/1, 6/2, 8/4.  Invited mistakes: kv heads tiled
+(h % Hkv) instead of interleaved, and dk, dv of a kv head taken from one query head
+of its group instead of summed over the group (the adjoint of the repeat is a sum)."""
+
+import numpy as np
+
+from parity_tests.kernels.cases import Case
+from parity_tests.kernels.features import Feature
+
+
+def cases(causal, plan):
+    return [Case(2, 4, 77, 77, 64, causal, (("gqa", 1),)), Case(1, 6, 45, 77, 40, causal, (("gqa", 2),)),
+            Case(1, 8, 113, 203, 64, causal, (("gqa", 4),))]
+
+
+def mistakes(ctx, kv_heads):
+    case = ctx.case
+    group = case.heads // kv_heads
+    out = []
+    if group == 1:
+        return out
+    if kv_heads > 1:
+        out.append(ctx.H("gqa-repeat", "kv heads mapped with repeat (query head h reads kv head h % Hkv) "
+                         "instead of repeat_interleave (h // (Hq/Hkv))", ctx.fwd(kv_map="repeat")))
+    if "dk" in ctx.golden_raw:
+        q, k, v, dout = ctx.inputs
+        cache = {}
+
+        def one_head(r):
+            def predict(grads=True):
+                if "wide" not in cache:       # every query head with a kv head of its own
+                    cache["wide"] = ctx.dense(q, np.repeat(k, group, 1), np.repeat(v, group, 1), dout, ctx.opts)
+                w = cache["wide"]
+                return ctx.judged({**ctx.golden_raw, "dk": w["dk"][:, r::group], "dv": w["dv"][:, r::group]})
+            return predict
+        for r in sorted({0, group - 1}):
+            out.append(ctx.H("gqa-grad-one-head", f"dk, dv of each kv head taken from query head {r} of its "
+                             f"group alone (not summed over the group's {group} heads)", one_head(r), ("dk", "dv")))
+    return out
+
+
+FEATURE = Feature("gqa", "k and v with fewer heads than q (MQA included)", cases=cases, mistakes=mistakes)

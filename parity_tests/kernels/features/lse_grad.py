@@ -1,0 +1,18 @@
+"""``lse_grad``: the callable returns ``(out, lse)`` and the check backpropagates a random
+upstream gradient through lse as well as out (ring attention and split-KV merges do).
+Since ``∂lse_i/∂S_ij = P_ij``, the backward's row term ``D_i`` becomes ``D_i − dlse_i``
+(``numpy_ref.reference_attention``'s ``dlse``); dv does not change.  Invited mistake:
+the lse gradient dropped (dq, dk as if dlse were 0)."""
+
+from parity_tests.kernels.features import Feature
+
+
+def mistakes(ctx, on=True):
+    if "dq" not in ctx.present:
+        return []
+    return [ctx.H("lse-grad-dropped", "the gradient through lse dropped (dq, dk as if only out had one)",
+                  ctx.fwd(dlse=None), ("dq", "dk"))]
+
+
+FEATURE = Feature("lse_grad", "the callable returns (out, lse); a random gradient flows back through lse too",
+                   mistakes=mistakes, run_wide=True)

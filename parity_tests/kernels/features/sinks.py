@@ -1,0 +1,34 @@
+"""``sinks``: one raw logit per head joining every row's softmax denominator, carrying no
+value (gpt-oss): a large sink (log Tk + 1: most of the weight) and a small one; dsinks
+is checked.  Invited mistakes: the sink left out of the softmax, its gradient dropped."""
+
+import math
+
+from parity_tests.kernels.cases import Case
+from parity_tests.kernels.features import Feature
+
+
+def cases(causal, plan):
+    return [Case(1, 4, t, 77, 64, causal, (("sinks", s),)) for t in (77, 45) for s in ("large", "small")]
+
+
+def draw(case, size, rng, inputs):
+    base = math.log(case.tk) + 1.0 if size == "large" else -1.0
+    inputs["sinks"] = base + 0.5 * rng.standard_normal(case.heads)
+
+
+def mistakes(ctx, size):
+    if "dsinks" not in ctx.golden_raw:
+        return []
+    zero = ctx.judged({"dsinks": 0 * ctx.golden_raw["dsinks"]})["dsinks"]
+    ignored = ctx.fwd({"sinks": None})
+    return [ctx.H("sink-ignored", "the sink left out of the softmax",
+                  lambda grads=True: {**ignored(grads), "dsinks": zero}),
+            ctx.H("sink-no-grad", "the sinks without their gradient (dsinks = 0)",
+                  ctx.changed(dsinks=0 * ctx.golden_raw["dsinks"]), ("dsinks",))]
+
+
+FEATURE = Feature("sinks", "sinks= float32 tensor (H,), requiring grad: dsinks is checked", keywords=("sinks",),
+                  cases=cases, label=lambda s: f"sinks {s}", draw=draw,
+                  reference=lambda case, s, inputs: {"sinks": inputs["sinks"]},
+                  kwargs=lambda case, s, tensors: {"sinks": tensors["sinks"]}, mistakes=mistakes)

@@ -1,0 +1,31 @@
+"""``softcap``: ``S ← c · tanh(S / c)`` on the scaled scores, before any bias: 50, and 1
+on scores of spread ~4 (q drawn 4× larger), where tanh saturates.  Invited mistakes:
+the cap applied before the scale, its derivative 1 − tanh² left out of the backward."""
+
+from parity_tests.kernels.cases import Case
+from parity_tests.kernels.features import Feature
+
+
+def cases(causal, plan):
+    return [Case(1, 2, 77, 77, 64, causal, (("softcap", 50.0),)),
+            Case(1, 2, 45, 77, 64, causal, (("softcap", 50.0),)),
+            Case(1, 2, 77, 77, 64, causal, (("softcap", 1.0),))]
+
+
+def draw(case, cap, rng, inputs):
+    if cap < 10:
+        inputs["q"] = inputs["q"] * 4.0           # scores of spread ~4: tanh saturates at softcap 1
+
+
+def mistakes(ctx, cap):
+    grads = tuple(n for n in ctx.present if n.startswith("d"))
+    return [ctx.H("softcap-before-scale", f"the softcap applied before the scale (c tanh(q.k / c) x scale, "
+                  f"c = {cap:g})", ctx.fwd(softcap_first=True)),
+            ctx.H("softcap-no-derivative", "the softcap's derivative 1 - tanh^2 left out of the backward",
+                  ctx.fwd(softcap_no_grad=True), grads)]
+
+
+FEATURE = Feature("softcap", "softcap=float, c·tanh(S/c) on the scaled scores", keywords=("softcap",),
+                  cases=cases, label=lambda c: f"softcap {c:g}", draw=draw,
+                  reference=lambda case, c, inputs: {"softcap": float(c)},
+                  kwargs=lambda case, c, tensors: {"softcap": float(c)}, mistakes=mistakes)

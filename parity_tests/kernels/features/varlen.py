@@ -1,0 +1,101 @@
+"""``varlen``: FlashAttention's packed layout ``thd``: q (total_q, H, D), k and v
+(total_k, Hkv, D), with ``cu_seqlens_q``/``cu_seqlens_k`` (int32, cumulative, from 0) and
+``max_seqlen_q``/``max_seqlen_k``.  Every case of the run is packed (a batch of equal
+lengths is a varlen batch too); the packed tensors are views of buffers whose tail is
+NaN, so a kernel that reads past a sequence's end poisons its output.  Its own cases:
+a zero-length sequence, one-token sequences, lengths not multiples of 64 or 128,
+Tq ≠ Tk per sequence.  Invited mistakes: no boundary between the sequences, the last
+sequence left out."""
+
+import numpy as np
+
+from parity_tests.kernels.cases import Case
+from parity_tests.kernels.features import Feature
+
+KEYWORDS = ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")
+
+
+def cases(causal, plan):
+    out = []
+    for lq, lk in (((37, 0, 1, 129, 65), (37, 0, 1, 129, 65)), ((20, 1, 0, 77, 130), (45, 1, 3, 77, 200))):
+        out.append(Case(len(lq), 2, max(lq), max(lk), 64, causal, (("varlen", (lq, lk)),)))
+    return out
+
+
+def with_lengths(case):
+    """A case as a varlen batch: equal lengths when it has none of its own."""
+    if case.seqlens is not None:
+        return case
+    return case.with_feature("varlen", ((case.tq,) * case.batch, (case.tk,) * case.batch))
+
+
+def label(lengths):
+    lq, lk = lengths
+    if set(lq) <= {max(lq)} and set(lk) <= {max(lk)}:     # every sequence full: a plain batch packed
+        return ""
+    text = ",".join(map(str, lq))
+    return "lens " + (text if lk == lq else text + "x" + ",".join(map(str, lk)))
+
+
+def draw(case, lengths, rng, inputs):
+    for n, (lq, lk) in enumerate(zip(*lengths)):           # padding rows are zero
+        for name, t in (("q", lq), ("dout", lq), ("k", lk), ("v", lk)):
+            inputs[name][n, :, t:] = 0.0
+        if "dlse" in inputs:
+            inputs["dlse"][n, :, lq:] = 0.0
+
+
+def reference(case, lengths, inputs):
+    return {"seqlens_q": np.array(lengths[0]), "seqlens_k": np.array(lengths[1])}
+
+
+def _packed_as_one(ctx, lengths):
+    """Varlen without the document mask: the packed batch attended as one sequence."""
+    q, k, v, dout = ctx.inputs
+    lq, lk = lengths
+    cat = lambda x, lens: np.concatenate([x[n, :, :t] for n, t in enumerate(lens)], axis=1)[None]
+    one = {key: val for key, val in ctx.opts.items() if key not in ("seqlens_q", "seqlens_k")}
+
+    def split(x, lens, t):
+        out = np.zeros((len(lens),) + x.shape[1:2] + (t,) + x.shape[3:])
+        start = 0
+        for n, size in enumerate(lens):
+            out[n, :, :size] = x[0, :, start:start + size]
+            start += size
+        return out
+
+    def predict(grads=True):
+        r = ctx.dense(cat(q, lq), cat(k, lk), cat(v, lk), cat(dout, lq) if grads else None, one, grads=grads)
+        got = {"out": split(r["out"], lq, ctx.case.tq), "lse": split(r["lse"][..., None], lq, ctx.case.tq)[..., 0]}
+        if grads:
+            got.update(dq=split(r["dq"], lq, ctx.case.tq), dk=split(r["dk"], lk, ctx.case.tk),
+                       dv=split(r["dv"], lk, ctx.case.tk))
+            if "dsinks" in r:
+                got["dsinks"] = r["dsinks"]
+        return ctx.judged(got)
+    return predict
+
+
+def mistakes(ctx, lengths):
+    out = []
+    if sum(1 for t in lengths[0] if t) > 1:
+        out.append(ctx.H("varlen-neighbours", "no boundary between the packed sequences (each sees its "
+                         "neighbours' keys)", _packed_as_one(ctx, lengths)))
+    last = ctx.case.batch - 1
+
+    def dropped(grads=True):
+        g = {n: a.copy() for n, a in ctx.golden_raw.items()}
+        for n in ("out", "dq", "dk", "dv"):
+            if n in g:
+                g[n][last] = 0.0
+        if "lse" in g:
+            g["lse"][last] = -np.inf
+        return ctx.judged(g)
+    if ctx.case.batch > 1:
+        out.append(ctx.H("varlen-dropped-last", f"the last sequence of the batch (sequence {last}) left out",
+                         dropped))
+    return out
+
+
+FEATURE = Feature("varlen", "with --layout thd, FlashAttention's packed varlen layout and cu_seqlens",
+                  keywords=KEYWORDS, cases=cases, label=label, draw=draw, reference=reference, mistakes=mistakes, run_wide=True)
