@@ -3,24 +3,22 @@
 Holds any attention kernel (PyTorch's SDPA backends, FlexAttention, this
 project's modules, or a user's ``module.path:callable``) to the float64 NumPy
 reference, at the shapes and dtypes kernels actually run, and names the
-mistake when a tensor fails.
+mistake when a tensor fails.  One judge: every case, plain or featured, goes
+through one runner against one golden result.
 
-- ``cases``      the grid of shapes, the inputs drawn and rounded to the dtype
-- ``targets``    built-in targets by name, user callables, calling one on a case
-- ``reference``  the golden result (blockwise NumPy, float64) and the baseline
-                 (plain PyTorch in the tested dtype, same device)
-- ``measure``    one case: errors, bounds, verdicts, one row per tensor
-- ``diagnosis``  the catalogue of mistakes, recomputed, the best match named
+- ``cases``      a case (shape, causal, the features it tests), the default grid
+- ``features/``  one module per production feature (GQA, windows, softcap, ALiBi,
+                 bias, sinks, varlen, lse, lse_grad, decode, determinism): its
+                 cases, inputs, reference options, keywords and mistakes; the
+                 package's ``__init__`` is the registry
+- ``targets``    built-in targets by name (their capabilities as fields), user callables
+- ``feature_targets``  SDPA, FlexAttention and flash_attn with the features
+- ``dense``      attention with every option written once in PyTorch: the baseline
+                 (plain, in the tested dtype) and, with one knob turned, a mistake
+- ``measure``    the case runner: draw, call, golden (``numpy_ref.reference_attention``),
+                 baseline, errors, bounds, verdicts, one row per tensor
+- ``mistakes``   the catalogue: the chapter's mistakes and each feature's, recomputed
+- ``diagnosis``  the best match named, or the error's size and place said
 - ``report``     the rows, their table, the summary, the JSON copy
 - ``run``        the command line and ``check(...)``, the Python entry point
-
-With ``--features`` (production kernels: GQA, windows, softcap, ALiBi, bias,
-sinks, varlen, lse, decode, determinism):
-
-- ``features``          the feature names, their cases, what a callable receives
-- ``dense``             every feature written densely in PyTorch: the baseline,
-                        and the catalogue's mistakes with one knob turned
-- ``featured``          one feature case: call, judge every tensor, diagnose
-- ``feature_mistakes``  the mistakes the features invite
-- ``feature_targets``   SDPA, FlexAttention and flash_attn with the features
 """

@@ -45,8 +45,7 @@ def alibi_slopes(heads):
     otherwise those of the nearest power of two below, then every other slope of
     the next one (the authors' ``get_slopes``)."""
     def power_of_two(n):
-        start = 2.0 ** (-8.0 / n)
-        return [start ** (i + 1) for i in range(n)]
+        return [2.0 ** (-8.0 * h / n) for h in range(1, n + 1)]
     n = 1
     while n * 2 <= heads:
         n *= 2

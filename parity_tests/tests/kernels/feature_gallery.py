@@ -44,7 +44,8 @@ def attend(q, k, v, *, causal, scale, align="top-left", window=None, softcap=Non
            bias=None, sinks=None, mistake=None):
     """(out, lse) of attention with the features, (B, H, T, D); ``mistake`` plants one."""
     dt = q.dtype
-    q, k, v = (t.double() for t in (q, k, v))
+    work = torch.bfloat16 if mistake == "in-bfloat16" else torch.float64     # a float32 kernel in bf16
+    q, k, v = (t.to(work) for t in (q, k, v))
     b, hq, tq, _ = q.shape
     hkv, tk = k.shape[1], k.shape[2]
     group = hq // hkv
@@ -67,17 +68,17 @@ def attend(q, k, v, *, causal, scale, align="top-left", window=None, softcap=Non
             S = softcap * torch.tanh(S * scale / softcap)
     else:
         S = S * scale
-    i = torch.arange(tq, dtype=torch.float64)[:, None]
-    j = torch.arange(tk, dtype=torch.float64)[None, :]
+    i = torch.arange(tq, dtype=work)[:, None]
+    j = torch.arange(tk, dtype=work)[None, :]
     if alibi_slopes is not None:
-        slopes = alibi_slopes.double()
+        slopes = alibi_slopes.to(work)
         if mistake == "alibi-reversed":
             slopes = slopes.flip(0)
         sign = -1.0 if mistake == "alibi-sign" else 1.0
         dist = (i - j).abs() if mistake == "alibi-no-offset" else (i + off - j).abs()
         S = S - sign * slopes[:, None, None] * dist
     if bias is not None:
-        S = S + (bias.detach() if mistake == "bias-no-grad" else bias).double()
+        S = S + (bias.detach() if mistake == "bias-no-grad" else bias).to(work)
     seen = torch.ones(tq, tk, dtype=torch.bool)
     if causal:
         seen &= j <= i + off
@@ -96,19 +97,31 @@ def attend(q, k, v, *, causal, scale, align="top-left", window=None, softcap=Non
             seen &= j <= i + w_off + right
     S = S.masked_fill(~seen, -math.inf)
     if sinks is not None and mistake != "sink-ignored":
-        s = (sinks.detach() if mistake == "sink-no-grad" else sinks).double()
+        s = (sinks.detach() if mistake == "sink-no-grad" else sinks).to(work)
         S = torch.cat([S, s[None, :, None, None].expand(b, hq, tq, 1)], dim=-1)
     lse = torch.logsumexp(S, dim=-1)                                   # -inf where nothing is seen
     P = torch.exp(S - torch.where(torch.isfinite(lse), lse, 0.0)[..., None])
     if S.shape[-1] > tk:
         P = P[..., :tk]                                                # the sink's column dropped
-    out = P @ v
+    out = _stale(S[..., :tk], v, 32) if mistake == "stale-max" else P @ v
     if mistake == "lse-base-2":
         lse = lse / math.log(2.0)
     elif mistake == "lse-no-max":
         m = S.amax(-1)
         lse = torch.where(torch.isfinite(m), lse - m, lse)
     return out.to(dt), lse.float()
+
+
+def _stale(S, v, block):
+    """Online softmax over key blocks that never rescales l and acc when the maximum moves."""
+    m = torch.full(S.shape[:-1], -math.inf, dtype=S.dtype)
+    l, acc = torch.zeros(S.shape[:-1], dtype=S.dtype), torch.zeros(S.shape[:-1] + v.shape[-1:], dtype=S.dtype)
+    for j0 in range(0, S.shape[-1], block):
+        Sb = S[..., j0:j0 + block]
+        m = torch.maximum(m, Sb.amax(-1))
+        p = torch.exp(Sb - torch.where(torch.isfinite(m), m, 0.0)[..., None])
+        l, acc = l + p.sum(-1), acc + p @ v[..., j0:j0 + block, :]
+    return acc / torch.where(l > 0, l, 1.0)[..., None]
 
 
 def varlen(q, k, v, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, mistake=None, **options):

@@ -1,0 +1,113 @@
+"""One judge: every case, plain or featured, goes through one runner with one golden,
+and a mistake is named whichever features the case carries."""
+
+import math
+
+import numpy as np
+import pytest
+
+import parity_tests
+from parity_tests.kernels import dense, measure
+from parity_tests.kernels.cases import Case
+from parity_tests.kernels.features import REGISTRY, Plan
+from feature_gallery import attend, kernel
+
+SMALL = dict(tokens=["17"], head_dims=[16], heads=[2], batch=[1], dtypes=["float32"])
+
+
+def _errors(report):
+    return {(r.case, r.tensor): (r.error, r.baseline, r.bound) for r in report.rows}
+
+
+def test_a_plain_case_is_judged_the_same_with_and_without_features():
+    right = kernel(returns_lse=False)
+    plain = parity_tests.check(right, **SMALL, causal="both")
+    featured = parity_tests.check(right, **SMALL, causal="both", features=["deterministic"])
+    assert plain.passed and featured.passed, str(featured)
+    same = _errors(plain)
+    assert same and all(_errors(featured)[key] == value for key, value in same.items())
+
+
+def test_inputs_are_seeded_by_the_case_fields_not_its_label(monkeypatch):
+    case = Case(1, 2, 5, 7, 8, True, (("window", (2, 1)),))
+    before = measure.draw(case, seed=3)
+    monkeypatch.setattr(Case, "__str__", lambda self: "renamed")
+    after = measure.draw(case, seed=3)
+    assert all(np.array_equal(before[n], after[n]) for n in before)
+    assert not np.array_equal(measure.draw(case, seed=4)["q"], before["q"])
+
+
+def _stale(**knobs):
+    def fn(q, k, v, *, causal, scale, align="top-left", window=None, softcap=None, alibi_slopes=None):
+        return attend(q, k, v, causal=causal, scale=scale, align=align, window=window, softcap=softcap,
+                      alibi_slopes=alibi_slopes, mistake=knobs.get("mistake", "stale-max"))[0]
+    return fn
+
+
+@pytest.mark.parametrize("features, align", [(["gqa"], "top-left"), (["window"], "top-left"),
+                                             (["window"], "bottom-right"), (["alibi"], "bottom-right")])
+def test_a_stale_running_maximum_is_named_on_featured_cases(features, align):
+    report = parity_tests.check(_stale(), features=features, **SMALL, causal="yes", align=align)
+    featured = [(r, d) for r, d in report.diagnoses if r.dims["features"]]
+    assert featured, str(report)
+    named = [d.id for r, d in featured if r.tensor == "out"]
+    assert named.count("stale-max") >= len(named) / 2, [d.sentence for _, d in featured][:4]
+
+
+def test_a_kernel_computing_in_bfloat16_is_named_on_a_softcap_case():
+    report = parity_tests.check(_stale(mistake="in-bfloat16"), features=["softcap"], **SMALL, causal="no")
+    softcapped = [d.id for r, d in report.diagnoses if "softcap" in r.dims["features"]]
+    # named on the softcap cases, and never given another cause (at softcap 1 the exponentials of a
+    # true bfloat16 kernel drift further than torch's bfloat16 softmax, which works in float32 inside)
+    assert softcapped.count("lower-precision") >= len(softcapped) / 2, softcapped
+    assert set(softcapped) <= {"lower-precision", "none"}, softcapped
+
+
+def _bthd(q, k, v, *, causal, scale, align="top-left", window=None, softcap=None, alibi_slopes=None,
+          bias=None, sinks=None):
+    """A right kernel in flash_attn_func's (B, T, H, D) layout."""
+    out, lse = attend(*(t.transpose(1, 2) for t in (q, k, v)), causal=causal, scale=scale, align=align,
+                      window=window, softcap=softcap, alibi_slopes=alibi_slopes, bias=bias, sinks=sinks)
+    return out.transpose(1, 2), lse
+
+
+BTHD_FORMS = ["gqa", "value_dim", "window", "softcap", "alibi", "bias", "sinks", "lse", "decode", "deterministic"]
+
+
+def test_a_right_bthd_kernel_passes_every_feature_with_a_bthd_form():
+    report = parity_tests.check(_bthd, layout="bthd", features=BTHD_FORMS, **SMALL, causal="yes")
+    assert report.passed, str(report)
+    with pytest.raises(ValueError, match="varlen runs every case in the thd layout"):
+        parity_tests.check(_bthd, layout="bthd", features=["varlen"])
+
+
+def test_alibi_slopes_are_the_papers():
+    for heads in (1, 2, 4, 8, 16):
+        assert dense.alibi_slopes(heads) == [2.0 ** (-8.0 * h / heads) for h in range(1, heads + 1)]
+    # not a power of two: the 4 of H = 4, then every other one of H = 8
+    assert dense.alibi_slopes(6) == [2.0 ** -2, 2.0 ** -4, 2.0 ** -6, 2.0 ** -8, 2.0 ** -1, 2.0 ** -3]
+
+
+def test_causal_windows_include_an_unbounded_right_side():
+    drawn = {c.get("window") for c in REGISTRY["window"].cases(True, Plan())}
+    assert any(w[1] == -1 for w in drawn) and (0, 0) in drawn
+
+    def window_replaces_the_mask(q, k, v, *, causal, scale, window=None):
+        return attend(q, k, v, causal=causal and window is None, scale=scale, window=window)[0]
+    report = parity_tests.check(window_replaces_the_mask, features=["window"], **SMALL, causal="yes")
+    unbounded = [d.id for r, d in report.diagnoses if r.tensor == "out" and ",-1)" in r.case]
+    assert unbounded and set(unbounded) == {"no-causal-mask"}, unbounded
+
+
+def test_every_feature_case_is_seeded_and_labelled_apart():
+    plan = Plan(seed=0, takes_align=True)
+    cases = [c for f in REGISTRY.values() for cz in (True, False) for c in f.cases(cz, plan)]
+    assert len({str(c) for c in cases}) == len(cases)
+    assert len({measure.draw(c)["q"].tobytes() for c in cases}) == len(cases)
+
+
+@pytest.mark.parametrize("align", ["top-left", "bottom-right"])
+def test_the_offset_is_the_alignments(align):
+    case = Case(1, 1, 5, 9, 4, True, align=align)
+    assert case.offset("top-left") == (0 if align == "top-left" else 4)
+    assert math.isclose(case.scale, 0.5)
