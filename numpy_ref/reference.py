@@ -52,10 +52,9 @@ import numpy as np
 
 from numpy_ref import variants
 from numpy_ref.blockwise import _same, choose_tiles
+from numpy_ref.visibility import ALIGNMENTS, alignment_offset, window_sides
 
 __all__ = ["reference_attention"]
-
-ALIGNMENTS = ("top-left", "bottom-right")
 
 
 class HeadScores:
@@ -299,15 +298,13 @@ def _lengths(name, a, B, T):
 
 
 def _window(window, causal):
-    if window is None:
-        left, right = -1, -1
-    else:
+    if window is not None:
         try:
             left, right = window
         except (TypeError, ValueError):
             raise ValueError(f"window must be a pair (left, right) or None, got {window!r}") from None
-        left, right = _int("window left", left, -1), _int("window right", right, -1)
-    return left, (0 if causal else right)
+        window = _int("window left", left, -1), _int("window right", right, -1)
+    return window_sides(causal, window)
 
 
 def _options(q, k, scale, causal, align, window, softcap, alibi_slopes, bias, sinks,
@@ -333,8 +330,8 @@ def _options(q, k, scale, causal, align, window, softcap, alibi_slopes, bias, si
     B_c = max(1, auto_k) if block_k is None else _int("block_k", block_k, 1)
 
     def visibility(b):
-        offset = int(nk[b] - nq[b]) if align == "bottom-right" else 0
-        return variants.Visibility(int(nq[b]), int(nk[b]), offset, left, right)
+        offset = alignment_offset(nq[b], nk[b], align)
+        return variants.Visibility(nq[b], nk[b], offset, left, right)
 
     def head(b, h, offset):
         return HeadScores(scale, softcap, None if slopes is None else slopes[b, h], offset,

@@ -8,10 +8,11 @@ Every variant a FlashAttention-style kernel offers is one of two things:
   ``numpy_ref.ops``: the backward takes the gradient ``dS`` of the changed
   scores and returns the gradient of the scores it was given;
 - a mask: which keys a query sees (causal, sliding window, padding).  That is
-  one step, `Visibility`, asked once per tile: "which keys of this tile does
-  each query see?"  The answer is "none" (the tile is skipped), "all" (no mask
-  is built) or a boolean (B_r, B_c) mask.  A masked score is ``-inf``, its
-  weight 0, its gradient 0: masks need no backward.
+  one step, `numpy_ref.visibility.Visibility` (re-exported here), asked once
+  per tile: "which keys of this tile does each query see?"  The answer is
+  "none" (the tile is skipped), "all" (no mask is built) or a boolean
+  (B_r, B_c) mask.  A masked score is ``-inf``, its weight 0, its gradient 0:
+  masks need no backward.
 
 Which kv head a query head reads (GQA) is a pair too: `gqa_forward` /
 `gqa_backward`.
@@ -29,6 +30,8 @@ are the tile's absolute query and key positions.
 """
 
 import numpy as np
+
+from numpy_ref.visibility import Visibility
 
 __all__ = [
     "kv_head", "gqa_forward", "gqa_backward",
@@ -155,49 +158,3 @@ def sink_backward(p_sink, D):
     The scores' gradient keeps the chapter's form ``dS = P ∘ (dP − D)``, since
     ``<w, g>`` over the row, sink included, is still D."""
     return -(p_sink * D).sum()
-
-
-# ----------------------------------------------------------------------------
-# Masks: which keys each query of a tile sees
-
-class Visibility:
-    """Which keys each query of one (batch, head) sees.
-
-    Query ``i`` (``i < nq``) sees key ``j`` iff ``j < nk`` and
-    ``lo(i) ≤ j ≤ hi(i)``, with ``a = i + offset`` its diagonal::
-
-        lo(i) = a − left                  (0 if left = −1: unbounded)
-        hi(i) = min(nk − 1, a + right)    (nk − 1 if right = −1; right = 0 when causal)
-
-    Padding queries (``i ≥ nq``) see nothing.  ``lo`` and ``hi`` never
-    decrease with ``i``, so a tile of rows [q0, q1) can only see keys in
-    ``[lo(q0), hi(last real row)]``: the tile loop visits only those, and a
-    tile whose every query sees every key of it needs no mask."""
-
-    def __init__(self, nq, nk, offset, left, right):
-        self.nq, self.nk, self.offset, self.left, self.right = nq, nk, offset, left, right
-
-    def lo(self, i):
-        """First key row(s) ``i`` may see (may be < 0: then 0)."""
-        return np.maximum(i + self.offset - self.left, 0) if self.left >= 0 else i * 0
-
-    def hi(self, i):
-        """Last key row(s) ``i`` may see (inclusive; < lo when none)."""
-        last = self.nk - 1
-        h = np.minimum(i + self.offset + self.right, last) if self.right >= 0 else i * 0 + last
-        return np.where(i < self.nq, h, -1)
-
-    def key_range(self, q0, q1):
-        """Keys [k_lo, k_hi) that some query of [q0, q1) sees (empty: k_lo >= k_hi)."""
-        last_real = min(q1, self.nq) - 1
-        if last_real < q0:
-            return 0, 0
-        return int(self.lo(q0)), int(self.hi(last_real)) + 1
-
-    def tile_mask(self, q0, q1, k0, k1):
-        """None when every query of [q0, q1) sees every key of [k0, k1); else the
-        (q1 - q0, k1 - k0) boolean mask, True where seen."""
-        if q1 <= self.nq and self.lo(q1 - 1) <= k0 and self.hi(q0) >= k1 - 1:
-            return None
-        rows, cols = np.arange(q0, q1), np.arange(k0, k1)
-        return (cols[None, :] >= self.lo(rows)[:, None]) & (cols[None, :] <= self.hi(rows)[:, None])
