@@ -17,6 +17,11 @@ Every variant a FlashAttention-style kernel offers is one of two things:
 Which kv head a query head reads (GQA) is a pair too: `gqa_forward` /
 `gqa_backward`.
 
+The score changes of one head form a list (`score_ops`), like FlexAttention's
+``score_mod``: `scores_forward` applies them in order, `scores_backward` walks
+the same list in reverse, each op's backward given what its forward saved.  A
+new score change is one op (a forward above its backward) and one list entry.
+
 Order of the changes, as FlashAttention applies them::
 
     S = scale · q kᵀ          (raw scores)
@@ -39,6 +44,7 @@ __all__ = [
     "alibi_forward", "alibi_backward",
     "bias_forward", "bias_backward",
     "sink_forward", "sink_backward",
+    "Tile", "Softcap", "Alibi", "Bias", "score_ops", "scores_forward", "scores_backward",
     "Visibility",
 ]
 
@@ -158,3 +164,100 @@ def sink_backward(p_sink, D):
     The scores' gradient keeps the chapter's form ``dS = P ∘ (dP − D)``, since
     ``<w, g>`` over the row, sink included, is still D."""
     return -(p_sink * D).sum()
+
+
+# ----------------------------------------------------------------------------
+# The score changes of one head as a list of ops, applied in order
+
+class Tile:
+    """Where a (B_r, B_c) tile sits in its head: query rows [q0, q1), keys [k0, k1)."""
+
+    def __init__(self, q0, q1, k0, k1):
+        self.q0, self.q1, self.k0, self.k1 = q0, q1, k0, k1
+
+    def rows(self):
+        return np.arange(self.q0, self.q1)
+
+    def cols(self):
+        return np.arange(self.k0, self.k1)
+
+
+class Softcap:
+    """``S ← c · tanh(S / c)``; backward ``dS ∘ (1 − tanh²)`` (`softcap_forward`,
+    `softcap_backward`: the Jacobian is diagonal).  Saves ``tanh(S / c)``."""
+
+    def __init__(self, cap):
+        self.cap = cap
+
+    def forward(self, S, tile):
+        return softcap_forward(S, self.cap)
+
+    def backward(self, dS, saved, tile):
+        return softcap_backward(dS, saved)
+
+
+class Alibi:
+    """``S ← S − slope · |i + offset − j|``; backward ``dS`` unchanged, the penalty
+    being a constant of S (`alibi_forward`, `alibi_backward`)."""
+
+    def __init__(self, slope, offset):
+        self.slope, self.offset = slope, offset
+
+    def forward(self, S, tile):
+        return alibi_forward(S, self.slope, tile.rows(), tile.cols(), self.offset), None
+
+    def backward(self, dS, saved, tile):
+        return alibi_backward(dS)
+
+
+class Bias:
+    """``S ← S + bias``; backward ``dS`` unchanged, and ``dbias = dS`` summed over
+    the bias's broadcast axes (`bias_forward`, `bias_backward`), added into
+    ``grad`` (same 2-D shape as ``bias``: rows 1 or Tq, columns 1 or Tk)."""
+
+    def __init__(self, bias, grad=None):
+        self.bias, self.grad = bias, grad
+
+    def _index(self, tile):
+        rows = slice(tile.q0, tile.q1) if self.bias.shape[0] > 1 else slice(0, 1)
+        cols = slice(tile.k0, tile.k1) if self.bias.shape[1] > 1 else slice(0, 1)
+        return rows, cols
+
+    def forward(self, S, tile):
+        return bias_forward(S, self.bias[self._index(tile)]), None
+
+    def backward(self, dS, saved, tile):
+        index = self._index(tile)
+        dS, dbias = bias_backward(dS, self.bias[index].shape)
+        if self.grad is not None:
+            self.grad[index] += dbias
+        return dS
+
+
+def score_ops(*, softcap=None, slope=None, offset=0, bias=None, dbias=None):
+    """One head's score changes in FlashAttention's order: softcap, ALiBi, bias
+    (each left out when None).  ``dbias`` receives the bias's gradient."""
+    ops = []
+    if softcap is not None:
+        ops.append(Softcap(softcap))
+    if slope is not None:
+        ops.append(Alibi(slope, offset))
+    if bias is not None:
+        ops.append(Bias(bias, dbias))
+    return ops
+
+
+def scores_forward(ops, S, tile):
+    """Every op's forward in order -> (S, what each saved for its backward)."""
+    saved = []
+    for op in ops:
+        S, keep = op.forward(S, tile)
+        saved.append(keep)
+    return S, saved
+
+
+def scores_backward(ops, dS, saved, tile):
+    """The chain rule through the list: every op's backward in reverse order."""
+    for op, keep in zip(reversed(ops), reversed(saved)):
+        dS = op.backward(dS, keep, tile)
+    return dS
