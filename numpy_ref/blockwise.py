@@ -65,11 +65,13 @@ the same the production reference uses: key tiles entirely in a query tile's
 future are skipped (``key_range``), tiles cut by the diagonal are masked with
 -inf (``tile_mask``), the others run unmasked.
 
-A fully masked row (``i + causal_offset < 0``) behaves as in the chapter's
-modules, whose softmax of an all -inf row is NaN: its output row is NaN and its
-L is -inf; in the backward no gradient reaches its scores (as ``masked_fill``'s
-backward gives 0), so its dq row is 0, and its NaN weights make every dv of
-that (batch, head) NaN, as ``dv = w^T dO`` does.
+A row that sees no key (``i + causal_offset < 0``) follows the rule of the
+production reference (``numpy_ref.reference``, FlashAttention and SDPA): its
+softmax is over an empty set, so its output row is 0 (ℓ = 0 and acc = 0: not
+0/0), its L is ``-inf`` (the log of an empty sum), its dq row is 0 and it adds
+nothing to dk and dv (the backward gives it ``L = +inf``, so ``P = 0``, and
+``D = 0``).  The chapter's modules differ there: their softmax of an all
+``-inf`` row is NaN.
 
 Memory: O(T) per head besides the inputs: the (B_r, B_c) tile, ``m``, ``ℓ``,
 ``L``, ``D``.  No T x T array is allocated.  Computation is in the inputs' dtype.
@@ -185,9 +187,9 @@ def forward_head(q, k, v, out, lse, scale, causal, causal_offset, B_r, B_c, keep
             acc = _rescale(acc, alpha)
             acc += P @ v[k0:k1]
             m = m_new
-        with np.errstate(invalid="ignore", divide="ignore"):   # 0/0 = NaN: fully masked row
-            np.divide(acc, l[:, None], out=out[q0:q1])
-        lse[q0:q1] = _log_sum_exp(m, l)
+        # a row that saw no key has ℓ = 0 and acc = 0: out 0, not 0/0
+        np.divide(acc, np.where(l == 0, 1, l)[:, None], out=out[q0:q1])
+        lse[q0:q1] = _log_sum_exp(m, l)                      # -inf where ℓ = 0
 
 
 def backward_head(dout, q, k, v, D, lse, dq, dk, dv, scale, causal, causal_offset,
@@ -198,10 +200,10 @@ def backward_head(dout, q, k, v, D, lse, dq, dk, dv, scale, causal, causal_offse
     Tq, dtype = q.shape[0], q.dtype
     scale = dtype.type(scale)
     vis = causal_visibility(Tq, k.shape[0], causal, causal_offset)
-    fully_masked = np.isneginf(lse)
-    # P = exp(S - L); a fully masked row gets L = +inf, so P = 0 on it
-    L = np.where(fully_masked, np.inf, lse).astype(dtype, copy=False)
-    D = np.where(fully_masked, 0, D).astype(dtype, copy=False)
+    sees_none = np.isneginf(lse)
+    # P = exp(S - L); a row that sees no key gets L = +inf, so P = 0 on it
+    L = np.where(sees_none, np.inf, lse).astype(dtype, copy=False)
+    D = np.where(sees_none, 0, D).astype(dtype, copy=False)
     q_scaled = q * scale                                         # (Tq, D)
     visits = {}                                                  # k0 -> [(q0, q1, k1), ...]
     for q0 in range(0, Tq, B_r):
@@ -234,8 +236,6 @@ def backward_head(dout, q, k, v, D, lse, dq, dk, dv, scale, causal, causal_offse
         dk[k0:k0 + n_max] = dk_j * scale
         dv[k0:k0 + n_max] = dv_j
     dq *= scale
-    if fully_masked.any():                                       # NaN weights reach every value
-        dv[...] = np.nan
 
 
 # ----------------------------------------------------------------------------
