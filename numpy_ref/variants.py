@@ -15,7 +15,10 @@ Every variant a FlashAttention-style kernel offers is one of two things:
   masks need no backward.
 
 Which kv head a query head reads (GQA) is a pair too: `gqa_forward` /
-`gqa_backward`.
+`gqa_backward`, the dense form of the map `kv_head` the reference reads
+through (it never builds the repeated heads; the tests hold the reference's
+dk, dv to ``gqa_backward`` of per-query-head ones, and the pair to being
+adjoints: ``<gqa_forward(x), y> = <x, gqa_backward(y)>``).
 
 The score changes of one head form a list (`score_ops`), like FlexAttention's
 ``score_mod``: `scores_forward` applies them in order, `scores_backward` walks
