@@ -37,6 +37,24 @@ list of ops in reverse (``variants.scores_backward``)::
 
 and GQA sums dK, dV over the query heads that share a kv head.
 
+A gradient on lse
+-----------------
+With an upstream ``dL_i = ∂loss/∂lse_i`` too (``dlse``; the ``lse_grad``
+check), the loss is ``Σ out·dO + Σ_i L_i dL_i``.  From the chapter's Jacobian,
+``L_i = log(exp(sink) + Σ_j exp(S_ij))`` has ``∂L_i/∂S_ij = exp(S_ij − L_i)
+= P_ij``, so the scores' gradient gains ``P_ij dL_i``::
+
+    dS_ij = P_ij (dP_ij − D_i) + P_ij dL_i = P_ij (dP_ij − (D_i − dL_i))
+
+the chapter's form with the row term ``D_i`` replaced by ``D_i − dL_i``.
+dV = Pᵀ dO does not involve L: unchanged.  The sink: ``∂L_i/∂sink =
+exp(sink − L_i) = p_sink,i``, so ``dsink`` gains ``+Σ_i p_sink,i dL_i``, and
+``dsink = −Σ_i p_sink,i D_i + Σ_i p_sink,i dL_i = −Σ_i p_sink,i (D_i − dL_i)``:
+the same replacement (``variants.sink_backward`` with ``D − dL``).  A row that
+sees no key has no L to differentiate (lse ``−∞``, constant): it contributes
+nothing (its ``D`` is set to 0 and ``P = 0``).  A row that sees only its sink
+(``p_sink = 1``) adds ``dL_i`` to ``dsink``.
+
 Rows that see no key
 --------------------
 A row with no visible key and no sink has an empty softmax: out 0, lse
@@ -115,12 +133,15 @@ def forward_head(q, k, v, out, lse, hs, vis, B_r, B_c):
             lse[q0:q1] = np.where(real, m + np.log(l), -np.inf)
 
 
-def backward_head(dout, q, k, v, out, lse, dq, dk, dv, hs, vis, B_r, B_c):
+def backward_head(dout, q, k, v, out, lse, dlse, dq, dk, dv, hs, vis, B_r, B_c):
     """Backward of one head into dq (Tq, Dqk), dk (Tk, Dqk), dv (Tk, Dv) (added
-    to) and, through its Bias op, dbias; returns dsink (0 without sink)."""
+    to) and, through its Bias op, dbias; returns dsink (0 without sink).
+    ``dlse`` (Tq,) or None: the upstream gradient on lse, carried by the row
+    term (``D − dL``, module docstring)."""
     Tq, dtype = q.shape[0], q.dtype
     scale = dtype.type(hs.scale)
     D = np.einsum("ij,ij->i", dout, out)                             # rowsum(dO ∘ O)
+    D = variants.lse_row_term(D, dlse)                               # D − dL: ∂L_i/∂S_ij = P_ij
     seen = ~np.isneginf(lse)                                         # rows with a softmax
     L = np.where(seen, lse, np.inf).astype(dtype, copy=False)        # P = exp(S - L) = 0 if not
     D = np.where(seen, D, 0).astype(dtype, copy=False)
@@ -152,7 +173,7 @@ def backward_head(dout, q, k, v, out, lse, dq, dk, dv, hs, vis, B_r, B_c):
 # ----------------------------------------------------------------------------
 # The public function
 
-def reference_attention(q, k, v, dout=None, *, scale=None, causal=False, align="top-left",
+def reference_attention(q, k, v, dout=None, *, dlse=None, scale=None, causal=False, align="top-left",
                         window=None, softcap=None, alibi_slopes=None, bias=None, sinks=None,
                         seqlens_q=None, seqlens_k=None, block_q=None, block_k=None):
     """Attention with the production variants -> dict of NumPy arrays.
@@ -161,6 +182,11 @@ def reference_attention(q, k, v, dout=None, *, scale=None, causal=False, align="
     ``dout`` also ``"dq"``, ``"dk"``, ``"dv"`` (shaped like q, k, v), ``"dbias"``
     (the bias's shape) when ``bias`` is given and ``"dsinks"`` (Hq,) when
     ``sinks`` is.  Computed in q's dtype (float32 or float64).
+
+    ``dlse`` (B, Hq, Tq), q's dtype: an upstream gradient on lse as well, the
+    gradients being those of ``Σ out·dout + Σ lse·dlse`` (module docstring,
+    "A gradient on lse").  Without ``dout``, dout is taken as zero (only lse
+    is used); entries of rows that see no key are ignored (their lse is −∞).
 
     Options (README, "The production variants"): ``scale`` (None: 1/√Dqk),
     ``causal`` and ``align`` ("top-left": offset 0; "bottom-right": offset
@@ -178,6 +204,10 @@ def reference_attention(q, k, v, dout=None, *, scale=None, causal=False, align="
                  seqlens_q, seqlens_k, block_q, block_k)
     if dout is not None:
         dout = _same("dout", dout, (B, Hq, Tq, Dv), dtype)
+    if dlse is not None:
+        dlse = _same("dlse", dlse, (B, Hq, Tq), dtype)
+        if dout is None:                                             # only lse is used
+            dout = np.zeros((B, Hq, Tq, Dv), dtype=dtype)
     kv = [variants.kv_head(h, Hq, Hkv) for h in range(Hq)]          # GQA: h // (Hq // Hkv)
     out = np.empty((B, Hq, Tq, Dv), dtype=dtype)
     lse = np.empty((B, Hq, Tq), dtype=dtype)
@@ -197,7 +227,8 @@ def reference_attention(q, k, v, dout=None, *, scale=None, causal=False, align="
         for h in range(Hq):
             hs = o["head"](b, h, vis.offset, None if dbias is None else _head_view(dbias, b, h))
             dsinks[h] += backward_head(dout[b, h], q[b, h], k[b, kv[h]], v[b, kv[h]],
-                                       out[b, h], lse[b, h], dq[b, h], dk[b, kv[h]],
+                                       out[b, h], lse[b, h], None if dlse is None else dlse[b, h],
+                                       dq[b, h], dk[b, kv[h]],
                                        dv[b, kv[h]], hs, vis, o["B_r"], o["B_c"])
     result.update(dq=dq, dk=dk, dv=dv)
     if dbias is not None:

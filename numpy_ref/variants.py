@@ -46,7 +46,7 @@ __all__ = [
     "softcap_forward", "softcap_backward",
     "alibi_forward", "alibi_backward",
     "bias_forward", "bias_backward",
-    "sink_forward", "sink_backward",
+    "sink_forward", "sink_backward", "lse_row_term",
     "Tile", "Softcap", "Alibi", "Bias", "score_ops", "scores_forward", "scores_backward",
     "Visibility",
 ]
@@ -167,6 +167,18 @@ def sink_backward(p_sink, D):
     The scores' gradient keeps the chapter's form ``dS = P ∘ (dP − D)``, since
     ``<w, g>`` over the row, sink included, is still D."""
     return -(p_sink * D).sum()
+
+
+# ----------------------------------------------------------------------------
+# A gradient on lse (the lse_grad check): one more term in each row's D
+
+def lse_row_term(D, dlse):
+    """The row term of ``dS = P ∘ (dP − D)`` when lse has an upstream gradient
+    ``dlse`` too: ``L_i = log Σ_j exp(S_ij)`` has ``∂L_i/∂S_ij = P_ij``, so
+    ``dS_ij = P_ij (dP_ij − D_i) + P_ij dL_i = P_ij (dP_ij − (D_i − dL_i))``:
+    returns ``D − dlse`` (``D`` itself when ``dlse`` is None).  The sink's
+    ``∂L_i/∂sink = p_sink,i`` makes `sink_backward` take the same ``D − dL``."""
+    return D if dlse is None else D - dlse
 
 
 # ----------------------------------------------------------------------------
