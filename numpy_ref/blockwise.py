@@ -59,29 +59,34 @@ Dropout on the weights (keep-mask M scaled by 1/(1-p)) changes steps 1-3 to
 
 Causal attention: query i sees key j iff ``j <= i + causal_offset`` (0:
 top-left alignment, ``is_causal`` of PyTorch's SDPA; ``Tk - Tq``: bottom-right,
-FlashAttention's).  Key tiles entirely in a query tile's future are skipped,
-tiles cut by the diagonal are masked with -inf, the others run unmasked.
+FlashAttention's; ``numpy_ref.visibility.alignment_offset``).  One object
+answers "which keys does query i see", ``numpy_ref.visibility.Visibility``,
+the same the production reference uses: key tiles entirely in a query tile's
+future are skipped (``key_range``), tiles cut by the diagonal are masked with
+-inf (``tile_mask``), the others run unmasked.
 
-A fully masked row (``i + causal_offset < 0``) behaves as in the chapter's
-modules, whose softmax of an all -inf row is NaN: its output row is NaN and its
-L is -inf; in the backward no gradient reaches its scores (as ``masked_fill``'s
-backward gives 0), so its dq row is 0, and its NaN weights make every dv of
-that (batch, head) NaN, as ``dv = w^T dO`` does.
+A row that sees no key (``i + causal_offset < 0``) follows the rule of the
+production reference (``numpy_ref.reference``, FlashAttention and SDPA): its
+softmax is over an empty set, so its output row is 0 (ℓ = 0 and acc = 0: not
+0/0), its L is ``-inf`` (the log of an empty sum), its dq row is 0 and it adds
+nothing to dk and dv (the backward gives it ``L = +inf``, so ``P = 0``, and
+``D = 0``).  The chapter's modules differ there: their softmax of an all
+``-inf`` row is NaN.
 
 Memory: O(T) per head besides the inputs: the (B_r, B_c) tile, ``m``, ``ℓ``,
 ``L``, ``D``.  No T x T array is allocated.  Computation is in the inputs' dtype.
 
 The small helpers below (``_update_max``, ``_rescale``, ``_log_sum_exp``,
-``_scores_grad``, ``_key_tile_count``) are the steps a blockwise code gets
+``_scores_grad``, ``_key_tiles``) are the steps a blockwise code gets
 wrong; the tests replace each with a faulty twin and watch a check fail.
 """
 
-from functools import lru_cache
 from numbers import Integral, Real
 
 import numpy as np
 
 from numpy_ref import _parallel
+from numpy_ref.visibility import Visibility
 
 __all__ = ["attention_forward", "attention_backward", "choose_tiles"]
 
@@ -119,39 +124,27 @@ def _delta(dout, out):
     return np.einsum("ij,ij->i", dout, out)
 
 
-def _key_tile_count(q1, Tk, B_c, causal, causal_offset):
-    """Key tiles a query tile ending (exclusive) at row q1 visits: its last row
-    q1 - 1 sees keys [0, q1 + causal_offset); later tiles are all future."""
-    visible = Tk if not causal else min(Tk, max(0, q1 + causal_offset))
-    return -(-visible // B_c)
+def _key_tiles(vis, q0, q1, B_c):
+    """[(k0, k1), ...]: the key tiles queries [q0, q1) visit, B_c keys each, the
+    last cut at the last key any of them sees (``vis.key_range``: keys in
+    every query's future are neither visited nor masked)."""
+    k_lo, k_hi = vis.key_range(q0, q1)
+    return [(k0, min(k0 + B_c, k_hi)) for k0 in range(k_lo, k_hi, B_c)]
 
 
-def _mask_future(S, q0, k0, causal_offset):
-    """Scores of keys in the future of their query -> -inf, in place (a tile
-    cut by the diagonal).  Returns S."""
-    np.copyto(S, -np.inf, where=_future(S.shape, q0 + causal_offset - k0))
+def _mask_hidden(S, vis, q0, k0):
+    """Scores of the keys a query does not see -> -inf, in place (a tile cut by
+    the diagonal; ``vis.tile_mask`` is None for a tile seen whole).  Returns S."""
+    mask = vis.tile_mask(q0, q0 + S.shape[0], k0, k0 + S.shape[1])
+    if mask is not None:
+        np.copyto(S, -np.inf, where=~mask)
     return S
 
 
-@lru_cache(maxsize=64)
-def _future(shape, shift):
-    """(rows, cols) bool, True where col > row + shift: a tile's future keys.
-    Tiles on the diagonal repeat a few shifts, so each is built once."""
-    rows, cols = shape
-    return np.arange(cols)[None, :] > np.arange(rows)[:, None] + shift
-
-
-def _key_tile_end(k0, q1, Tk, B_c, causal, causal_offset):
-    """End (exclusive) of the key tile starting at k0 for queries ending at q1:
-    B_c keys, cut at the last key the tile's last query sees (the keys after it
-    would only be masked)."""
-    k1 = min(k0 + B_c, Tk)
-    return min(k1, q1 + causal_offset) if causal else k1
-
-
-def _cut_by_diagonal(q0, k1, causal, causal_offset):
-    """True when some key of [.., k1) is in the future of some query of [q0, ..)."""
-    return causal and k1 - 1 > q0 + causal_offset
+def causal_visibility(Tq, Tk, causal, causal_offset):
+    """The `Visibility` of one head: query i sees key j iff j <= i + causal_offset
+    (every key when not causal)."""
+    return Visibility(Tq, Tk, causal_offset, -1, 0 if causal else -1)
 
 
 def choose_tiles(Tq, Tk, D):
@@ -170,25 +163,20 @@ def forward_head(q, k, v, out, lse, scale, causal, causal_offset, B_r, B_c, keep
 
     ``keep(q0, q1, k0, k1)``, if given, returns the tile's dropout keep-mask
     already scaled by 1/(1-p) (or None for no dropout there)."""
-    Tq, Tk = q.shape[0], k.shape[0]
-    dtype = q.dtype
+    Tq, dtype = q.shape[0], q.dtype
+    vis = causal_visibility(Tq, k.shape[0], causal, causal_offset)
     for q0 in range(0, Tq, B_r):
         q1 = min(q0 + B_r, Tq)
         q_i = q[q0:q1] * dtype.type(scale)                       # (B_r, D)
         m = np.full(q1 - q0, -np.inf, dtype=dtype)               # running maximum
         l = np.zeros(q1 - q0, dtype=dtype)                       # running sum ℓ
         acc = np.zeros((q1 - q0, v.shape[1]), dtype=dtype)       # unnormalised output
-        for jt in range(_key_tile_count(q1, Tk, B_c, causal, causal_offset)):
-            k0 = jt * B_c
-            k1 = _key_tile_end(k0, q1, Tk, B_c, causal, causal_offset)
+        for k0, k1 in _key_tiles(vis, q0, q1, B_c):
             S = q_i @ k[k0:k1].T                                 # (B_r, B_c) scores
-            if _cut_by_diagonal(q0, k1, causal, causal_offset):
-                _mask_future(S, q0, k0, causal_offset)
+            _mask_hidden(S, vis, q0, k0)                         # -inf where not seen
             m_new = _update_max(m, S)
-            shift = m_new
-            if q0 + causal_offset < 0 and causal:
-                # rows that see no key (fully masked) keep m = -inf: shift them by 0
-                shift = np.where(np.isneginf(m_new), 0, m_new).astype(dtype, copy=False)
+            # rows that have seen no key yet keep m = -inf: shift them by 0
+            shift = np.where(np.isneginf(m_new), 0, m_new).astype(dtype, copy=False)
             alpha = np.exp(m - shift)                            # <= 1; 0 on the first tile
             S -= shift[:, None]
             P = np.exp(S, out=S)                                 # (B_r, B_c), <= 1
@@ -199,41 +187,39 @@ def forward_head(q, k, v, out, lse, scale, causal, causal_offset, B_r, B_c, keep
             acc = _rescale(acc, alpha)
             acc += P @ v[k0:k1]
             m = m_new
-        with np.errstate(invalid="ignore", divide="ignore"):   # 0/0 = NaN: fully masked row
-            np.divide(acc, l[:, None], out=out[q0:q1])
-        lse[q0:q1] = _log_sum_exp(m, l)
+        # a row that saw no key has ℓ = 0 and acc = 0: out 0, not 0/0
+        np.divide(acc, np.where(l == 0, 1, l)[:, None], out=out[q0:q1])
+        lse[q0:q1] = _log_sum_exp(m, l)                      # -inf where ℓ = 0
 
 
 def backward_head(dout, q, k, v, D, lse, dq, dk, dv, scale, causal, causal_offset,
                   B_r, B_c, keep=None):
     """Backward of one head, written into dq (Tq, D), dk (Tk, D), dv (Tk, Dv);
-    ``D = _delta(dout, out)`` (Tq,) is the <w, g> of each row."""
-    Tq, Tk = q.shape[0], k.shape[0]
-    dtype = q.dtype
+    ``D = _delta(dout, out)`` (Tq,) is the <w, g> of each row.  Key tiles in the
+    outer loop, so each tile's dk, dv are summed in place and written once."""
+    Tq, dtype = q.shape[0], q.dtype
     scale = dtype.type(scale)
-    fully_masked = np.isneginf(lse)
-    # P = exp(S - L); a fully masked row gets L = +inf, so P = 0 on it
-    L = np.where(fully_masked, np.inf, lse).astype(dtype, copy=False)
-    D = np.where(fully_masked, 0, D).astype(dtype, copy=False)
+    vis = causal_visibility(Tq, k.shape[0], causal, causal_offset)
+    sees_none = np.isneginf(lse)
+    # P = exp(S - L); a row that sees no key gets L = +inf, so P = 0 on it
+    L = np.where(sees_none, np.inf, lse).astype(dtype, copy=False)
+    D = np.where(sees_none, 0, D).astype(dtype, copy=False)
     q_scaled = q * scale                                         # (Tq, D)
-    q_starts = list(range(0, Tq, B_r))
-    counts = [_key_tile_count(min(q0 + B_r, Tq), Tk, B_c, causal, causal_offset)
-              for q0 in q_starts]
-    dq[...] = 0
-    for jt in range(-(-Tk // B_c)):
-        k0 = jt * B_c
-        k_j, v_j = k[k0:k0 + B_c], v[k0:k0 + B_c]                # (B_c, D)
+    visits = {}                                                  # k0 -> [(q0, q1, k1), ...]
+    for q0 in range(0, Tq, B_r):
+        q1 = min(q0 + B_r, Tq)
+        for k0, k1 in _key_tiles(vis, q0, q1, B_c):
+            visits.setdefault(k0, []).append((q0, q1, k1))
+    dq[...], dk[...], dv[...] = 0, 0, 0
+    for k0, tiles in sorted(visits.items()):
+        n_max = max(k1 for _, _, k1 in tiles) - k0
+        k_j, v_j = k[k0:k0 + n_max], v[k0:k0 + n_max]            # (B_c, D)
         dk_j = np.zeros(k_j.shape, dtype=dtype)
         dv_j = np.zeros(v_j.shape, dtype=dtype)
-        for q0, count in zip(q_starts, counts):
-            if count <= jt:                                      # tile entirely in the future
-                continue
-            q1 = min(q0 + B_r, Tq)
-            k1 = _key_tile_end(k0, q1, Tk, B_c, causal, causal_offset)
+        for q0, q1, k1 in tiles:
             n = k1 - k0                                          # keys of the tile it sees
             S = q_scaled[q0:q1] @ k_j[:n].T                      # (B_r, n), recomputed
-            if _cut_by_diagonal(q0, k1, causal, causal_offset):
-                _mask_future(S, q0, k0, causal_offset)
+            _mask_hidden(S, vis, q0, k0)
             S -= L[q0:q1, None]
             P = np.exp(S, out=S)                                 # the softmax weights w
             dO_i = dout[q0:q1]
@@ -247,11 +233,9 @@ def backward_head(dout, q, k, v, D, lse, dq, dk, dv, scale, causal, causal_offse
             dS = _scores_grad(P, dP, D[q0:q1])                   # (B_r, n)
             dq[q0:q1] += dS @ k_j[:n]
             dk_j[:n] += dS.T @ q[q0:q1]
-        dk[k0:k0 + B_c] = dk_j * scale
-        dv[k0:k0 + B_c] = dv_j
+        dk[k0:k0 + n_max] = dk_j * scale
+        dv[k0:k0 + n_max] = dv_j
     dq *= scale
-    if fully_masked.any():                                       # NaN weights reach every value
-        dv[...] = np.nan
 
 
 # ----------------------------------------------------------------------------

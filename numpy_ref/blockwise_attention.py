@@ -143,11 +143,10 @@ class BlockwiseMultiHeadAttention(MultiHeadAttention):
         for b in range(batch):
             for h in range(self.num_heads):
                 keep = self._tile_keep(dict(seed=seed, keep_mask=None), b, h, np.dtype(np.float64))
+                vis = bw.causal_visibility(num_tokens, num_tokens, True, 0)
                 for q0 in range(0, num_tokens, B_r):
                     q1 = min(q0 + B_r, num_tokens)
-                    for jt in range(bw._key_tile_count(q1, num_tokens, B_c, True, 0)):
-                        k0 = jt * B_c
-                        k1 = bw._key_tile_end(k0, q1, num_tokens, B_c, True, 0)
+                    for k0, k1 in bw._key_tiles(vis, q0, q1, B_c):
                         full[b, h, q0:q1, k0:k1] = keep(q0, q1, k0, k1) != 0
         return full
 

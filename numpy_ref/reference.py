@@ -17,15 +17,18 @@ For one (batch, head) and a tile of queries [q0, q1) (``B_r`` rows):
 1. `Visibility.key_range` gives the keys some query of the tile may see; only
    those are visited, ``B_c`` at a time (a window of W keys costs about
    ``(W + B_r) / T`` of the full work).
-2. `_tile_scores`: ``S = scale · q kᵀ``, then softcap, ALiBi and bias (each an
-   op of ``numpy_ref.variants``), then ``-inf`` where `Visibility.tile_mask`
-   says a key is unseen (no mask at all for a tile seen whole).
+2. `_tile_scores`: ``S = scale · q kᵀ``, then the head's list of score ops
+   (``variants.score_ops``: softcap, ALiBi, bias, in that order, like
+   FlexAttention's ``score_mod``; ``variants.scores_forward``), then ``-inf``
+   where `Visibility.tile_mask` says a key is unseen (no mask at all for a
+   tile seen whole).
 3. The online softmax of ``numpy_ref.blockwise``, its running state started
    with the sink (`sink_forward`): ``m``, ``ℓ``, ``acc``; then
    ``out = acc / ℓ`` and ``L = m + log ℓ``.
 
-The backward recomputes each tile's S (keeping softcap's ``tanh``), its
-weights ``P = exp(S − L)``, and walks the ops in reverse::
+The backward recomputes each tile's S (each op saving what its backward
+needs: softcap its ``tanh``), its weights ``P = exp(S − L)``, and walks the
+list of ops in reverse (``variants.scores_backward``)::
 
     dV += Pᵀ dO,   dP = dO Vᵀ,   dS = P ∘ (dP − D)          (the chapter's J)
     dbias += dS (summed over its broadcast axes);  ALiBi: nothing;
@@ -33,6 +36,24 @@ weights ``P = exp(S − L)``, and walks the ops in reverse::
     dsink = −Σ_i p_sink,i D_i
 
 and GQA sums dK, dV over the query heads that share a kv head.
+
+A gradient on lse
+-----------------
+With an upstream ``dL_i = ∂loss/∂lse_i`` too (``dlse``; the ``lse_grad``
+check), the loss is ``Σ out·dO + Σ_i L_i dL_i``.  From the chapter's Jacobian,
+``L_i = log(exp(sink) + Σ_j exp(S_ij))`` has ``∂L_i/∂S_ij = exp(S_ij − L_i)
+= P_ij``, so the scores' gradient gains ``P_ij dL_i``::
+
+    dS_ij = P_ij (dP_ij − D_i) + P_ij dL_i = P_ij (dP_ij − (D_i − dL_i))
+
+the chapter's form with the row term ``D_i`` replaced by ``D_i − dL_i``.
+dV = Pᵀ dO does not involve L: unchanged.  The sink: ``∂L_i/∂sink =
+exp(sink − L_i) = p_sink,i``, so ``dsink`` gains ``+Σ_i p_sink,i dL_i``, and
+``dsink = −Σ_i p_sink,i D_i + Σ_i p_sink,i dL_i = −Σ_i p_sink,i (D_i − dL_i)``:
+the same replacement (``variants.sink_backward`` with ``D − dL``).  A row that
+sees no key has no L to differentiate (lse ``−∞``, constant): it contributes
+nothing (its ``D`` is set to 0 and ``P = 0``).  A row that sees only its sink
+(``p_sink = 1``) adds ``dL_i`` to ``dsink``.
 
 Rows that see no key
 --------------------
@@ -52,59 +73,30 @@ import numpy as np
 
 from numpy_ref import variants
 from numpy_ref.blockwise import _same, choose_tiles
+from numpy_ref.visibility import ALIGNMENTS, alignment_offset, window_sides
 
 __all__ = ["reference_attention"]
 
-ALIGNMENTS = ("top-left", "bottom-right")
 
+class Head:
+    """One (batch, query head): its scale, its list of score ops
+    (``variants.score_ops``: softcap, ALiBi, bias) and its sink (or None)."""
 
-class HeadScores:
-    """What changes one (batch, head)'s scores: scale, softcap, ALiBi slope,
-    the head's 2-D view of the bias (rows 1 or Tq, columns 1 or Tk), its sink."""
-
-    def __init__(self, scale, softcap, slope, offset, bias, sink):
-        self.scale, self.softcap, self.slope, self.offset = scale, softcap, slope, offset
-        self.bias, self.sink = bias, sink
-
-    def bias_index(self, q0, q1, k0, k1):
-        """The bias's (rows, columns) slices for a tile: 0:1 along a broadcast axis."""
-        rows = slice(q0, q1) if self.bias.shape[0] > 1 else slice(0, 1)
-        cols = slice(k0, k1) if self.bias.shape[1] > 1 else slice(0, 1)
-        return rows, cols
+    def __init__(self, scale, ops, sink):
+        self.scale, self.ops, self.sink = scale, ops, sink
 
 
 # ----------------------------------------------------------------------------
 # One tile's scores, forward and backward
 
-def _tile_scores(q_i, k_j, q0, k0, hs, mask):
-    """Scores of queries q_i (rows q0..) against keys k_j (columns k0..), every
-    change applied in order -> (S, t): t = tanh(S_raw / c) for softcap's backward."""
-    S = (q_i * q_i.dtype.type(hs.scale)) @ k_j.T                     # (B_r, B_c)
-    t = None
-    if hs.softcap is not None:
-        S, t = variants.softcap_forward(S, hs.softcap)
-    rows, cols = np.arange(q0, q0 + S.shape[0]), np.arange(k0, k0 + S.shape[1])
-    if hs.slope is not None:
-        S = variants.alibi_forward(S, hs.slope, rows, cols, hs.offset)
-    if hs.bias is not None:
-        S = variants.bias_forward(S, hs.bias[hs.bias_index(q0, q0 + S.shape[0], k0, k0 + S.shape[1])])
+def _tile_scores(q_i, k_j, tile, head, mask):
+    """Scores of the scaled queries q_i (rows tile.q0..) against keys k_j
+    (columns tile.k0..), every score op applied in order, then ``-inf`` where
+    ``mask`` is False -> (S, what the ops saved for their backward)."""
+    S, saved = variants.scores_forward(head.ops, q_i @ k_j.T, tile)   # (B_r, B_c)
     if mask is not None:
         np.copyto(S, -np.inf, where=~mask)
-    return S, t
-
-
-def _tile_scores_backward(dS, t, hs, dbias, q0, k0):
-    """dS of the changed scores -> dS of the raw ``q kᵀ`` products (times scale),
-    adding the bias's share into ``dbias`` (the head's 2-D view)."""
-    if hs.bias is not None:
-        index = hs.bias_index(q0, q0 + dS.shape[0], k0, k0 + dS.shape[1])
-        dS, dbias_tile = variants.bias_backward(dS, dbias[index].shape)
-        dbias[index] += dbias_tile
-    if hs.slope is not None:
-        dS = variants.alibi_backward(dS)
-    if t is not None:
-        dS = variants.softcap_backward(dS, t)
-    return dS
+    return S, saved
 
 
 # ----------------------------------------------------------------------------
@@ -122,10 +114,12 @@ def forward_head(q, k, v, out, lse, hs, vis, B_r, B_c):
         acc = np.zeros((q1 - q0, v.shape[1]), dtype=dtype)           # unnormalised output
         if hs.sink is not None:
             m, l = variants.sink_forward(m, l, hs.sink, real)
+        q_i = q[q0:q1] * dtype.type(hs.scale)
         k_lo, k_hi = vis.key_range(q0, q1)
         for k0 in range(k_lo, k_hi, B_c):
             k1 = min(k0 + B_c, k_hi)
-            S, _ = _tile_scores(q[q0:q1], k[k0:k1], q0, k0, hs, vis.tile_mask(q0, q1, k0, k1))
+            tile = variants.Tile(q0, q1, k0, k1)
+            S, _ = _tile_scores(q_i, k[k0:k1], tile, hs, vis.tile_mask(q0, q1, k0, k1))
             m_new = np.maximum(m, S.max(axis=-1))
             shift = np.where(np.isneginf(m_new), 0, m_new).astype(dtype, copy=False)
             alpha = np.exp(m - shift)                                # 0 while nothing is seen
@@ -139,12 +133,15 @@ def forward_head(q, k, v, out, lse, hs, vis, B_r, B_c):
             lse[q0:q1] = np.where(real, m + np.log(l), -np.inf)
 
 
-def backward_head(dout, q, k, v, out, lse, dq, dk, dv, dbias, hs, vis, B_r, B_c):
+def backward_head(dout, q, k, v, out, lse, dlse, dq, dk, dv, hs, vis, B_r, B_c):
     """Backward of one head into dq (Tq, Dqk), dk (Tk, Dqk), dv (Tk, Dv) (added
-    to) and dbias (the head's view, added to); returns dsink (0 without sink)."""
+    to) and, through its Bias op, dbias; returns dsink (0 without sink).
+    ``dlse`` (Tq,) or None: the upstream gradient on lse, carried by the row
+    term (``D − dL``, module docstring)."""
     Tq, dtype = q.shape[0], q.dtype
     scale = dtype.type(hs.scale)
     D = np.einsum("ij,ij->i", dout, out)                             # rowsum(dO ∘ O)
+    D = variants.lse_row_term(D, dlse)                               # D − dL: ∂L_i/∂S_ij = P_ij
     seen = ~np.isneginf(lse)                                         # rows with a softmax
     L = np.where(seen, lse, np.inf).astype(dtype, copy=False)        # P = exp(S - L) = 0 if not
     D = np.where(seen, D, 0).astype(dtype, copy=False)
@@ -153,15 +150,17 @@ def backward_head(dout, q, k, v, out, lse, dq, dk, dv, dbias, hs, vis, B_r, B_c)
         q1 = min(q0 + B_r, Tq)
         dO_i = dout[q0:q1]
         dq_i = np.zeros((q1 - q0, q.shape[1]), dtype=dtype)
+        q_i = q[q0:q1] * scale
         k_lo, k_hi = vis.key_range(q0, q1)
         for k0 in range(k_lo, k_hi, B_c):
             k1 = min(k0 + B_c, k_hi)
-            S, t = _tile_scores(q[q0:q1], k[k0:k1], q0, k0, hs, vis.tile_mask(q0, q1, k0, k1))
+            tile = variants.Tile(q0, q1, k0, k1)
+            S, saved = _tile_scores(q_i, k[k0:k1], tile, hs, vis.tile_mask(q0, q1, k0, k1))
             P = np.exp(S - L[q0:q1, None])                           # the softmax weights
             dv[k0:k1] += P.T @ dO_i
             dP = dO_i @ v[k0:k1].T                                   # dL/dP
             dS = P * (dP - D[q0:q1, None])                           # P ∘ (dP - D)
-            dS = _tile_scores_backward(dS, t, hs, dbias, q0, k0)
+            dS = variants.scores_backward(hs.ops, dS, saved, tile)  # the ops in reverse
             dq_i += dS @ k[k0:k1]
             dk[k0:k1] += (dS.T @ q[q0:q1]) * scale
         dq[q0:q1] = dq_i * scale
@@ -174,7 +173,7 @@ def backward_head(dout, q, k, v, out, lse, dq, dk, dv, dbias, hs, vis, B_r, B_c)
 # ----------------------------------------------------------------------------
 # The public function
 
-def reference_attention(q, k, v, dout=None, *, scale=None, causal=False, align="top-left",
+def reference_attention(q, k, v, dout=None, *, dlse=None, scale=None, causal=False, align="top-left",
                         window=None, softcap=None, alibi_slopes=None, bias=None, sinks=None,
                         seqlens_q=None, seqlens_k=None, block_q=None, block_k=None):
     """Attention with the production variants -> dict of NumPy arrays.
@@ -183,6 +182,11 @@ def reference_attention(q, k, v, dout=None, *, scale=None, causal=False, align="
     ``dout`` also ``"dq"``, ``"dk"``, ``"dv"`` (shaped like q, k, v), ``"dbias"``
     (the bias's shape) when ``bias`` is given and ``"dsinks"`` (Hq,) when
     ``sinks`` is.  Computed in q's dtype (float32 or float64).
+
+    ``dlse`` (B, Hq, Tq), q's dtype: an upstream gradient on lse as well, the
+    gradients being those of ``Σ out·dout + Σ lse·dlse`` (module docstring,
+    "A gradient on lse").  Without ``dout``, dout is taken as zero (only lse
+    is used); entries of rows that see no key are ignored (their lse is −∞).
 
     Options (README, "The production variants"): ``scale`` (None: 1/√Dqk),
     ``causal`` and ``align`` ("top-left": offset 0; "bottom-right": offset
@@ -200,6 +204,10 @@ def reference_attention(q, k, v, dout=None, *, scale=None, causal=False, align="
                  seqlens_q, seqlens_k, block_q, block_k)
     if dout is not None:
         dout = _same("dout", dout, (B, Hq, Tq, Dv), dtype)
+    if dlse is not None:
+        dlse = _same("dlse", dlse, (B, Hq, Tq), dtype)
+        if dout is None:                                             # only lse is used
+            dout = np.zeros((B, Hq, Tq, Dv), dtype=dtype)
     kv = [variants.kv_head(h, Hq, Hkv) for h in range(Hq)]          # GQA: h // (Hq // Hkv)
     out = np.empty((B, Hq, Tq, Dv), dtype=dtype)
     lse = np.empty((B, Hq, Tq), dtype=dtype)
@@ -217,11 +225,11 @@ def reference_attention(q, k, v, dout=None, *, scale=None, causal=False, align="
     for b in range(B):
         vis = o["visibility"](b)
         for h in range(Hq):
-            hs = o["head"](b, h, vis.offset)
-            dbias_h = None if dbias is None else _head_view(dbias, b, h)
+            hs = o["head"](b, h, vis.offset, None if dbias is None else _head_view(dbias, b, h))
             dsinks[h] += backward_head(dout[b, h], q[b, h], k[b, kv[h]], v[b, kv[h]],
-                                       out[b, h], lse[b, h], dq[b, h], dk[b, kv[h]],
-                                       dv[b, kv[h]], dbias_h, hs, vis, o["B_r"], o["B_c"])
+                                       out[b, h], lse[b, h], None if dlse is None else dlse[b, h],
+                                       dq[b, h], dk[b, kv[h]],
+                                       dv[b, kv[h]], hs, vis, o["B_r"], o["B_c"])
     result.update(dq=dq, dk=dk, dv=dv)
     if dbias is not None:
         result["dbias"] = dbias.reshape(np.shape(bias))
@@ -299,15 +307,13 @@ def _lengths(name, a, B, T):
 
 
 def _window(window, causal):
-    if window is None:
-        left, right = -1, -1
-    else:
+    if window is not None:
         try:
             left, right = window
         except (TypeError, ValueError):
             raise ValueError(f"window must be a pair (left, right) or None, got {window!r}") from None
-        left, right = _int("window left", left, -1), _int("window right", right, -1)
-    return left, (0 if causal else right)
+        window = _int("window left", left, -1), _int("window right", right, -1)
+    return window_sides(causal, window)
 
 
 def _options(q, k, scale, causal, align, window, softcap, alibi_slopes, bias, sinks,
@@ -333,13 +339,15 @@ def _options(q, k, scale, causal, align, window, softcap, alibi_slopes, bias, si
     B_c = max(1, auto_k) if block_k is None else _int("block_k", block_k, 1)
 
     def visibility(b):
-        offset = int(nk[b] - nq[b]) if align == "bottom-right" else 0
-        return variants.Visibility(int(nq[b]), int(nk[b]), offset, left, right)
+        offset = alignment_offset(nq[b], nk[b], align)
+        return variants.Visibility(nq[b], nk[b], offset, left, right)
 
-    def head(b, h, offset):
-        return HeadScores(scale, softcap, None if slopes is None else slopes[b, h], offset,
-                          None if bias4 is None else _head_view(bias4, b, h),
-                          None if sink is None else sink[h])
+    def head(b, h, offset, dbias=None):
+        ops = variants.score_ops(softcap=softcap, offset=offset,
+                                 slope=None if slopes is None else slopes[b, h],
+                                 bias=None if bias4 is None else _head_view(bias4, b, h),
+                                 dbias=dbias)
+        return Head(scale, ops, None if sink is None else sink[h])
 
     return dict(visibility=visibility, head=head, bias=bias4, B_r=B_r, B_c=B_c)
 

@@ -8,13 +8,22 @@ Every variant a FlashAttention-style kernel offers is one of two things:
   ``numpy_ref.ops``: the backward takes the gradient ``dS`` of the changed
   scores and returns the gradient of the scores it was given;
 - a mask: which keys a query sees (causal, sliding window, padding).  That is
-  one step, `Visibility`, asked once per tile: "which keys of this tile does
-  each query see?"  The answer is "none" (the tile is skipped), "all" (no mask
-  is built) or a boolean (B_r, B_c) mask.  A masked score is ``-inf``, its
-  weight 0, its gradient 0: masks need no backward.
+  one step, `numpy_ref.visibility.Visibility` (re-exported here), asked once
+  per tile: "which keys of this tile does each query see?"  The answer is
+  "none" (the tile is skipped), "all" (no mask is built) or a boolean
+  (B_r, B_c) mask.  A masked score is ``-inf``, its weight 0, its gradient 0:
+  masks need no backward.
 
 Which kv head a query head reads (GQA) is a pair too: `gqa_forward` /
-`gqa_backward`.
+`gqa_backward`, the dense form of the map `kv_head` the reference reads
+through (it never builds the repeated heads; the tests hold the reference's
+dk, dv to ``gqa_backward`` of per-query-head ones, and the pair to being
+adjoints: ``<gqa_forward(x), y> = <x, gqa_backward(y)>``).
+
+The score changes of one head form a list (`score_ops`), like FlexAttention's
+``score_mod``: `scores_forward` applies them in order, `scores_backward` walks
+the same list in reverse, each op's backward given what its forward saved.  A
+new score change is one op (a forward above its backward) and one list entry.
 
 Order of the changes, as FlashAttention applies them::
 
@@ -30,12 +39,15 @@ are the tile's absolute query and key positions.
 
 import numpy as np
 
+from numpy_ref.visibility import Visibility
+
 __all__ = [
     "kv_head", "gqa_forward", "gqa_backward",
     "softcap_forward", "softcap_backward",
     "alibi_forward", "alibi_backward",
     "bias_forward", "bias_backward",
-    "sink_forward", "sink_backward",
+    "sink_forward", "sink_backward", "lse_row_term",
+    "Tile", "Softcap", "Alibi", "Bias", "score_ops", "scores_forward", "scores_backward",
     "Visibility",
 ]
 
@@ -158,46 +170,109 @@ def sink_backward(p_sink, D):
 
 
 # ----------------------------------------------------------------------------
-# Masks: which keys each query of a tile sees
+# A gradient on lse (the lse_grad check): one more term in each row's D
 
-class Visibility:
-    """Which keys each query of one (batch, head) sees.
+def lse_row_term(D, dlse):
+    """The row term of ``dS = P ∘ (dP − D)`` when lse has an upstream gradient
+    ``dlse`` too: ``L_i = log Σ_j exp(S_ij)`` has ``∂L_i/∂S_ij = P_ij``, so
+    ``dS_ij = P_ij (dP_ij − D_i) + P_ij dL_i = P_ij (dP_ij − (D_i − dL_i))``:
+    returns ``D − dlse`` (``D`` itself when ``dlse`` is None).  The sink's
+    ``∂L_i/∂sink = p_sink,i`` makes `sink_backward` take the same ``D − dL``."""
+    return D if dlse is None else D - dlse
 
-    Query ``i`` (``i < nq``) sees key ``j`` iff ``j < nk`` and
-    ``lo(i) ≤ j ≤ hi(i)``, with ``a = i + offset`` its diagonal::
 
-        lo(i) = a − left                  (0 if left = −1: unbounded)
-        hi(i) = min(nk − 1, a + right)    (nk − 1 if right = −1; right = 0 when causal)
+# ----------------------------------------------------------------------------
+# The score changes of one head as a list of ops, applied in order
 
-    Padding queries (``i ≥ nq``) see nothing.  ``lo`` and ``hi`` never
-    decrease with ``i``, so a tile of rows [q0, q1) can only see keys in
-    ``[lo(q0), hi(last real row)]``: the tile loop visits only those, and a
-    tile whose every query sees every key of it needs no mask."""
+class Tile:
+    """Where a (B_r, B_c) tile sits in its head: query rows [q0, q1), keys [k0, k1)."""
 
-    def __init__(self, nq, nk, offset, left, right):
-        self.nq, self.nk, self.offset, self.left, self.right = nq, nk, offset, left, right
+    def __init__(self, q0, q1, k0, k1):
+        self.q0, self.q1, self.k0, self.k1 = q0, q1, k0, k1
 
-    def lo(self, i):
-        """First key row(s) ``i`` may see (may be < 0: then 0)."""
-        return np.maximum(i + self.offset - self.left, 0) if self.left >= 0 else i * 0
+    def rows(self):
+        return np.arange(self.q0, self.q1)
 
-    def hi(self, i):
-        """Last key row(s) ``i`` may see (inclusive; < lo when none)."""
-        last = self.nk - 1
-        h = np.minimum(i + self.offset + self.right, last) if self.right >= 0 else i * 0 + last
-        return np.where(i < self.nq, h, -1)
+    def cols(self):
+        return np.arange(self.k0, self.k1)
 
-    def key_range(self, q0, q1):
-        """Keys [k_lo, k_hi) that some query of [q0, q1) sees (empty: k_lo >= k_hi)."""
-        last_real = min(q1, self.nq) - 1
-        if last_real < q0:
-            return 0, 0
-        return int(self.lo(q0)), int(self.hi(last_real)) + 1
 
-    def tile_mask(self, q0, q1, k0, k1):
-        """None when every query of [q0, q1) sees every key of [k0, k1); else the
-        (q1 - q0, k1 - k0) boolean mask, True where seen."""
-        if q1 <= self.nq and self.lo(q1 - 1) <= k0 and self.hi(q0) >= k1 - 1:
-            return None
-        rows, cols = np.arange(q0, q1), np.arange(k0, k1)
-        return (cols[None, :] >= self.lo(rows)[:, None]) & (cols[None, :] <= self.hi(rows)[:, None])
+class Softcap:
+    """``S ← c · tanh(S / c)``; backward ``dS ∘ (1 − tanh²)`` (`softcap_forward`,
+    `softcap_backward`: the Jacobian is diagonal).  Saves ``tanh(S / c)``."""
+
+    def __init__(self, cap):
+        self.cap = cap
+
+    def forward(self, S, tile):
+        return softcap_forward(S, self.cap)
+
+    def backward(self, dS, saved, tile):
+        return softcap_backward(dS, saved)
+
+
+class Alibi:
+    """``S ← S − slope · |i + offset − j|``; backward ``dS`` unchanged, the penalty
+    being a constant of S (`alibi_forward`, `alibi_backward`)."""
+
+    def __init__(self, slope, offset):
+        self.slope, self.offset = slope, offset
+
+    def forward(self, S, tile):
+        return alibi_forward(S, self.slope, tile.rows(), tile.cols(), self.offset), None
+
+    def backward(self, dS, saved, tile):
+        return alibi_backward(dS)
+
+
+class Bias:
+    """``S ← S + bias``; backward ``dS`` unchanged, and ``dbias = dS`` summed over
+    the bias's broadcast axes (`bias_forward`, `bias_backward`), added into
+    ``grad`` (same 2-D shape as ``bias``: rows 1 or Tq, columns 1 or Tk)."""
+
+    def __init__(self, bias, grad=None):
+        self.bias, self.grad = bias, grad
+
+    def _index(self, tile):
+        rows = slice(tile.q0, tile.q1) if self.bias.shape[0] > 1 else slice(0, 1)
+        cols = slice(tile.k0, tile.k1) if self.bias.shape[1] > 1 else slice(0, 1)
+        return rows, cols
+
+    def forward(self, S, tile):
+        return bias_forward(S, self.bias[self._index(tile)]), None
+
+    def backward(self, dS, saved, tile):
+        index = self._index(tile)
+        dS, dbias = bias_backward(dS, self.bias[index].shape)
+        if self.grad is not None:
+            self.grad[index] += dbias
+        return dS
+
+
+def score_ops(*, softcap=None, slope=None, offset=0, bias=None, dbias=None):
+    """One head's score changes in FlashAttention's order: softcap, ALiBi, bias
+    (each left out when None).  ``dbias`` receives the bias's gradient."""
+    ops = []
+    if softcap is not None:
+        ops.append(Softcap(softcap))
+    if slope is not None:
+        ops.append(Alibi(slope, offset))
+    if bias is not None:
+        ops.append(Bias(bias, dbias))
+    return ops
+
+
+def scores_forward(ops, S, tile):
+    """Every op's forward in order -> (S, what each saved for its backward)."""
+    saved = []
+    for op in ops:
+        S, keep = op.forward(S, tile)
+        saved.append(keep)
+    return S, saved
+
+
+def scores_backward(ops, dS, saved, tile):
+    """The chain rule through the list: every op's backward in reverse order."""
+    for op, keep in zip(reversed(ops), reversed(saved)):
+        dS = op.backward(dS, keep, tile)
+    return dS

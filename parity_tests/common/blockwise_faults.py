@@ -46,9 +46,10 @@ def _delta_from_one_tile(original):
 
 
 def _causal_skip_off_by_one(original):
-    def _key_tile_count(q1, Tk, B_c, causal, causal_offset):
-        return original(q1, Tk, B_c, causal, causal_offset) - bool(causal)  # diagonal dropped
-    return _key_tile_count
+    def _key_tiles(vis, q0, q1, B_c):
+        tiles = original(vis, q0, q1, B_c)
+        return tiles[:-1] if vis.right >= 0 else tiles     # causal: the diagonal tile dropped
+    return _key_tiles
 
 
 BLOCKWISE_FAULTS = {
@@ -64,6 +65,6 @@ BLOCKWISE_FAULTS = {
         "_scores_grad", _delta_from_one_tile,
         "blockwise D taken from P ∘ dP of one tile instead of rowsum(dO ∘ O)"),
     "blockwise-causal-skip-off-by-one": (
-        "_key_tile_count", _causal_skip_off_by_one,
+        "_key_tiles", _causal_skip_off_by_one,
         "blockwise causal tile skip one tile short (the diagonal tile skipped)"),
 }

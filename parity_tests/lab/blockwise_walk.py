@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from numpy_ref.visibility import Visibility, visible_mask
 from parity_tests.common.finite_diff import rel_error
 from parity_tests.common.tolerances import FLOAT64_BOUND
 from parity_tests.lab import example
@@ -64,7 +65,7 @@ def dense(q, k, v, dO, d_k):
     dP = dO Vᵀ, dS = P ∘ (dP − ⟨w, g⟩) with ⟨w, g⟩ = rowsum(P ∘ dP)."""
     T = q.shape[0]
     S = q @ k.T / np.sqrt(d_k)
-    S = np.where(np.triu(np.ones((T, T), bool), 1), -np.inf, S)
+    S = np.where(visible_mask(T, T, causal=True), S, -np.inf)
     m = S.max(axis=1, keepdims=True)
     E = np.exp(S - m)
     P = E / E.sum(axis=1, keepdims=True)
@@ -94,11 +95,12 @@ def tiles(T, size):
 
 def causal_tile(rows, cols):
     """``None`` when the tile lies wholly in the future (skipped), else its mask:
-    True where the key comes after the query."""
+    True where the key comes after the query (numpy_ref.visibility's rule)."""
     (r0, r1), (c0, c1) = rows, cols
-    if c0 > r1 - 1:
+    vis = Visibility(r1, c1, offset=0, left=-1, right=0)      # causal, top-left
+    if c0 >= vis.key_range(r0, r1)[1]:
         return None
-    return np.arange(c0, c1)[None, :] > np.arange(r0, r1)[:, None]
+    return ~vis.mask(r0, r1, c0, c1)
 
 
 def online_step(m, ell, acc, S_ij, V_j):

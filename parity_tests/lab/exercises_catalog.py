@@ -18,6 +18,7 @@ import torch
 import numpy_ref
 import torch_impl
 from numpy_ref import ops
+from numpy_ref.visibility import visible_mask
 from parity_tests.common import chapter_values as cv
 from parity_tests.common.finite_diff import eval_numerical_gradient_array, numerical_grads
 
@@ -103,7 +104,7 @@ SINKS = (0.5, -1.0)         # the sink exercise's logits, one head each
 def _sink_forward(S, values, sinks):
     """Causal attention with one sink column per head: (O (H, T, d), p_sink (H, T))."""
     T = S.shape[-1]
-    masked = np.where(np.triu(np.ones((T, T), dtype=bool), k=1), -np.inf, S)
+    masked = np.where(visible_mask(T, T, causal=True), S, -np.inf)
     logits = np.concatenate([np.broadcast_to(masked, (len(sinks), T, T)),
                              np.broadcast_to(sinks[:, None, None], (len(sinks), T, 1))], axis=-1)
     P = numpy_ref.softmax(logits)
