@@ -55,7 +55,8 @@ DEFAULT_HEAD_DIM, DEFAULT_HEADS, DEFAULT_BATCH = 64, 2, 1
 
 def offset_of(tq, tk, align):
     """The alignment's offset: query i sees key j iff j <= i + offset (causal)."""
-    return 0 if align == "top-left" else tk - tq
+    from numpy_ref import alignment_offset
+    return alignment_offset(tq, tk, align)
 
 
 @dataclass(frozen=True)

@@ -56,13 +56,12 @@ def alibi_slopes(heads):
 
 
 def offsets(tq, tk, seqlens_q, seqlens_k, align, batch):
-    """Per-batch offset o: query i sees key j iff j ≤ i + o (bottom-right: Tk − Tq
-    of each sequence)."""
-    if align == "top-left":
-        return [0] * batch
+    """Per-batch offset o: query i sees key j iff j ≤ i + o (``numpy_ref.alignment_offset``
+    of each sequence's lengths)."""
+    from numpy_ref import alignment_offset
     if seqlens_q is None:
-        return [tk - tq] * batch
-    return [int(lk) - int(lq) for lq, lk in zip(seqlens_q, seqlens_k)]
+        return [alignment_offset(tq, tk, align)] * batch
+    return [alignment_offset(lq, lk, align) for lq, lk in zip(seqlens_q, seqlens_k)]
 
 
 def visible(rows, tk, *, causal=False, offset=0, window=None, nq=None, nk=None, window_offset=None,

@@ -24,6 +24,18 @@ class _OneHeadExpand(torch.autograd.Function):
         return g.view(b, h // ctx.group, ctx.group, t, d)[:, :, ctx.r], None, None
 
 
+class _NoGradient(torch.autograd.Function):
+    """Identity forward; the backward passes nothing on (a kernel that ignores dlse)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return torch.zeros_like(g)
+
+
 class _CapWithoutDerivative(torch.autograd.Function):
     """c · tanh(S / c) forward; the backward passes the gradient through unchanged."""
 
@@ -109,6 +121,8 @@ def attend(q, k, v, *, causal, scale, align="top-left", window=None, softcap=Non
     elif mistake == "lse-no-max":
         m = S.amax(-1)
         lse = torch.where(torch.isfinite(m), lse - m, lse)
+    if mistake == "lse-grad-dropped":
+        lse = _NoGradient.apply(lse)
     return out.to(dt), lse.float()
 
 
@@ -188,6 +202,7 @@ FEATURE_GALLERY = {
     "lse-base-2": ["lse"],
     "lse-no-max": ["lse"],
     "decode-top-left": ["decode"],
+    "lse-grad-dropped": ["lse_grad"],
 }
 
 
