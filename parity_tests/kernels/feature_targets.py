@@ -51,9 +51,11 @@ def _alibi(slopes, tq, tk, align, dtype, device):
 
 
 def sdpa(backend, unsupported):
-    """``scaled_dot_product_attention`` restricted to ``backend``, the features as masks."""
+    """``scaled_dot_product_attention`` restricted to ``backend`` (None: PyTorch's own choice),
+    the features as masks."""
+    import contextlib
     from torch.nn.attention import sdpa_kernel, SDPBackend
-    chosen = getattr(SDPBackend, backend)
+    restrict = (lambda: sdpa_kernel([getattr(SDPBackend, backend)])) if backend else contextlib.nullcontext
 
     def fn(q, k, v, *, causal, scale, align="top-left", window=None, alibi_slopes=None, bias=None):
         tq, tk = q.shape[-2], k.shape[-2]
@@ -73,7 +75,7 @@ def sdpa(backend, unsupported):
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
             try:
-                with sdpa_kernel([chosen]):
+                with restrict():
                     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
                                                           scale=scale, enable_gqa=gqa)
             except RuntimeError as e:

@@ -46,6 +46,7 @@ from parity_tests.common import tolerances as tol
 import parity_tests.kernels.diagnosis as diagnosis
 import parity_tests.kernels.targets as targets
 from parity_tests.kernels import dense
+from parity_tests.kernels import inputs as inputs_mod
 from parity_tests.kernels.cases import case_rng
 from parity_tests.kernels.features import REGISTRY
 from parity_tests.kernels.features.varlen import with_lengths
@@ -65,10 +66,11 @@ NAN_TAIL = 64
 # ----------------------------------------------------------------------------
 # Inputs, golden, baseline
 
-def draw(case, seed=0, wanted=()):
+def draw(case, seed=0, wanted=(), fresh=False):
     """float64 NumPy: ``q``, ``k``, ``v``, ``dout`` (B, H, T, D), ``dlse`` with ``lse_grad``,
-    and the features' inputs (``bias``, ``sinks``, ``alibi_slopes``); padding rows zero."""
-    rng = case_rng(seed, case)
+    and the features' inputs (``bias``, ``sinks``, ``alibi_slopes``); padding rows zero.
+    ``fresh``: another draw of the same case (a second call must not return the first's output)."""
+    rng = case_rng(seed, case, "fresh") if fresh else case_rng(seed, case)
     b, h, hkv = case.batch, case.heads, case.hkv
     inputs = {"q": rng.standard_normal((b, h, case.tq, case.head_dim)),
               "k": rng.standard_normal((b, hkv, case.tk, case.head_dim)),
@@ -76,6 +78,7 @@ def draw(case, seed=0, wanted=()):
               "dout": rng.standard_normal((b, h, case.tq, case.dv))}
     if "lse_grad" in wanted and not case.forward_only:
         inputs["dlse"] = rng.standard_normal((b, h, case.tq))
+    inputs_mod.draw(case, rng, inputs)
     for name, value in case.features:
         if name in REGISTRY:
             REGISTRY[name].draw(case, value, rng, inputs)
@@ -221,6 +224,14 @@ def _wrong(t, what, shape, dtype, device):
     return "; ".join(problems) or None
 
 
+def _unchanged(handed, kept):
+    """_Fail naming the first input the kernel wrote into (NaN equal to NaN)."""
+    for n, x in handed.items():
+        a, b = x.detach(), kept[n]
+        if not bool(((a == b) | (a.isnan() & b.isnan())).all()):
+            raise _Fail(f"the kernel wrote into {n}: its values changed during the call (work on a copy)")
+
+
 def cu_seqlens(lengths, device):
     return torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32, device=device)
 
@@ -291,13 +302,51 @@ class Caller:
         except RAISED as e:                         # a callable that raises FAILS
             return ("FAIL", _reason(e))
 
-    def _leaf(self, a, lengths, grad):
-        t = torch.from_numpy(a).to(device=self.device, dtype=self.dtype)
-        if self.thd:
-            buf = pack(t, lengths).requires_grad_(grad)
-            return buf, buf[: int(sum(lengths))]
-        t = targets.to_layout(t, self.layout).requires_grad_(grad)
-        return t, t
+    def fresh(self, rounded):
+        """Why a forward call on other inputs of the same shape is wrong, or None: a kernel
+        returning the previous call's output (a cache keyed by shape) is caught here."""
+        first, self.rounded = self.rounded, rounded
+        try:
+            with time_limit(self.timeout):
+                again = self._call(False)["out"]
+        except CaseTimeout:
+            return f"a second call on new inputs timed out after {self.timeout:g} s"
+        except (_Fail, targets.Unsupported) + RAISED as e:
+            return f"a second call on new inputs: {_reason(e)}"
+        finally:
+            self.rounded = first
+        return None if not np.array_equal(again, self.first_out, equal_nan=True) else \
+            "returned the previous call's output for new inputs of the same shape (a result cached by shape?)"
+
+    def _qkv(self, grad):
+        """The q, k, v the target is handed, in its layout and with the case's strides, and
+        for each a function giving its gradient as (B, H, T, D) (None when none arrived)."""
+        c, r, dt = self.case, self.rounded, self.dtype
+        lq, lk = c.seqlens or (None, None)
+        t = {n: torch.from_numpy(r[n]).to(device=self.device, dtype=dt) for n in ("q", "k", "v")}
+        if self.thd:                          # views of buffers whose tail is NaN
+            bufs = {n: pack(x, lq if n == "q" else lk).requires_grad_(grad) for n, x in t.items()}
+            given = {n: b[: int(sum(lq if n == "q" else lk))] for n, b in bufs.items()}
+            read = {n: (lambda n=n: None if bufs[n].grad is None else unpack(
+                bufs[n].grad[: given[n].shape[0]], lq if n == "q" else lk, c.tq if n == "q" else c.tk))
+                for n in t}
+            return given, read
+        strides = c.get("strides")
+        if strides == "fused":                # one (B, T, 3, H, D) buffer, as a fused qkv projection leaves
+            buf = torch.stack([t[n].transpose(1, 2) for n in ("q", "k", "v")], dim=2).requires_grad_(grad)
+            given = {n: targets.to_layout(buf[:, :, i].transpose(1, 2), self.layout) for i, n in enumerate(t)}
+            read = {n: (lambda i=i: None if buf.grad is None else buf.grad[:, :, i].transpose(1, 2))
+                    for i, n in enumerate(t)}
+            return given, read
+        given, read = {}, {}
+        for n, x in t.items():
+            x = targets.to_layout(x, self.layout)
+            pad = inputs_mod.STRIDE_PAD if strides == "padded" else 0
+            leaf = torch.nn.functional.pad(x, (0, pad)).contiguous().requires_grad_(grad)
+            given[n] = leaf[..., : x.shape[-1]] if pad else leaf
+            read[n] = lambda leaf=leaf, d=x.shape[-1]: None if leaf.grad is None else \
+                targets.from_layout(leaf.grad[..., :d], self.layout)
+        return given, read
 
     def _back(self, x, lengths, t, fill=0.0):
         if self.thd:
@@ -307,8 +356,7 @@ class Caller:
     def _call(self, grad):
         c, r = self.case, self.rounded
         lq, lk = c.seqlens or (None, None)
-        (bq, tq_), (bk, tk_), (bv, tv_) = (self._leaf(r["q"], lq, grad), self._leaf(r["k"], lk, grad),
-                                           self._leaf(r["v"], lk, grad))
+        given, read = self._qkv(grad)
         tensors, leaves = {}, {}
         for n in ("bias", "sinks", "alibi_slopes"):
             if n in r:
@@ -325,27 +373,35 @@ class Caller:
         if self.thd:
             kw.update(cu_seqlens_q=cu_seqlens(lq, self.device), cu_seqlens_k=cu_seqlens(lk, self.device),
                       max_seqlen_q=int(max(lq)), max_seqlen_k=int(max(lk)))
+        handed = {**given, **tensors}
+        kept = {n: x.detach().clone() for n, x in handed.items()}
+        rng = torch.get_rng_state()
+        start = time.perf_counter()
         with torch.set_grad_enabled(grad):
-            result = self.fn(tq_, tk_, tv_, **kw)
-        out, lse = self._split(result, tq_)
+            result = self.fn(given["q"], given["k"], given["v"], **kw)
+        out, lse = self._split(result, given["q"])
         got = {"out": self._back(out, lq, c.tq).to("cpu", torch.float64).numpy()}
         if lse is not None:
             got["lse"] = self._lse(lse)
+        if grad and out.requires_grad:
+            try:
+                self._backward(out, lse, lq)
+            except targets.Unsupported as e:
+                return {**got, **{n: f"backward refused: {_reason(e)}" for n in self.grad_names()}}
+            except RAISED as e:
+                return {**got, **{n: ("FAIL", f"backward {_reason(e)}") for n in self.grad_names()}}
+        self.seconds = time.perf_counter() - start
+        _unchanged(handed, kept)
+        self.rng_moved = not torch.equal(rng, torch.get_rng_state())
         if not grad:
             return got
         if not out.requires_grad:
             cut = "the output does not require grad (detached, or computed without autograd)"
             return {**got, **{n: ("FAIL", f"no gradient reached {n[1:]}: {cut}") for n in self.grad_names()}}
-        try:
-            self._backward(out, lse, lq)
-        except targets.Unsupported as e:
-            return {**got, **{n: f"backward refused: {_reason(e)}" for n in self.grad_names()}}
-        except RAISED as e:
-            return {**got, **{n: ("FAIL", f"backward {_reason(e)}") for n in self.grad_names()}}
-        for n, leaf in (("dq", bq), ("dk", bk), ("dv", bv)):
-            got[n] = self._grad(n, leaf, lq if n == "dq" else lk, c.tq if n == "dq" else c.tk)
+        for n in ("q", "k", "v"):
+            got["d" + n] = self._grad("d" + n, read[n](), given[n])
         for n, leaf in leaves.items():
-            got[n] = self._grad(n, leaf)
+            got[n] = self._grad(n, leaf.grad, leaf)
         return got
 
     def _backward(self, out, lse, lq):
@@ -359,14 +415,15 @@ class Caller:
             ups.append(pack(dl[..., None], lq, tail=0)[..., 0].transpose(0, 1) if self.thd else dl)
         torch.autograd.backward(outs, ups)
 
-    def _grad(self, n, leaf, lengths=None, t=None):
-        if leaf.grad is None:
+    def _grad(self, n, g, given):
+        """A gradient as float64 (B, H, T, D) (bias and sinks in their own shapes), or why not."""
+        if g is None:
             return ("FAIL", f"no gradient reached {n[1:]}" + (" (None or detached)" if n in ("dbias", "dsinks") else ""))
-        wrong = _wrong(leaf.grad, n, leaf.shape, leaf.dtype, self.device)
+        want = given.shape if n in ("dbias", "dsinks") else g.shape
+        wrong = _wrong(g, n, want, given.dtype, self.device)
         if wrong:
             return ("FAIL", wrong)
-        g = leaf.grad.detach() if n in ("dbias", "dsinks") else self._back(leaf.grad, lengths, t)
-        return g.to("cpu", torch.float64).numpy()
+        return g.detach().to("cpu", torch.float64).numpy()
 
     def _split(self, result, q):
         if self.lse:
@@ -457,10 +514,7 @@ def run_case(target, case, dtype, device, align="top-left", seed=0, wanted=(), t
     if "varlen" in wanted:
         case = with_lengths(case)
     case_align = case.align or align
-    tdtype = DTYPES[dtype]
-    raw = draw(case, seed, wanted)
-    rounded = {n: torch.from_numpy(np.asarray(a)).to(torch.float32 if n in ("sinks", "alibi_slopes") else tdtype)
-               .to(torch.float64).numpy() for n, a in raw.items()}
+    rounded = _rounded(draw(case, seed, wanted), dtype)
     lse_judged = bool({"lse", "lse_grad"} & set(wanted))
     names = ["out"] + (["lse"] if lse_judged else [])
     if not case.forward_only:
@@ -475,7 +529,12 @@ def run_case(target, case, dtype, device, align="top-left", seed=0, wanted=(), t
     if isinstance(got, str):
         return [row(n, verdict="not supported", note=got) for n in names]
     if isinstance(got, tuple):
-        return [row(n, error=math.inf, verdict="FAIL", note=got[1]) for n in names]
+        return [row(n, error=math.inf, verdict="FAIL", note=got[1], diagnosis=_named_failure(got[1]))
+                for n in names]
+    caller.first_out = got["out"]
+    stale = caller.fresh(_rounded(draw(case, seed, wanted, fresh=True), dtype))
+    if stale:
+        return [row(n, error=math.inf, verdict="FAIL", note=stale, diagnosis=_named_failure(stale)) for n in names]
 
     opts = reference_options(case, case_align, rounded)
     grads = not case.forward_only
@@ -523,6 +582,13 @@ def run_case(target, case, dtype, device, align="top-left", seed=0, wanted=(), t
                       where=where, note=note, mean_error=mean, cosine=cosine)
         if not ok:
             failing.append(n)
+    yardstick = _yardstick(case, dtype, device, case_align, rounded, timeout, gold, den)
+    for n, r in rows.items():
+        r.seconds = caller.seconds
+        if yardstick:
+            r.sdpa_seconds, r.sdpa_error = yardstick[0], yardstick[1].get(n)
+        if caller.rng_moved:
+            r.note = (r.note + "; " if r.note else "") + "changed torch's global RNG state"
     second = None
     if "deterministic" in wanted:
         second = caller()
@@ -540,6 +606,38 @@ def run_case(target, case, dtype, device, align="top-left", seed=0, wanted=(), t
                                       den, bounds, arrays, got, second, caller)
         diagnosis.diagnose(failing, rows, evidence)
     return [rows[n] for n in names]
+
+
+def _yardstick(case, dtype, device, align, rounded, timeout, gold, den):
+    """(seconds, {tensor: error}) of PyTorch's SDPA on the same case, or None where SDPA
+    cannot express the case: what each row's time and error are set beside (never a verdict)."""
+    from parity_tests.kernels.feature_targets import SDPA_FEATURES
+    features = {n for n, _ in case.features if n in REGISTRY}
+    if not features <= SDPA_FEATURES:
+        return None
+    sdpa = Caller(targets.sdpa_yardstick(), case, dtype, device, align, (), rounded, timeout)
+    got = sdpa()
+    if not isinstance(got, dict):
+        return None
+    return sdpa.seconds, {n: tensor_errors(judged({n: a})[n], gold[n], den[n])[0]
+                          for n, a in got.items() if isinstance(a, np.ndarray) and n in gold}
+
+
+def _rounded(raw, dtype):
+    """The drawn inputs rounded to the tested dtype (sinks and slopes to float32), as float64."""
+    low = lambda n: torch.float32 if n in ("sinks", "alibi_slopes") else DTYPES[dtype]
+    return {n: torch.from_numpy(np.asarray(a)).to(low(n)).to(torch.float64).numpy() for n, a in raw.items()}
+
+
+# What a kernel must not do, named from the reason its case failed.
+MUST_NOT = (("the kernel wrote into", "wrote-into-input"), ("returned the previous call's output", "previous-output"))
+
+
+def _named_failure(reason):
+    for words, hid in MUST_NOT:
+        if words in reason:
+            return diagnosis.Diagnosis(hid, reason)
+    return None
 
 
 def _bitwise(second, n, got):

@@ -1,10 +1,14 @@
 """Rows, the report holding them, the table, the summary and the JSON copy.
 
-A row is one tensor (``out``, ``dq``, ``dk``, ``dv``) of one case in one dtype on
-one device; ``where`` is the (batch, head, row) of its largest error -- a query
-row for out and dq, a key row for dk and dv.  Verdicts: ``pass``; ``FAIL`` (error above the bound, a non-finite
-value, a wrong shape, a gradient that never arrived); ``not supported`` (the
-target refused the case: never counted as a pass).
+A row is one tensor (``out``, ``lse``, ``dq``, ``dk``, ``dv``, ``dbias``, ``dsinks``)
+of one case in one dtype on one device; ``where`` is the (batch, head, row) of its
+largest error -- a query row for out and dq, a key row for dk and dv.  Verdicts:
+``pass``; ``FAIL`` (error above the bound, a non-finite value, a wrong shape, a
+gradient that never arrived, an input written into); ``not supported`` (the target
+refused the case: never counted as a pass).  Beside the verdict, never deciding it:
+``err/SDPA``, the error over PyTorch's SDPA's own error on the same case in the same
+dtype (a kernel keeping its softmax in bfloat16 passes its bound but shows 6-8x),
+and ``time/SDPA``, the target's time over SDPA's (forward and backward).
 
 After a run, failing rows that no catalogued mistake explains are looked at
 together: when a tensor passes at every shorter key length and fails at every
@@ -24,8 +28,9 @@ __all__ = ["Row", "Report", "find_growth"]
 # Diagnosis ids that name no mistake: nothing matched, or the case was too large to try.
 UNNAMED = ("none", "not-diagnosed")
 
-HEADERS = ("target", "case", "dtype", "device", "tensor", "error", "baseline", "bound",
-           "ratio", "verdict", "worst at (b, h, row)")
+# target and device are the summary's (one each per report)
+HEADERS = ("case", "dtype", "tensor", "error", "baseline", "bound", "ratio", "mean", "cosine",
+           "err/SDPA", "time/SDPA", "verdict", "worst at (b, h, row)")
 
 
 @dataclass
@@ -44,8 +49,11 @@ class Row:
     where: tuple = None
     note: str = ""
     diagnosis: object = None          # a diagnosis.Diagnosis for failing rows
-    mean_error: float = None          # with features: the mean error and the cosine with the reference
+    mean_error: float = None          # the mean error and the cosine with the reference
     cosine: float = None
+    seconds: float = None             # the target's call (forward and backward) on the case
+    sdpa_seconds: float = None        # PyTorch's SDPA on the same case, where it expresses it
+    sdpa_error: float = None          # SDPA's own error on this tensor, in the same dtype
 
     @property
     def passed(self):
@@ -54,6 +62,11 @@ class Row:
     @property
     def failed(self):
         return self.verdict == "FAIL"
+
+    @property
+    def speed(self):
+        """The target's time over SDPA's on the same case (None where SDPA did not run)."""
+        return self.seconds / self.sdpa_seconds if self.seconds and self.sdpa_seconds else None
 
     @property
     def ratio(self):
@@ -69,7 +82,8 @@ class Row:
                 "ratio": num(self.ratio), "verdict": self.verdict, "passed": self.passed,
                 "where": None if self.where is None else list(self.where), "note": self.note,
                 "diagnosis": None if self.diagnosis is None else self.diagnosis.as_dict(),
-                "mean_error": num(self.mean_error), "cosine": num(self.cosine)}
+                "mean_error": num(self.mean_error), "cosine": num(self.cosine), "seconds": num(self.seconds),
+                "sdpa_seconds": num(self.sdpa_seconds), "sdpa_error": num(self.sdpa_error)}
 
 
 def _sci(x):
@@ -77,10 +91,12 @@ def _sci(x):
 
 
 def _cells(r):
-    verdict = r.verdict if not r.note or r.verdict == "pass" else f"{r.verdict} ({r.note})"
+    verdict = f"{r.verdict} ({r.note})" if r.note else r.verdict
     where = "-" if r.where is None else ", ".join(map(str, r.where))
-    return [r.target, r.case, r.dtype, r.device, r.tensor, _sci(r.error), _sci(r.baseline),
-            _sci(r.bound), _ratio(r.ratio), verdict, where]
+    versus = r.error / r.sdpa_error if r.error is not None and r.sdpa_error else None
+    return [r.case, r.dtype, r.tensor, _sci(r.error), _sci(r.baseline), _sci(r.bound), _ratio(r.ratio),
+            _sci(r.mean_error), "-" if r.cosine is None else f"{r.cosine:.4f}", _ratio(versus),
+            _ratio(r.speed), verdict, where]
 
 
 def _ratio(x):
@@ -159,13 +175,7 @@ class Report:
 
     def table(self, rows=None):
         rows = self.rows if rows is None else rows
-        if not any(r.mean_error is not None for r in self.rows):
-            return format_table(HEADERS, [_cells(r) for r in rows])
-        # with features: the mean error and the cosine after the ratio
-        at = HEADERS.index("ratio") + 1
-        headers = HEADERS[:at] + ("mean", "cosine") + HEADERS[at:]
-        extra = lambda r: [_sci(r.mean_error), "-" if r.cosine is None else f"{r.cosine:.4f}"]
-        return format_table(headers, [c[:at] + extra(r) + c[at:] for r, c in ((r, _cells(r)) for r in rows)])
+        return format_table(HEADERS, [_cells(r) for r in rows])
 
     def diagnosis_lines(self, limit=40):
         lines = [f"  {r.case} {r.dtype}: {d.sentence}" for r, d in self.diagnoses[:limit]]

@@ -20,6 +20,7 @@ import torch
 import parity_tests.kernels.cases as cases_mod
 import parity_tests.kernels.features as feat
 import parity_tests.kernels.measure as measure
+from parity_tests.kernels import inputs
 import parity_tests.kernels.targets as targets
 from parity_tests.kernels.report import Report, find_growth
 from parity_tests.common import options, outputs
@@ -110,6 +111,7 @@ def _plan(target, device, dtypes, tokens, head_dims, heads, batch, causal, align
     elif "varlen" in wanted and layout != "bhtd":
         raise ValueError(f"layout: varlen runs every case in the thd layout, not {layout!r}")
     tgt = targets.resolve(target, device, layout)
+    grid = grid + inputs.grid_cases(CAUSAL[causal])        # inputs as kernels meet them, in every run
     if wanted:
         feat.require(tgt, wanted)                          # a usage error, before any case runs
         plan = feat.Plan(seed=seed, takes_align=tgt.takes_align, align=align)

@@ -140,6 +140,11 @@ def _builtins(device):
     return targets
 
 
+def sdpa_yardstick():
+    """SDPA with PyTorch's own choice of backend: what each row's time and error are set beside."""
+    return _sdpa("sdpa", None, "SDPA, PyTorch's choice of backend")
+
+
 def builtin_names(device="cpu"):
     """``{name: description}`` of the built-in targets on ``device``."""
     return {n: t.description for n, t in _builtins(device).items()}

@@ -1,0 +1,104 @@
+"""Inputs as kernels meet them (``kernels/inputs.py``), and what a kernel must not do:
+each kernel here is right but for one thing the grid's plain cases never show."""
+
+import torch
+import torch.nn.functional as F
+
+import parity_tests
+from feature_gallery import attend
+
+SMALL = dict(tokens=["17"], head_dims=[16], heads=[2], batch=[1], dtypes=["float32"], causal="yes")
+
+
+def sdpa(q, k, v, *, causal, scale):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+
+
+def _failing_cases(report):
+    return {r.case for r in report.failures}
+
+
+def test_a_right_kernel_passes_every_input_and_the_grid_has_them():
+    report = parity_tests.check(sdpa, **SMALL)
+    assert report.passed, str(report)
+    cases = {r.case for r in report.rows}
+    for words in ("strides fused", "strides padded", "scale 0.3", "inputs outliers", "inputs integers", "T77x45"):
+        assert any(words in c for c in cases), words
+
+
+def test_a_kernel_that_ignores_strides_fails_on_views():
+    def contiguous_strides_assumed(q, k, v, *, causal, scale):
+        def as_if_contiguous(x):          # reads the storage as if the view were contiguous
+            return torch.as_strided(x, x.shape, torch.empty(x.shape).stride(), x.storage_offset())
+        return sdpa(*(as_if_contiguous(t) for t in (q, k, v)), causal=causal, scale=scale)
+    report = parity_tests.check(contiguous_strides_assumed, **SMALL)
+    failing = _failing_cases(report)
+    assert failing and all("strides" in c for c in failing), failing
+
+
+def test_a_kernel_that_ignores_its_scale_fails_and_is_named():
+    def default_scale(q, k, v, *, causal, scale):
+        return sdpa(q, k, v, causal=causal, scale=None)
+    report = parity_tests.check(default_scale, **SMALL)
+    assert _failing_cases(report) == {"B1 H2 T64 D64 causal scale 0.3"}
+    assert report.diagnosis == "scale-ignored", str(report)
+
+
+def test_a_softmax_without_its_max_overflows_on_large_logits():
+    def no_max(q, k, v, *, causal, scale):
+        S = (q @ k.transpose(-1, -2)) * scale
+        S = S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool).triu(1), -torch.inf) if causal else S
+        P = torch.exp(S)
+        return (P / P.sum(-1, keepdim=True)) @ v
+    report = parity_tests.check(no_max, **SMALL)
+    failing = _failing_cases(report)
+    assert failing and all("outliers" in c for c in failing), failing
+    assert report.diagnosis == "non-finite"
+
+
+def test_a_kernel_that_writes_into_its_inputs_fails_and_is_named():
+    def scales_q_in_place(q, k, v, *, causal, scale):
+        with torch.no_grad():
+            q.mul_(1.0 + 1e-3)
+        return sdpa(q, k, v, causal=causal, scale=scale)
+    report = parity_tests.check(scales_q_in_place, **SMALL)
+    assert not report.passed and report.diagnosis == "wrote-into-input", str(report)
+    assert "the kernel wrote into q" in report.failures[0].note
+
+
+def test_a_kernel_that_caches_by_shape_fails_and_is_named():
+    cache = {}
+
+    def cached(q, k, v, *, causal, scale):
+        key = (q.shape, k.shape, causal, q.dtype)
+        if key not in cache:
+            cache[key] = sdpa(q, k, v, causal=causal, scale=scale).detach()
+        return cache[key] + 0 * q.sum()
+    report = parity_tests.check(cached, **SMALL)
+    assert not report.passed and report.diagnosis == "previous-output", str(report)
+
+
+def test_a_change_of_the_global_rng_state_is_reported_not_judged():
+    def draws(q, k, v, *, causal, scale):
+        torch.rand(1)
+        return sdpa(q, k, v, causal=causal, scale=scale)
+    report = parity_tests.check(draws, **SMALL)
+    assert report.passed, str(report)
+    assert all("changed torch's global RNG state" in r.note for r in report.rows)
+
+
+def test_lse_nan_fails_wherever_it_appears():
+    def nan_where_nothing_is_seen(q, k, v, *, causal, scale, align="top-left"):
+        out, lse = attend(q, k, v, causal=causal, scale=scale, align=align)
+        return out, torch.where(torch.isinf(lse), torch.nan, lse)
+    report = parity_tests.check(nan_where_nothing_is_seen, features=["lse"], **SMALL, align="bottom-right")
+    assert {r.tensor for r in report.failures} == {"lse"}, str(report)
+    assert all("T77x45" in r.case for r in report.failures)
+    assert report.diagnosis == "non-finite"
+
+
+def test_each_row_reports_time_and_error_beside_sdpas():
+    report = parity_tests.check(sdpa, **SMALL)
+    timed = [r for r in report.rows if r.sdpa_seconds]
+    assert len(timed) == len(report.rows) and all(r.seconds > 0 and r.sdpa_error is not None for r in timed)
+    assert "err/SDPA" in report.table() and "time/SDPA" in report.table()
