@@ -240,10 +240,26 @@ CHECK_ZERO_FLOOR = {"float64": 128 * 2.0 ** -53, "float32": 128 * 2.0 ** -24,
                     "bfloat16": 128 * 2.0 ** -24, "float16": 128 * 2.0 ** -24}
 
 
-def check_bound(dtype, baseline):
-    """The bound of ``attention-parity check`` for a tensor whose baseline error is ``baseline``."""
+# Large logits (the heavy-tailed inputs with outlier channels every check draws,
+# ``kernels/inputs.py``: scores up to ~2000): a relative rounding u of a score S is
+# an absolute error u |S| in the exponent, so the weights, and everything after
+# them, carry errors up to u max|S| -- and which kernel rounds its largest score
+# luckily is chance (measured, float64, scores ~900: SDPA's math backend, which
+# scales q and k by sqrt(scale) each, 3.0e-15 against the baseline's 3.4e-16, a
+# correct kernel 9x its baseline).  The floor grows with the logits past
+# LOGIT_SCALE (the largest |lse| of a standard-normal case stays below it: about
+# log Tk + 4 <= 16 at Tk <= 16384), so ordinary cases keep their floor unchanged.
+# A correct bfloat16 kernel passes these cases on its baseline alone: the baseline
+# meets the same logits (bfloat16 baselines of 1e-2 .. 8e-2 there).
+LOGIT_SCALE = 16.0
+
+
+def check_bound(dtype, baseline, logits=0.0):
+    """The bound of ``attention-parity check`` for a tensor whose baseline error is ``baseline``,
+    on a case whose largest |score| (its largest finite |lse|) is about ``logits``."""
     if dtype not in CHECK_FLOOR_ULPS:
         raise ValueError(f"dtype must be one of {tuple(CHECK_FLOOR_ULPS)}, got {dtype!r}")
     if not np.isfinite(baseline):
         baseline = 0.0
-    return CHECK_FACTOR * float(baseline) + CHECK_FLOOR_ULPS[dtype] * UNIT_ROUNDOFF[dtype]
+    amplified = max(1.0, float(logits) / LOGIT_SCALE)
+    return CHECK_FACTOR * float(baseline) + CHECK_FLOOR_ULPS[dtype] * UNIT_ROUNDOFF[dtype] * amplified

@@ -25,7 +25,9 @@ Knobs (the catalogue's mistakes; each None/False means "right"):
 derivative 1 − tanh² left out of the backward), ``shift`` (added to every
 offset: the causal mask one diagonal off), ``window_align`` (the window placed
 with another alignment than the causal mask), ``alibi_no_offset`` (the ALiBi
-distance |i − j| whatever the alignment), ``axis`` (the softmax over queries),
+distance |i − j| whatever the alignment), ``alibi_offset_sign=-1`` (|i − o − j|: the
+offset's sign flipped), ``axis`` (the softmax over queries), ``finite_mask`` (hidden
+scores set to finfo.min instead of −inf: a row that sees no key averages every v),
 ``stale_block`` (an online softmax over key blocks of that size that forgets to
 rescale by exp(m_old − m_new)), ``no_delta`` (the backward's D = rowsum(dO ∘ O)
 dropped: the weights differentiated with their normaliser held constant).
@@ -106,8 +108,8 @@ def _stale_max(S, v, block):
 def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, softcap=None,
               alibi_slopes=None, bias=None, sinks=None, seqlens_q=None, seqlens_k=None, rows=None,
               kv_map="interleave", softcap_first=False, softcap_no_grad=False, shift=0,
-              window_align=None, alibi_no_offset=False, axis=-1, stale_block=None, no_delta=False,
-              with_max=False):
+              window_align=None, alibi_no_offset=False, alibi_offset_sign=1, axis=-1, stale_block=None,
+              no_delta=False, finite_mask=False, with_max=False):
     """(out, lse): out (B, Hq, Tq, Dv), lse (B, Hq, Tq), in q's dtype; torch tensors,
     differentiable.  ``rows``: (first, total) when q holds query rows first .. of a case
     with ``total`` query rows (the baseline's chunks); the bias then holds those rows too.
@@ -139,7 +141,7 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
     if alibi_slopes is not None:
         slopes = alibi_slopes.to(S.dtype)
         slopes = slopes.expand(b, hq) if slopes.dim() == 1 else slopes          # (B, Hq)
-        a_offs = [0] * b if alibi_no_offset else offs
+        a_offs = [0] * b if alibi_no_offset else [alibi_offset_sign * o for o in offs]
         j = torch.arange(tk, device=q.device, dtype=S.dtype)[None, :]
         dist = torch.stack([(i.to(S.dtype)[:, None] + o - j).abs() for o in a_offs])   # (B, Tq, Tk)
         S = S - slopes[:, :, None, None] * dist[:, None]
@@ -147,7 +149,9 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
         S = S + bias.to(S.dtype)
     seen = torch.stack([visible(i, tk, causal=causal, offset=offs[n], window=window, nq=lq[n], nk=lk[n],
                                 window_offset=w_offs[n], device=q.device) for n in range(b)])[:, None]
-    S = S.masked_fill(~seen, -torch.inf)                                       # (B, Hq, Tq, Tk)
+    if finite_mask:                        # finfo.min for "hidden": a row that sees no key averages v
+        S = S.masked_fill(~seen, torch.finfo(S.dtype).min)
+    S = S.masked_fill(~seen, -torch.inf) if not finite_mask else S             # (B, Hq, Tq, Tk)
     if sinks is not None:
         padding_row = torch.stack([i >= lq[n] for n in range(b)])[:, None, :, None]   # (B, 1, Tq, 1)
         sink = sinks.to(S.dtype)[None, :, None, None].expand(b, hq, tq, 1)

@@ -87,10 +87,15 @@ class Diagnosis:
     residual: float = float("nan")
     bound: float = float("nan")
     slices: list = field(default_factory=list)     # [(batch, head)] when only some slices
+    where: str = ""          # the location signature: where the error sits, whatever its cause
+    spread: bool = False     # the error over most rows alike: no place of its own
+    unbiased: bool = False   # and of either sign alike, as rounding is (a constant offset is not)
+    error_map: object = None  # (rows, batch x head) error over the bound, for report.plot
 
     def as_dict(self):
         return {"id": self.id, "sentence": self.sentence, "residual": _finite(self.residual),
-                "bound": _finite(self.bound), "slices": [list(s) for s in self.slices]}
+                "bound": _finite(self.bound), "slices": [list(s) for s in self.slices], "where": self.where,
+                "spread": self.spread, "unbiased": self.unbiased}
 
 
 @dataclass
@@ -159,8 +164,16 @@ def diagnose(failing, rows, ev):
                 rest.remove(n)
     if rest:
         result.update(_catalogue(rest, rows, ev))
+    for n, d in result.items():
+        if n in ev.arrays:
+            d.where, d.spread, d.error_map = locate(n, ev.arrays[n], ev.gold[n], ev.den[n], ev.bounds[n])
+            diff = ev.arrays[n] - ev.gold[n]
+            d.unbiased = bool(np.isfinite(diff).all() and abs(diff.mean()) <= UNBIASED * np.abs(diff).mean())
     _lower_precision(result, rows, ev)
     _summaries(result, rows, ev)
+    for n, d in result.items():
+        if d.where:
+            d.sentence += f"; where: {d.where}"
     for n, d in result.items():
         rows[n].diagnosis = d
 
@@ -228,6 +241,51 @@ def _worst_slice(ev):
     sub = replace(ev, case=replace(case, batch=1, heads=1), rounded=picked(ev.rounded), gold=picked(ev.gold),
                   gold_raw={n: a[b:b + 1, h:h + 1] for n, a in ev.gold_raw.items()}, arrays=picked(ev.arrays))
     return (b, h), sub
+
+
+TILES = (16, 32, 64, 128, 256)
+# An error "spread" over a tensor: its median row holds at least this share of the worst
+# row's error (a bug in one place leaves most rows at rounding level, far below).
+SPREAD_SHARE = 0.02
+# Rounding errors take either sign alike: their mean is a small share of their mean size
+# (measured: a bfloat16 kernel's 0.02 .. 0.1); a constant offset's is all of it.
+UNBIASED = 0.5
+
+
+def locate(n, a, ref, den, bound):
+    """(signature, spread, map): where tensor ``n``'s error exceeds its bound, said in the
+    terms of a kernel's loops -- batches, heads, rows (query rows for out, lse, dq; key rows
+    for dk, dv), head-dim channels, the last partial tile of a loop -- whatever the cause."""
+    over = np.abs(a - ref) / den
+    over = np.where(np.isfinite(over), over, np.inf)            # (B, H, R, C)
+    bad = over > bound
+    error_map = over.max(axis=3).transpose(2, 0, 1).reshape(over.shape[2], -1) / bound   # (R, B H)
+    if not bad.any():
+        return "", False, error_map
+    kind = {"dk": "key rows", "dv": "key rows", "dbias": "bias rows"}.get(n, "query rows")
+    B, H, R, C = bad.shape
+    parts = []
+    batches, heads = np.nonzero(bad.any(axis=(1, 2, 3)))[0], np.nonzero(bad.any(axis=(0, 2, 3)))[0]
+    rows, channels = np.nonzero(bad.any(axis=(0, 1, 3)))[0], np.nonzero(bad.any(axis=(0, 1, 2)))[0]
+    if len(batches) < B:
+        parts.append(f"only batch entries {_ranges(list(map(int, batches)))} of {B}")
+    if len(heads) < H:
+        parts.append(f"only heads {_ranges(list(map(int, heads)))} of {H}")
+    if len(rows) == 1:
+        parts.append(f"only {kind[:-1]} {int(rows[0])} of {R}")
+    elif len(rows) < R:
+        where = f"confined to {kind} {_ranges(list(map(int, rows)))} of {R}"
+        r0 = int(rows[0])
+        tile = next((t for t in reversed(TILES) if r0 % t == 0 and R - r0 < t and r0), None)
+        if tile and len(rows) == R - r0:
+            where += f": the last partial tile of {tile}"
+        parts.append(where)
+    if n not in ("lse", "dsinks", "dbias") and C > 1 and len(channels) < C:
+        parts.append(f"only head-dim channels {_ranges(list(map(int, channels)))} of {C}")
+    by_row = over.max(axis=(0, 1, 3))
+    active = by_row[(np.abs(ref).max(axis=(0, 1, 3)) > 0) | (by_row > 0)]   # rows some query reads
+    spread = bool(active.size and np.isfinite(active).all() and np.median(active) >= SPREAD_SHARE * active.max())
+    return ("; ".join(parts) if parts else f"spread over every batch, head and {kind[:-1]}"), spread, error_map
 
 
 def _ranges(indices):
@@ -361,7 +419,7 @@ def _by_slice(t, candidates, a, r, denom, bound, sel):
 def _lower_precision(result, rows, ev):
     """Tensors that no mistake explains whose error is the size of a lower precision's say so."""
     named_out = "out" in result and result["out"].id not in ("none", "not-diagnosed")
-    unnamed = [n for n, d in result.items() if d.id == "none"]
+    unnamed = [n for n, d in result.items() if d.id == "none" and d.spread and d.unbiased]   # rounding-like
     if named_out or ev.dtype not in LOWER or not unnamed:   # a gradient of a named output keeps that name
         return
     from parity_tests.kernels.measure import baseline, judged

@@ -270,6 +270,7 @@ class Caller:
         self.fn = target.lse_fn if self.lse and target.lse_fn is not None else target.fn
         self.grads = not case.forward_only
         self.extras = [n for n in ("bias", "sinks") if n in rounded]
+        self.seconds, self.rng_moved = None, False
 
     def grad_names(self):
         return ["dq", "dk", "dv"] + ["d" + n for n in self.extras]
@@ -315,7 +316,9 @@ class Caller:
             return f"a second call on new inputs: {_reason(e)}"
         finally:
             self.rounded = first
-        return None if not np.array_equal(again, self.first_out, equal_nan=True) else \
+        # a constant output (zeros where every key is masked) repeats without any cache
+        constant = np.ptp(np.nan_to_num(self.first_out)) == 0 if self.first_out.size else True
+        return None if constant or not np.array_equal(again, self.first_out, equal_nan=True) else \
             "returned the previous call's output for new inputs of the same shape (a result cached by shape?)"
 
     def _qkv(self, grad):
@@ -531,14 +534,21 @@ def run_case(target, case, dtype, device, align="top-left", seed=0, wanted=(), t
     if isinstance(got, tuple):
         return [row(n, error=math.inf, verdict="FAIL", note=got[1], diagnosis=_named_failure(got[1]))
                 for n in names]
+    second = caller() if "deterministic" in wanted else None     # before any other call
     caller.first_out = got["out"]
-    stale = caller.fresh(_rounded(draw(case, seed, wanted, fresh=True), dtype))
+    other = _rounded(draw(case, seed, wanted, fresh=True), dtype)
+    stale = caller.fresh(other)
+    if stale and stale.startswith("returned") and _same_answer(case, case_align, rounded, other):
+        stale = None                          # both inputs have one answer (a single key, say)
     if stale:
         return [row(n, error=math.inf, verdict="FAIL", note=stale, diagnosis=_named_failure(stale)) for n in names]
 
     opts = reference_options(case, case_align, rounded)
     grads = not case.forward_only
-    gold_raw = {n: a for n, a in golden(rounded, opts, grads).items() if n in names}
+    full = golden(rounded, opts, grads)
+    finite_lse = full["lse"][np.isfinite(full["lse"])]
+    logits = float(np.abs(finite_lse).max(initial=0.0))              # how large the scores run
+    gold_raw = {n: a for n, a in full.items() if n in names}
     gold = judged(gold_raw)
     base = judged({n: a for n, a in baseline(rounded, opts, dtype, device, grads).items() if n in names})
     unjudged = None
@@ -550,7 +560,7 @@ def run_case(target, case, dtype, device, align="top-left", seed=0, wanted=(), t
     rows, failing, bounds, arrays = {}, [], {}, {}
     for n in names:
         base_err, _, base_mean, _ = tensor_errors(base[n], gold[n], den[n])
-        bounds[n] = tol.check_bound(dtype, base_err)
+        bounds[n] = tol.check_bound(dtype, base_err, logits)
         if n in zero:
             bounds[n] = max(bounds[n], tol.CHECK_ZERO_FLOOR[dtype])
         value = got.get(n, ("FAIL", f"the target gave no {n}"))
@@ -574,7 +584,7 @@ def run_case(target, case, dtype, device, align="top-left", seed=0, wanted=(), t
             gold[n] = ref
         arrays[n] = a
         err, where, mean, cosine = tensor_errors(a, ref, den[n])
-        mean_bound = max(tol.check_bound(dtype, base_mean), bounds[n] if n in zero else 0.0)
+        mean_bound = max(tol.check_bound(dtype, base_mean, logits), bounds[n] if n in zero else 0.0)
         ok = err <= bounds[n] and mean <= mean_bound
         if err <= bounds[n] and not ok:
             note = (note + "; " if note else "") + f"mean error {mean:.1e} above its bound {mean_bound:.1e}"
@@ -589,9 +599,7 @@ def run_case(target, case, dtype, device, align="top-left", seed=0, wanted=(), t
             r.sdpa_seconds, r.sdpa_error = yardstick[0], yardstick[1].get(n)
         if caller.rng_moved:
             r.note = (r.note + "; " if r.note else "") + "changed torch's global RNG state"
-    second = None
-    if "deterministic" in wanted:
-        second = caller()
+    if second is not None:
         for n in names:
             if n in arrays and not _bitwise(second, n, got):
                 moved = tensor_errors(judged({n: second[n]})[n], judged({n: got[n]})[n], den[n])[0] \
@@ -621,6 +629,12 @@ def _yardstick(case, dtype, device, align, rounded, timeout, gold, den):
         return None
     return sdpa.seconds, {n: tensor_errors(judged({n: a})[n], gold[n], den[n])[0]
                           for n, a in got.items() if isinstance(a, np.ndarray) and n in gold}
+
+
+def _same_answer(case, align, first, other):
+    """Whether the reference gives one output for both draws (then a repeat is no mistake)."""
+    outs = [golden(x, reference_options(case, align, x), grads=False)["out"] for x in (first, other)]
+    return np.allclose(*outs, rtol=0, atol=1e-12 * max(1.0, np.abs(outs[0]).max(initial=0.0)))
 
 
 def _rounded(raw, dtype):

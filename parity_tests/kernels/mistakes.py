@@ -69,9 +69,11 @@ class Context:
         return dense.run(q, k, v, dout if grads else None, opts, grads=grads,
                          dlse=self.dlse if grads and dout is not None else None, **knobs)
 
-    def fwd(self, changes=None, dlse="same", **knobs):
-        """A forward mistake: the dense formula with ``changes`` to the options, ``knobs`` turned."""
+    def fwd(self, changes=None, dlse="same", inputs=None, **knobs):
+        """A forward mistake: the dense formula with ``changes`` to the options, ``knobs`` turned
+        (``inputs``: {name: array} read in place of q, k or v)."""
         q, k, v, dout = self.inputs
+        q, k, v = (inputs or {}).get("q", q), (inputs or {}).get("k", k), (inputs or {}).get("v", v)
         opts = {**self.opts, **(changes or {})}
 
         def predict(grads=True):
@@ -144,12 +146,13 @@ def chapter(ctx):
     if case.tq > 1:
         out.append(H("softmax-over-queries", "the softmax taken over the query axis instead of the "
                      "key axis", fwd(axis=-2)))
-    if case.tq == case.tk > 1 and not case.features:
+    if case.tq == case.tk > 1 and not any(n in REGISTRY for n, _ in case.features):
         out.append(H("layout-bthd-as-bhtd", "(B, T, H, D) read as (B, H, T, D): attention across the "
                      "heads instead of the tokens", _swapped(ctx)))
     if "out" in ctx.present:
         out += [H("stale-max", f"a stale running maximum (key blocks of {block} not rescaled when the "
                   "maximum moves)", fwd(stale_block=block)) for block in STALE_BLOCKS if case.tk > block]
+    out += _kernel_bugs(ctx)
     if "dq" in ctx.present and case.tk > 1:
         g, s = ctx.golden_raw, case.scale
         out += [H("backward-no-D", "the backward's D = rowsum(dO ∘ O) term dropped", fwd(no_delta=True),
@@ -157,6 +160,72 @@ def chapter(ctx):
                 H("dq-missing-scale", "dq missing the scale", ctx.changed(dq=g["dq"] / s), ("dq",)),
                 H("dk-missing-scale", "dk missing the scale", ctx.changed(dk=g["dk"] / s), ("dk",))]
     return out
+
+
+def _keys_cut(ctx, n):
+    """The options with every sequence's keys cut at ``n`` (the alignment's offset unchanged:
+    the dense formula places the diagonal by Tk, not by the cut)."""
+    own = ctx.opts.get("seqlens_k")
+    return {"seqlens_k": np.minimum(own, n) if own is not None else np.full(ctx.case.batch, n)}
+
+
+def _kernel_bugs(ctx):
+    """The slips of a hand-written kernel: strides, tiles, rows never stored, split merges."""
+    case, fwd, H, out = ctx.case, ctx.fwd, ctx.H, []
+    q, k, v, _ = ctx.inputs
+    if case.batch > 1:
+        out.append(H("batch-stride", "every batch entry reading batch 0's keys and values (the batch "
+                     "stride left out)", _reshaped(fwd(inputs={"k": np.repeat(k[:1], case.batch, 0),
+                                                                "v": np.repeat(v[:1], case.batch, 0)}),
+                                                   _onto_batch_0)))
+    for cut in (32, 64, 128):
+        if case.head_dim > cut:
+            trunc = {"q": q[..., :cut], "k": k[..., :cut], "v": np.where(np.arange(v.shape[-1]) < cut, v, 0.0)}
+            pad = lambda g, d=case.head_dim: np.concatenate([g, np.zeros(g.shape[:-1] + (d - g.shape[-1],))], -1)
+            out.append(H("head-dim-truncated", f"head dims above {cut} truncated (q.k over the first {cut} "
+                         f"channels, output channels from {cut} on never written)",
+                         _reshaped(fwd(inputs=trunc), lambda r: {**r, **{n: pad(r[n]) for n in ("dq", "dk") if n in r}})))
+    if "out" not in ctx.present:
+        return out
+    cuts = {}
+    for tile in (16, 32, 64, 128):
+        if case.tk % tile and case.tk // tile:
+            cuts.setdefault(case.tk // tile * tile, []).append(str(tile))
+    for whole, tiles in cuts.items():
+        sizes = tiles[0] if len(tiles) == 1 else ", ".join(tiles[:-1]) + " or " + tiles[-1]
+        out.append(H("last-key-tile-dropped", f"the last partial key tile dropped (keys {whole} .. {case.tk - 1} "
+                     f"past the last whole tile of {sizes})", fwd(_keys_cut(ctx, whole))))
+    if case.tk > case.tq > 1 and not case.seqlens:
+        out.append(H("keys-bounded-at-tq", f"the key loop stopping at Tq = {case.tq} (keys {case.tq} .. "
+                     f"{case.tk - 1} never visited)", fwd(_keys_cut(ctx, case.tq))))
+    for splits in (2, 3, 4):
+        block = -(-case.tk // splits)
+        if block not in STALE_BLOCKS and case.tk > block:
+            out.append(H("split-no-rescale", f"{splits} split-KV partials merged without their rescale "
+                         "exp(m_s - m)", fwd(stale_block=block)))
+    if case.causal and case.offset(ctx.align) < 0:
+        out.append(H("finite-mask", "a finite mask value (finfo.min) in place of -inf: rows that see no key "
+                     "return the mean of v instead of 0", fwd(finite_mask=True)))
+    g = ctx.golden_raw
+    for n in ("out", "dq"):
+        if n in g and case.tq > 1:
+            for row in (0, case.tq - 1):
+                changed = g[n].copy()
+                changed[..., row, :] = 0.0
+                out.append(H("row-not-stored", f"{n} of query row {row} never stored (left 0)",
+                             ctx.changed(**{n: changed}), (n,)))
+    return out
+
+
+def _reshaped(predict, change):
+    """A prediction with ``change`` applied to its dict of tensors."""
+    return lambda grads=True: change(predict(grads))
+
+
+def _onto_batch_0(r):
+    """Keys read from batch 0 by every batch entry: their gradients all land on batch 0."""
+    moved = {n: np.concatenate([r[n].sum(0, keepdims=True), 0 * r[n][1:]]) for n in ("dk", "dv") if n in r}
+    return {**r, **moved}
 
 
 def _swapped(ctx):

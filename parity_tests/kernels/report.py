@@ -27,6 +27,9 @@ __all__ = ["Row", "Report", "find_growth"]
 
 # Diagnosis ids that name no mistake: nothing matched, or the case was too large to try.
 UNNAMED = ("none", "not-diagnosed")
+# Ids that say what the output looks like rather than which mistake made it: a report names
+# a catalogued mistake first when some row has one.
+GENERIC = ("zeros", "non-finite", "lower-precision", "wrong-direction", "grows-with-length")
 
 # target and device are the summary's (one each per report)
 HEADERS = ("case", "dtype", "tensor", "error", "baseline", "bound", "ratio", "mean", "cosine",
@@ -111,9 +114,11 @@ def find_growth(rows):
     groups = {}
     for r in rows:
         if r.verdict in ("pass", "FAIL") and r.error is not None:
-            groups.setdefault((r.target, r.dtype, r.device, r.tensor), []).append(r)
+            same = (r.target, r.dtype, r.device, r.tensor, r.dims["head_dim"], tuple(r.dims["features"]))
+            groups.setdefault(same, []).append(r)
     for group in groups.values():
-        unexplained = [r for r in group if r.failed and r.diagnosis is not None and r.diagnosis.id == "none"]
+        unexplained = [r for r in group if r.failed and r.diagnosis is not None and r.diagnosis.id == "none"
+                       and r.diagnosis.spread]            # an error with a place of its own is not a drift
         passing = [r for r in group if r.passed]
         if not unexplained or len({r.dims["tk"] for r in passing}) < 2:
             continue
@@ -162,7 +167,8 @@ class Report:
         """The id explaining the most failing rows (the catalogue's name), or None when no
         failing row is named (each row's own ``.diagnosis`` says why)."""
         ids = Counter(d.id for _, d in self.diagnoses if d.id not in UNNAMED)
-        return ids.most_common(1)[0][0] if ids else None
+        specific = Counter({i: c for i, c in ids.items() if i not in GENERIC})
+        return (specific or ids).most_common(1)[0][0] if ids else None
 
     def summary(self):
         counts = Counter(r.verdict for r in self.rows)

@@ -92,7 +92,8 @@ def _through_module(cls_name):
         from parity_tests.kernels.cases import Case
         b, h, t, d = q.shape                                            # (B, H, T, D)
         case = Case(b, h, t, t, d, causal)
-        m = _selection_module(getattr(torch_impl, cls_name), case, q.dtype, q.device, causal)
+        with torch.random.fork_rng(devices=[]):        # the module's own init draws: not the kernel's
+            m = _selection_module(getattr(torch_impl, cls_name), case, q.dtype, q.device, causal)
         merge = lambda x: x.transpose(1, 2).reshape(b, t, h * d)          # (B, T, H D)
         x = torch.cat([merge(q), merge(k), merge(v)], dim=-1)            # (B, T, 3 H D)
         out = m(x)                                                       # (B, T, H D)
@@ -103,6 +104,8 @@ def _through_module(cls_name):
 def _self_attention_only(case, dtype, device, align):
     if case.tq != case.tk:
         return "self-attention module: query and key lengths must be equal"
+    if abs(case.scale * case.head_dim ** 0.5 - 1) > 1e-12:
+        return "the chapter's modules scale by 1/sqrt(head_dim) only"
     return None
 
 

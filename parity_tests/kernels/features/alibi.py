@@ -1,7 +1,8 @@
 """``alibi``: ``S ← S − slope_h · |i + o − j|`` with ALiBi's slopes (Press et al.:
 2^(−8h/H), h = 1 .. H, for H a power of two) for 4, 6 (not a power of two) and 8
 heads, both alignments when the callable takes ``align``.  Invited mistakes: the
-sign flipped, the slopes in reverse head order, the alignment's offset left out."""
+sign flipped, the slopes in reverse head order, the alignment's offset left out or
+with its sign flipped."""
 
 import numpy as np
 
@@ -28,8 +29,10 @@ def mistakes(ctx, on):
         out.append(ctx.H("alibi-reversed", "the ALiBi slopes in reverse head order",
                          ctx.fwd({"alibi_slopes": slopes[::-1].copy()})))
     if any(ctx.offsets):
-        out.append(ctx.H("alibi-no-offset", "the ALiBi distance |i - j| without the alignment's offset "
-                         "(|i + offset - j| is meant)", ctx.fwd(alibi_no_offset=True)))
+        out += [ctx.H("alibi-no-offset", "the ALiBi distance |i - j| without the alignment's offset "
+                      "(|i + offset - j| is meant)", ctx.fwd(alibi_no_offset=True)),
+                ctx.H("alibi-offset-sign", "the ALiBi offset with its sign flipped (|i - offset - j| where "
+                      "|i + offset - j| is meant)", ctx.fwd(alibi_offset_sign=-1))]
     return out
 
 
