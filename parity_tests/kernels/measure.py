@@ -611,7 +611,7 @@ def run_case(target, case, dtype, device, align="top-left", seed=0, wanted=(), t
                     failing.append(n)
     if failing:
         evidence = diagnosis.Evidence(case, case_align, dtype, device, wanted, rounded, opts, gold, gold_raw,
-                                      den, bounds, arrays, got, second, caller)
+                                      den, bounds, arrays, got, second, caller, logits)
         diagnosis.diagnose(failing, rows, evidence)
     return [rows[n] for n in names]
 
