@@ -58,8 +58,12 @@ and SDPA return 0 there).  A padding query (``i ≥ seqlens_q[b]``) is such a
 row even with a sink.  A row that sees only its sink gives out 0, lse = sink.
 In the backward those rows get ``L = +inf`` (so ``P = 0``) and ``D = 0``.
 
-Memory: per head the (B_r, B_c) tile, its mask and a few (Tq,) / (Tk, D)
-arrays; the caller's bias is read tile by tile and ``dbias`` has its shape.
+Memory: O(T) besides the inputs, the outputs and the caller's bias (read
+tile by tile; ``dbias`` has its shape).  Per worker: a (B_r, B_c) tile, its
+mask, the partials of its job (dk, dv: (Tk, D) each; the dbias entries it
+touched), and in the backward the weights its tile of queries keeps
+(B_r × the keys it sees, twice with softcap): ``B_r`` (256 by default)
+shrinks so that these stay under ``KEPT_BYTES`` (64 MiB), down to 32 rows.
 """
 
 from numbers import Integral, Real
@@ -74,6 +78,8 @@ from numpy_ref.visibility import ALIGNMENTS, alignment_offset, window_sides
 __all__ = ["reference_attention"]
 
 ROWS_PER_JOB = 2048          # query rows of one head per job (rounded to whole tiles)
+KEPT_BYTES = 64 * 2 ** 20    # a query tile's kept weights, per worker: B_r shrinks for long Tk ...
+MIN_ROWS = 32                # ... down to this many rows
 
 
 # ----------------------------------------------------------------------------
@@ -286,6 +292,8 @@ def _options(q, k, scale, causal, align, window, softcap, alibi_slopes, bias, si
     bias4 = None if bias is None else _bias(bias, (B, Hq, Tq, Tk))
     nq, nk = _lengths("seqlens_q", seqlens_q, B, Tq), _lengths("seqlens_k", seqlens_k, B, Tk)
     auto_q, auto_k = choose_tiles(Tq, Tk, Dqk)
+    kept_rows = KEPT_BYTES // max(1, 2 * Tk * q.dtype.itemsize)     # P̃ and softcap's tanh
+    auto_q = min(auto_q, max(MIN_ROWS, kept_rows))
     B_r = max(1, auto_q) if block_q is None else _int("block_q", block_q, 1)
     B_c = max(1, auto_k) if block_k is None else _int("block_k", block_k, 1)
 
