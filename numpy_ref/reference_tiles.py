@@ -115,8 +115,10 @@ def attention_rows(dout, q, k, v1, out, lse, dlse, dq, dk, dv, head, vis, rows, 
     (0 without sink).  ``dlse`` (Tq,) or None: the upstream gradient on lse.
 
     Each tile of queries keeps its weights ``P̃ = exp(S − m_t)`` from its
-    forward (B_r × the keys it sees: O(T)), so the backward rescales them,
-    ``P = P̃ · exp(m_t − L)``, instead of recomputing ``q kᵀ`` and its exp."""
+    forward (B_r × the keys it sees: O(T)), so the backward needs neither
+    ``q kᵀ`` nor its exp again: ``P = P̃ ∘ c`` with ``c_i = exp(m_t,i − L_i)``
+    per row, and ``c`` goes into the (B_r, Dv) rows of dO rather than over the
+    (B_r, B_c) tile."""
     dtype = q.dtype
     scale = dtype.type(head.scale)
     dsink = dtype.type(0)
@@ -135,9 +137,10 @@ def attention_rows(dout, q, k, v1, out, lse, dlse, dq, dk, dv, head, vis, rows, 
         dq_i = np.zeros((q1 - q0, q.shape[1]), dtype=dtype)
         for tile, P, shift, saved in kept:
             k0, k1 = tile.k0, tile.k1
-            P *= np.exp(shift - L)[:, None]                          # P = exp(S − L)
-            dv[k0:k1] += P.T @ dO_i
-            dS = dO1 @ v1[k0:k1].T                                   # dP − D' = [dO | −D'] [v | 1]ᵀ
+            c = np.exp(shift - L)[:, None]                           # P = P̃ ∘ c, row by row
+            dO_c = dO1 * c                                           # c folded into dO's rows
+            dv[k0:k1] += P.T @ dO_c[:, :-1]                          # Pᵀ dO = P̃ᵀ (c ∘ dO)
+            dS = dO_c @ v1[k0:k1].T                                  # c ∘ (dP − D') = [c dO | −c D'] [v | 1]ᵀ
             dS *= P                                                  # P ∘ (dP − D')
             dS = variants.scores_backward(head.ops, dS, saved, tile)  # the ops in reverse
             dq_i += dS @ k[k0:k1]
