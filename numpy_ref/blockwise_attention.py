@@ -37,6 +37,7 @@ import numpy as np
 
 from numpy_ref import ops
 from numpy_ref import _parallel, blockwise as bw
+from numpy_ref.blockwise import causal_visibility
 from numpy_ref.attention import MultiHeadAttention
 from numpy_ref.module import (
     _as_array, check_dropout, check_input, check_keep_mask, check_size, fingerprint,
@@ -95,9 +96,10 @@ class BlockwiseMultiHeadAttention(MultiHeadAttention):
                             f"got dtype {mask.dtype}")
         if mask.shape != (ctx, ctx):
             raise ValueError(f"state_dict['mask'] must have shape {(ctx, ctx)}, got {mask.shape}")
+        causal = causal_visibility(ctx, ctx, True, 0)
         for r0 in range(0, ctx, MASK_CHECK_ROWS):               # no (ctx, ctx) temporary
-            rows = np.arange(r0, min(r0 + MASK_CHECK_ROWS, ctx))[:, None]
-            if not np.array_equal(mask[r0:r0 + MASK_CHECK_ROWS] != 0, np.arange(ctx) > rows):
+            r1 = min(r0 + MASK_CHECK_ROWS, ctx)
+            if not np.array_equal(mask[r0:r1] != 0, ~causal.mask(r0, r1, 0, ctx)):
                 raise ValueError("state_dict['mask'] must be the causal mask "
                                  "triu(ones(ctx, ctx), diagonal=1): this module computes it")
         super().load_state_dict({k: v for k, v in state_dict.items() if k != "mask"})
