@@ -16,10 +16,10 @@ For a tile of queries: only the keys some query of it may see
 (`Visibility.key_range`), ``S = scale · q kᵀ``, the head's list of score ops
 (``variants.score_ops``: softcap, ALiBi, bias, like FlexAttention's
 ``score_mod``), ``-inf`` where `Visibility.tile_mask` says a key is unseen,
-the online softmax started with the sink.  The backward recomputes each
-tile's S and ``P = exp(S − L)``, takes ``dS = P ∘ (dP − D)``, walks the ops in
-reverse, ``dsink = −Σ_i p_sink,i D_i``, and GQA sums dK, dV over the query
-heads that share a kv head.
+the online softmax started with the sink.  The backward takes each tile's
+``P = exp(S − L)`` (from the weights its tile of queries kept),
+``dS = P ∘ (dP − D)``, walks the ops in reverse, ``dsink = −Σ_i p_sink,i D_i``,
+and GQA sums dK, dV over the query heads that share a kv head.
 
 The work, on every usable CPU
 -----------------------------

@@ -11,21 +11,24 @@ For a tile of queries [q0, q1) (``B_r`` rows):
    FlexAttention's ``score_mod``; ``variants.scores_forward``), then ``-inf``
    where `Visibility.tile_mask` says a key is unseen (no mask at all for a
    tile seen whole).
-3. The online softmax of ``numpy_ref.blockwise``, its running state started
-   with the sink (`sink_forward`): ``m``, ``ℓ``, ``acc``; then
-   ``out = acc / ℓ`` and ``L = m + log ℓ``.
+3. The online softmax of ``numpy_ref.blockwise`` (`_online_softmax`), its
+   running state started with the sink (`sink_forward`): ``m``, ``ℓ``,
+   ``acc``; then ``out = acc / ℓ`` and ``L = m + log ℓ`` (`_finish`).
 
-The backward recomputes each tile's S (each op saving what its backward
-needs: softcap its ``tanh``), its weights ``P = exp(S − L)``, and walks the
-list of ops in reverse (``variants.scores_backward``)::
+With a backward (`attention_rows`), the tile of queries keeps each key tile's
+``P̃ = exp(S − m_t)`` (and what its ops saved: softcap its ``tanh``) and, once
+its L is known, goes over them again with ``P = P̃ ∘ exp(m_t − L)``, walking
+the list of ops in reverse (``variants.scores_backward``)::
 
     dV += Pᵀ dO,   dP = dO Vᵀ,   dS = P ∘ (dP − D')      D' = D − dL (variants.lse_row_term)
     dbias += dS (summed over its broadcast axes);  ALiBi: nothing;
     softcap: dS_raw = dS ∘ (1 − tanh²);   dQ += scale · dS_raw K,  dK += dS_rawᵀ (scale · Q)
     dsink = −Σ_i p_sink,i D'_i
 
-The elementwise steps run in place on the tile (each is one pass over it), so
-that the tile's time goes to its matrix products.
+This is the chapter's FlashAttention-2 backward without its recomputation of
+``q kᵀ`` and ``exp``: the kept weights cost B_r × the keys seen (O(T)).  The
+elementwise steps run in place on the tile (each one pass over it), so that
+the tile's time goes to its matrix products.
 """
 
 import numpy as np
