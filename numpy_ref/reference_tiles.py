@@ -138,7 +138,7 @@ def attention_rows(dout, q, k, v1, out, lse, dlse, dq, dk, dv, head, vis, rows, 
         D = np.where(seen, D, 0).astype(dtype, copy=False)
         dO1 = np.concatenate([dO_i, -D[:, None]], axis=1)            # [dO | −D']
         dq_i = np.zeros((q1 - q0, q.shape[1]), dtype=dtype)
-        for tile, P, shift, saved in kept:
+        for tile, P, shift, saved in reversed(kept):             # the latest still in cache
             k0, k1 = tile.k0, tile.k1
             c = np.exp(shift - L)[:, None]                           # P = P̃ ∘ c, row by row
             dO_c = dO1 * c                                           # c folded into dO's rows
