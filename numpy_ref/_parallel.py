@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from numpy_ref import _blas_threads
 
-__all__ = ["usable_cpus", "run_jobs"]
+__all__ = ["usable_cpus", "run_jobs", "map_jobs"]
 
 
 def usable_cpus():
@@ -26,16 +26,27 @@ def usable_cpus():
 
 def run_jobs(work, jobs, workers=None):
     """``work(job)`` for every job, on ``workers`` threads (default: usable CPUs,
-    at most one per job), each BLAS call on one thread.  Without a way to set
-    the BLAS's threads the jobs run one after another with the BLAS as it is."""
+    at most one per job), each BLAS call on one thread."""
+    for _ in map_jobs(work, jobs, workers):
+        pass
+
+
+def map_jobs(work, jobs, workers=None):
+    """``work(job)`` for every job, yielded in the order of ``jobs`` whatever
+    order they finish in (so a caller reducing the results in that order gets
+    the same bits for any ``workers``), each BLAS call on one thread.  Without
+    a way to set the BLAS's threads the jobs run one after another with the
+    BLAS as it is."""
     jobs = list(jobs)
     if workers is None:
         workers = usable_cpus()
     workers = max(1, min(int(workers), len(jobs)))
-    if workers == 1 or not _blas_threads.available():
-        for job in jobs:
-            work(job)
-        return
-    with _blas_threads.blas_threads(1), ThreadPoolExecutor(max_workers=workers) as pool:
-        for future in [pool.submit(work, job) for job in jobs]:
-            future.result()
+    if not _blas_threads.available():
+        workers = 1
+    with _blas_threads.blas_threads(1):
+        if workers == 1:
+            for job in jobs:
+                yield work(job)
+            return
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            yield from pool.map(work, jobs)

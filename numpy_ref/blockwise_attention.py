@@ -30,15 +30,14 @@ array exists anywhere, not even the chapter's ``mask`` buffer:
   fixed ~7 MiB (3 arrays' worth at T = 1024).
 """
 
-import os
 import threading
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from numpy_ref import ops
-from numpy_ref import _blas_threads, blockwise as bw
+from numpy_ref import _parallel, blockwise as bw
+from numpy_ref.blockwise import causal_visibility
 from numpy_ref.attention import MultiHeadAttention
 from numpy_ref.module import (
     _as_array, check_dropout, check_input, check_keep_mask, check_size, fingerprint,
@@ -46,7 +45,7 @@ from numpy_ref.module import (
 
 __all__ = ["BlockwiseMultiHeadAttention"]
 
-# From this many tokens on, heads run on a pool of two threads (None: never).
+# From this many tokens on, heads run on a pool of one thread per usable CPU (None: never).
 # Attention time measured on 2 idle cores, one thread -> two: T = 256 no gain,
 # 512 0.08 -> 0.07 s, 1024 0.21 -> 0.16 s, 2048 0.56 -> 0.39 s, 4096 1.84 ->
 # 1.02 s.  (With other programs busy on the machine the pool gained less, or
@@ -97,9 +96,10 @@ class BlockwiseMultiHeadAttention(MultiHeadAttention):
                             f"got dtype {mask.dtype}")
         if mask.shape != (ctx, ctx):
             raise ValueError(f"state_dict['mask'] must have shape {(ctx, ctx)}, got {mask.shape}")
+        causal = causal_visibility(ctx, ctx, True, 0)
         for r0 in range(0, ctx, MASK_CHECK_ROWS):               # no (ctx, ctx) temporary
-            rows = np.arange(r0, min(r0 + MASK_CHECK_ROWS, ctx))[:, None]
-            if not np.array_equal(mask[r0:r0 + MASK_CHECK_ROWS] != 0, np.arange(ctx) > rows):
+            r1 = min(r0 + MASK_CHECK_ROWS, ctx)
+            if not np.array_equal(mask[r0:r1] != 0, ~causal.mask(r0, r1, 0, ctx)):
                 raise ValueError("state_dict['mask'] must be the causal mask "
                                  "triu(ones(ctx, ctx), diagonal=1): this module computes it")
         super().load_state_dict({k: v for k, v in state_dict.items() if k != "mask"})
@@ -117,7 +117,7 @@ class BlockwiseMultiHeadAttention(MultiHeadAttention):
             return check_size("num_workers", self.num_workers)
         if THREADS_FROM_TOKENS is None or num_tokens < THREADS_FROM_TOKENS:
             return 1
-        return min(2, os.cpu_count() or 1)
+        return _parallel.usable_cpus()
 
     def _tile_keep(self, drop, b, h, dtype):
         """keep(q0, q1, k0, k1) -> the tile's keep-mask scaled by 1/(1-p), or None."""
@@ -161,18 +161,10 @@ class BlockwiseMultiHeadAttention(MultiHeadAttention):
         return self.keep_mask_of(drop["seed"], b, num_tokens)
 
     def _each_head(self, work, batch, num_tokens):
-        """Run work(b, h) for every (batch, head): one BLAS thread per tile
-        product, the heads spread over ``_workers`` threads (see _blas_threads)."""
+        """Run work(b, h) for every (batch, head) on ``numpy_ref._parallel``'s
+        executor: ``_workers`` threads, one BLAS thread each (see _blas_threads)."""
         jobs = [(b, h) for b in range(batch) for h in range(self.num_heads)]
-        workers = self._workers(num_tokens) if _blas_threads.available() else 1
-        with _blas_threads.blas_threads(1):
-            if workers <= 1:
-                for b, h in jobs:
-                    work(b, h)
-                return
-            with ThreadPoolExecutor(max_workers=workers) as pool:
-                for future in [pool.submit(work, b, h) for b, h in jobs]:
-                    future.result()
+        _parallel.run_jobs(lambda job: work(*job), jobs, self._workers(num_tokens))
 
     # -- forward and backward ----------------------------------------------------
 

@@ -39,6 +39,7 @@ import numpy as np
 
 from numpy_ref.attention import MultiHeadAttention
 from numpy_ref.module import check_size
+from numpy_ref.visibility import visible_mask
 
 __all__ = ["FastMultiHeadAttention"]
 
@@ -95,5 +96,4 @@ class FastMultiHeadAttention(MultiHeadAttention):
 def _is_causal(mask_bool):
     """True when the (T, T) mask hides exactly the keys after each query."""
     num_tokens = mask_bool.shape[-1]
-    causal = np.triu(np.ones((num_tokens, num_tokens), dtype=bool), k=1)
-    return np.array_equal(mask_bool, causal)
+    return np.array_equal(mask_bool, ~visible_mask(num_tokens, num_tokens, causal=True))

@@ -10,32 +10,27 @@ additive bias, sinks and per-batch lengths, in any combination.
 Shapes: q (B, Hq, Tq, Dqk), k (B, Hkv, Tk, Dqk), v (B, Hkv, Tk, Dv),
 dout and out (B, Hq, Tq, Dv), lse (B, Hq, Tq).
 
-The tile loop
--------------
-For one (batch, head) and a tile of queries [q0, q1) (``B_r`` rows):
-
-1. `Visibility.key_range` gives the keys some query of the tile may see; only
-   those are visited, ``B_c`` at a time (a window of W keys costs about
-   ``(W + B_r) / T`` of the full work).
-2. `_tile_scores`: ``S = scale · q kᵀ``, then the head's list of score ops
-   (``variants.score_ops``: softcap, ALiBi, bias, in that order, like
-   FlexAttention's ``score_mod``; ``variants.scores_forward``), then ``-inf``
-   where `Visibility.tile_mask` says a key is unseen (no mask at all for a
-   tile seen whole).
-3. The online softmax of ``numpy_ref.blockwise``, its running state started
-   with the sink (`sink_forward`): ``m``, ``ℓ``, ``acc``; then
-   ``out = acc / ℓ`` and ``L = m + log ℓ``.
-
-The backward recomputes each tile's S (each op saving what its backward
-needs: softcap its ``tanh``), its weights ``P = exp(S − L)``, and walks the
-list of ops in reverse (``variants.scores_backward``)::
-
-    dV += Pᵀ dO,   dP = dO Vᵀ,   dS = P ∘ (dP − D)          (the chapter's J)
-    dbias += dS (summed over its broadcast axes);  ALiBi: nothing;
-    softcap: dS_raw = dS ∘ (1 − tanh²);   dQ += scale · dS_raw K,  dK += scale · dS_rawᵀ Q
-    dsink = −Σ_i p_sink,i D_i
-
+The tile loop (``numpy_ref.reference_tiles``)
+---------------------------------------------
+For a tile of queries: only the keys some query of it may see
+(`Visibility.key_range`), ``S = scale · q kᵀ``, the head's list of score ops
+(``variants.score_ops``: softcap, ALiBi, bias, like FlexAttention's
+``score_mod``), ``-inf`` where `Visibility.tile_mask` says a key is unseen,
+the online softmax started with the sink.  The backward takes each tile's
+``P = exp(S − L)`` (from the weights its tile of queries kept),
+``dS = P ∘ (dP − D)``, walks the ops in reverse, ``dsink = −Σ_i p_sink,i D_i``,
 and GQA sums dK, dV over the query heads that share a kv head.
+
+The work, on every usable CPU
+-----------------------------
+Jobs are (batch, kv head, block of ``ROWS_PER_JOB`` query rows), run by
+``numpy_ref._parallel.map_jobs`` (one BLAS thread per worker, as many workers
+as CPUs this process may use).  A job runs forward and backward of its rows
+for every query head of its kv head: it writes its own rows of out, lse and
+dq, and returns partials: dk and dv of its kv head, dsinks of its heads, the
+dbias entries it touched.  The partials are added in the fixed order of the
+jobs, so the results are bitwise the same for any number of workers.  The
+blocks of rows depend on the shape only (not on the CPUs).
 
 A gradient on lse
 -----------------
@@ -63,119 +58,37 @@ and SDPA return 0 there).  A padding query (``i ≥ seqlens_q[b]``) is such a
 row even with a sink.  A row that sees only its sink gives out 0, lse = sink.
 In the backward those rows get ``L = +inf`` (so ``P = 0``) and ``D = 0``.
 
-Memory: per head the (B_r, B_c) tile, its mask and a few (Tq,) / (Tk, D)
-arrays; the caller's bias is read tile by tile and ``dbias`` has its shape.
+Memory: O(T) besides the inputs, the outputs and the caller's bias (read
+tile by tile; ``dbias`` has its shape).  Per worker: a (B_r, B_c) tile, its
+mask, the partials of its job (dk, dv: (Tk, D) each; the dbias entries it
+touched), and in the backward the weights its tile of queries keeps
+(B_r × the keys it sees, twice with softcap): ``B_r`` (256 by default)
+shrinks so that these stay under ``KEPT_BYTES`` (64 MiB), down to 32 rows.
 """
 
 from numbers import Integral, Real
 
 import numpy as np
 
-from numpy_ref import variants
+from numpy_ref import _parallel, variants
+from numpy_ref import reference_tiles as tiles
 from numpy_ref.blockwise import _same, choose_tiles
 from numpy_ref.visibility import ALIGNMENTS, alignment_offset, window_sides
 
 __all__ = ["reference_attention"]
 
-
-class Head:
-    """One (batch, query head): its scale, its list of score ops
-    (``variants.score_ops``: softcap, ALiBi, bias) and its sink (or None)."""
-
-    def __init__(self, scale, ops, sink):
-        self.scale, self.ops, self.sink = scale, ops, sink
-
-
-# ----------------------------------------------------------------------------
-# One tile's scores, forward and backward
-
-def _tile_scores(q_i, k_j, tile, head, mask):
-    """Scores of the scaled queries q_i (rows tile.q0..) against keys k_j
-    (columns tile.k0..), every score op applied in order, then ``-inf`` where
-    ``mask`` is False -> (S, what the ops saved for their backward)."""
-    S, saved = variants.scores_forward(head.ops, q_i @ k_j.T, tile)   # (B_r, B_c)
-    if mask is not None:
-        np.copyto(S, -np.inf, where=~mask)
-    return S, saved
-
-
-# ----------------------------------------------------------------------------
-# One (batch, head)
-
-def forward_head(q, k, v, out, lse, hs, vis, B_r, B_c):
-    """Forward of one head: q (Tq, Dqk), k (Tk, Dqk), v (Tk, Dv) -> written into
-    out (Tq, Dv) and lse (Tq,)."""
-    Tq, dtype = q.shape[0], q.dtype
-    for q0 in range(0, Tq, B_r):
-        q1 = min(q0 + B_r, Tq)
-        real = np.arange(q0, q1) < vis.nq                            # not padding
-        m = np.full(q1 - q0, -np.inf, dtype=dtype)                   # running maximum
-        l = np.zeros(q1 - q0, dtype=dtype)                           # running sum ℓ
-        acc = np.zeros((q1 - q0, v.shape[1]), dtype=dtype)           # unnormalised output
-        if hs.sink is not None:
-            m, l = variants.sink_forward(m, l, hs.sink, real)
-        q_i = q[q0:q1] * dtype.type(hs.scale)
-        k_lo, k_hi = vis.key_range(q0, q1)
-        for k0 in range(k_lo, k_hi, B_c):
-            k1 = min(k0 + B_c, k_hi)
-            tile = variants.Tile(q0, q1, k0, k1)
-            S, _ = _tile_scores(q_i, k[k0:k1], tile, hs, vis.tile_mask(q0, q1, k0, k1))
-            m_new = np.maximum(m, S.max(axis=-1))
-            shift = np.where(np.isneginf(m_new), 0, m_new).astype(dtype, copy=False)
-            alpha = np.exp(m - shift)                                # 0 while nothing is seen
-            P = np.exp(S - shift[:, None])
-            l = l * alpha + P.sum(axis=-1)
-            acc = acc * alpha[:, None] + P @ v[k0:k1]
-            m = m_new
-        # a row that saw nothing has ℓ = 0 and acc = 0: out 0 (as SDPA), not 0/0
-        out[q0:q1] = acc / np.where(l == 0, 1, l)[:, None]
-        with np.errstate(divide="ignore"):
-            lse[q0:q1] = np.where(real, m + np.log(l), -np.inf)
-
-
-def backward_head(dout, q, k, v, out, lse, dlse, dq, dk, dv, hs, vis, B_r, B_c):
-    """Backward of one head into dq (Tq, Dqk), dk (Tk, Dqk), dv (Tk, Dv) (added
-    to) and, through its Bias op, dbias; returns dsink (0 without sink).
-    ``dlse`` (Tq,) or None: the upstream gradient on lse, carried by the row
-    term (``D − dL``, module docstring)."""
-    Tq, dtype = q.shape[0], q.dtype
-    scale = dtype.type(hs.scale)
-    D = np.einsum("ij,ij->i", dout, out)                             # rowsum(dO ∘ O)
-    D = variants.lse_row_term(D, dlse)                               # D − dL: ∂L_i/∂S_ij = P_ij
-    seen = ~np.isneginf(lse)                                         # rows with a softmax
-    L = np.where(seen, lse, np.inf).astype(dtype, copy=False)        # P = exp(S - L) = 0 if not
-    D = np.where(seen, D, 0).astype(dtype, copy=False)
-    dsink = dtype.type(0)
-    for q0 in range(0, Tq, B_r):
-        q1 = min(q0 + B_r, Tq)
-        dO_i = dout[q0:q1]
-        dq_i = np.zeros((q1 - q0, q.shape[1]), dtype=dtype)
-        q_i = q[q0:q1] * scale
-        k_lo, k_hi = vis.key_range(q0, q1)
-        for k0 in range(k_lo, k_hi, B_c):
-            k1 = min(k0 + B_c, k_hi)
-            tile = variants.Tile(q0, q1, k0, k1)
-            S, saved = _tile_scores(q_i, k[k0:k1], tile, hs, vis.tile_mask(q0, q1, k0, k1))
-            P = np.exp(S - L[q0:q1, None])                           # the softmax weights
-            dv[k0:k1] += P.T @ dO_i
-            dP = dO_i @ v[k0:k1].T                                   # dL/dP
-            dS = P * (dP - D[q0:q1, None])                           # P ∘ (dP - D)
-            dS = variants.scores_backward(hs.ops, dS, saved, tile)  # the ops in reverse
-            dq_i += dS @ k[k0:k1]
-            dk[k0:k1] += (dS.T @ q[q0:q1]) * scale
-        dq[q0:q1] = dq_i * scale
-        if hs.sink is not None:
-            p_sink = np.exp(dtype.type(hs.sink) - L[q0:q1])          # the sink's weight
-            dsink += variants.sink_backward(p_sink, D[q0:q1])
-    return dsink
+ROWS_PER_JOB = 2048          # query rows of one head per job (rounded to whole tiles)
+KEPT_BYTES = 64 * 2 ** 20    # a query tile's kept weights, per worker: B_r shrinks for long Tk ...
+MIN_ROWS = 32                # ... down to this many rows
 
 
 # ----------------------------------------------------------------------------
 # The public function
 
-def reference_attention(q, k, v, dout=None, *, dlse=None, scale=None, causal=False, align="top-left",
-                        window=None, softcap=None, alibi_slopes=None, bias=None, sinks=None,
-                        seqlens_q=None, seqlens_k=None, block_q=None, block_k=None):
+def reference_attention(q, k, v, dout=None, *, dlse=None, scale=None, causal=False,
+                        align="top-left", window=None, softcap=None, alibi_slopes=None,
+                        bias=None, sinks=None, seqlens_q=None, seqlens_k=None,
+                        block_q=None, block_k=None):
     """Attention with the production variants -> dict of NumPy arrays.
 
     ``"out"`` (B, Hq, Tq, Dv) and ``"lse"`` (B, Hq, Tq), natural log; with
@@ -198,44 +111,88 @@ def reference_attention(q, k, v, dout=None, *, dlse=None, scale=None, causal=Fal
     """
     q, k, v = _qkv(q, k, v)
     B, Hq, Tq, _ = q.shape
-    Hkv, Tk, Dv = k.shape[1], k.shape[2], v.shape[3]
-    dtype = q.dtype
+    Hkv, Dv = k.shape[1], v.shape[3]
     o = _options(q, k, scale, causal, align, window, softcap, alibi_slopes, bias, sinks,
                  seqlens_q, seqlens_k, block_q, block_k)
     if dout is not None:
-        dout = _same("dout", dout, (B, Hq, Tq, Dv), dtype)
+        dout = _same("dout", dout, (B, Hq, Tq, Dv), q.dtype)
     if dlse is not None:
-        dlse = _same("dlse", dlse, (B, Hq, Tq), dtype)
+        dlse = _same("dlse", dlse, (B, Hq, Tq), q.dtype)
         if dout is None:                                             # only lse is used
-            dout = np.zeros((B, Hq, Tq, Dv), dtype=dtype)
-    kv = [variants.kv_head(h, Hq, Hkv) for h in range(Hq)]          # GQA: h // (Hq // Hkv)
-    out = np.empty((B, Hq, Tq, Dv), dtype=dtype)
-    lse = np.empty((B, Hq, Tq), dtype=dtype)
-    for b in range(B):
-        vis = o["visibility"](b)
-        for h in range(Hq):
-            forward_head(q[b, h], k[b, kv[h]], v[b, kv[h]], out[b, h], lse[b, h],
-                         o["head"](b, h, vis.offset), vis, o["B_r"], o["B_c"])
-    result = {"out": out, "lse": lse}
+            dout = np.zeros((B, Hq, Tq, Dv), dtype=q.dtype)
+    r = dict(out=np.empty((B, Hq, Tq, Dv), dtype=q.dtype), lse=np.empty((B, Hq, Tq), dtype=q.dtype))
+    if dout is not None:
+        r.update(dq=np.zeros_like(q), dk=np.zeros_like(k), dv=np.zeros_like(v),
+                 dsinks=np.zeros(Hq, dtype=q.dtype))
+        if o["bias"] is not None:
+            r["dbias"] = np.zeros(o["bias"].shape, dtype=q.dtype)
+    per_job = max(o["B_r"], ROWS_PER_JOB // o["B_r"] * o["B_r"])   # whole tiles
+    jobs = [(b, g, r0, min(r0 + per_job, Tq))
+            for b in range(B) for g in range(Hkv) for r0 in range(0, Tq, per_job)]
+    work = _Job(q, k, v, dout, dlse, r, o)
+    for job, part in zip(jobs, _parallel.map_jobs(work, jobs)):
+        work.reduce(job, part)                                       # in the jobs' order
     if dout is None:
-        return result
-    dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
-    dbias = None if o["bias"] is None else np.zeros(o["bias"].shape, dtype=dtype)
-    dsinks = np.zeros(Hq, dtype=dtype)
-    for b in range(B):
+        return r
+    if "dbias" in r:
+        r["dbias"] = r["dbias"].reshape(np.shape(bias))
+    if sinks is None:
+        del r["dsinks"]
+    return r
+
+
+class _Job:
+    """``job(b, g, r0, r1)``: forward (and backward) of query rows [r0, r1) of
+    every query head reading kv head g of batch b -> the partials to add."""
+
+    def __init__(self, q, k, v, dout, dlse, r, o):
+        self.q, self.k, self.v, self.dout, self.dlse, self.r, self.o = q, k, v, dout, dlse, r, o
+        Hq, Hkv = q.shape[1], k.shape[1]                            # GQA: h // (Hq // Hkv)
+        self.heads = [[h for h in range(Hq) if variants.kv_head(h, Hq, Hkv) == g]
+                      for g in range(Hkv)]
+
+    def __call__(self, job):
+        b, g, r0, r1 = job
+        q, k, r, o = self.q, self.k[b, g], self.r, self.o
+        v1 = tiles.with_ones(self.v[b, g])                            # [v | 1]
         vis = o["visibility"](b)
-        for h in range(Hq):
-            hs = o["head"](b, h, vis.offset, None if dbias is None else _head_view(dbias, b, h))
-            dsinks[h] += backward_head(dout[b, h], q[b, h], k[b, kv[h]], v[b, kv[h]],
-                                       out[b, h], lse[b, h], None if dlse is None else dlse[b, h],
-                                       dq[b, h], dk[b, kv[h]],
-                                       dv[b, kv[h]], hs, vis, o["B_r"], o["B_c"])
-    result.update(dq=dq, dk=dk, dv=dv)
-    if dbias is not None:
-        result["dbias"] = dbias.reshape(np.shape(bias))
-    if sinks is not None:
-        result["dsinks"] = dsinks
-    return result
+        if self.dout is None:
+            for h in self.heads[g]:
+                tiles.forward_rows(q[b, h], k, v1, r["out"][b, h], r["lse"][b, h],
+                                   o["head"](b, h, vis.offset), vis, (r0, r1), o["B_r"], o["B_c"])
+            return None
+        part = dict(dk=np.zeros_like(k), dv=np.zeros_like(self.v[b, g]), dsinks={}, dbias={})
+        for h in self.heads[g]:                                      # the query heads reading g
+            head = o["head"](b, h, vis.offset, self._dbias_part(part, b, h, r0, r1), r0)
+            part["dsinks"][h] = tiles.attention_rows(
+                self.dout[b, h], q[b, h], k, v1, r["out"][b, h], r["lse"][b, h],
+                None if self.dlse is None else self.dlse[b, h], r["dq"][b, h],
+                part["dk"], part["dv"], head, vis, (r0, r1), o["B_r"], o["B_c"])
+        return part
+
+    def _dbias_part(self, part, b, h, r0, r1):
+        """This job's zeros for the bias entries head h reads (rows r0..r1 of them,
+        or the one broadcast row), shared by heads reading the same entries."""
+        bias4 = self.o["bias"]
+        if bias4 is None:
+            return None
+        key = (b if bias4.shape[0] > 1 else 0, h if bias4.shape[1] > 1 else 0)
+        rows = r1 - r0 if bias4.shape[2] > 1 else 1
+        return part["dbias"].setdefault(key, np.zeros((rows, bias4.shape[3]), dtype=self.q.dtype))
+
+    def reduce(self, job, part):
+        """Add one job's partials into the results (called in the jobs' order)."""
+        if part is None:
+            return
+        b, g, r0, r1 = job
+        r = self.r
+        r["dk"][b, g] += part["dk"]
+        r["dv"][b, g] += part["dv"]
+        for h, dsink in part["dsinks"].items():
+            r["dsinks"][h] += dsink
+        for (bb, bh), d in part["dbias"].items():
+            rows = slice(r0, r1) if r["dbias"].shape[2] > 1 else slice(0, 1)
+            r["dbias"][bb, bh, rows] += d
 
 
 def _head_view(bias4, b, h):
@@ -335,6 +292,8 @@ def _options(q, k, scale, causal, align, window, softcap, alibi_slopes, bias, si
     bias4 = None if bias is None else _bias(bias, (B, Hq, Tq, Tk))
     nq, nk = _lengths("seqlens_q", seqlens_q, B, Tq), _lengths("seqlens_k", seqlens_k, B, Tk)
     auto_q, auto_k = choose_tiles(Tq, Tk, Dqk)
+    kept_rows = KEPT_BYTES // max(1, 2 * Tk * q.dtype.itemsize)     # P̃ and softcap's tanh
+    auto_q = min(auto_q, max(MIN_ROWS, kept_rows))
     B_r = max(1, auto_q) if block_q is None else _int("block_q", block_q, 1)
     B_c = max(1, auto_k) if block_k is None else _int("block_k", block_k, 1)
 
@@ -342,12 +301,12 @@ def _options(q, k, scale, causal, align, window, softcap, alibi_slopes, bias, si
         offset = alignment_offset(nq[b], nk[b], align)
         return variants.Visibility(nq[b], nk[b], offset, left, right)
 
-    def head(b, h, offset, dbias=None):
+    def head(b, h, offset, dbias=None, dbias_row0=0):
         ops = variants.score_ops(softcap=softcap, offset=offset,
                                  slope=None if slopes is None else slopes[b, h],
                                  bias=None if bias4 is None else _head_view(bias4, b, h),
-                                 dbias=dbias)
-        return Head(scale, ops, None if sink is None else sink[h])
+                                 dbias=dbias, dbias_row0=dbias_row0)
+        return tiles.Head(scale, ops, None if sink is None else sink[h])
 
     return dict(visibility=visibility, head=head, bias=bias4, B_r=B_r, B_c=B_c)
 

@@ -228,10 +228,11 @@ class Alibi:
 class Bias:
     """``S ← S + bias``; backward ``dS`` unchanged, and ``dbias = dS`` summed over
     the bias's broadcast axes (`bias_forward`, `bias_backward`), added into
-    ``grad`` (same 2-D shape as ``bias``: rows 1 or Tq, columns 1 or Tk)."""
+    ``grad``: the 2-D bias's shape (rows 1 or Tq, columns 1 or Tk), or only
+    its rows from ``grad_row0`` on (a partial for some of the queries)."""
 
-    def __init__(self, bias, grad=None):
-        self.bias, self.grad = bias, grad
+    def __init__(self, bias, grad=None, grad_row0=0):
+        self.bias, self.grad, self.grad_row0 = bias, grad, grad_row0
 
     def _index(self, tile):
         rows = slice(tile.q0, tile.q1) if self.bias.shape[0] > 1 else slice(0, 1)
@@ -242,23 +243,26 @@ class Bias:
         return bias_forward(S, self.bias[self._index(tile)]), None
 
     def backward(self, dS, saved, tile):
-        index = self._index(tile)
-        dS, dbias = bias_backward(dS, self.bias[index].shape)
+        rows, cols = self._index(tile)
+        dS, dbias = bias_backward(dS, self.bias[rows, cols].shape)
         if self.grad is not None:
-            self.grad[index] += dbias
+            if self.bias.shape[0] > 1:
+                rows = slice(rows.start - self.grad_row0, rows.stop - self.grad_row0)
+            self.grad[rows, cols] += dbias
         return dS
 
 
-def score_ops(*, softcap=None, slope=None, offset=0, bias=None, dbias=None):
+def score_ops(*, softcap=None, slope=None, offset=0, bias=None, dbias=None, dbias_row0=0):
     """One head's score changes in FlashAttention's order: softcap, ALiBi, bias
-    (each left out when None).  ``dbias`` receives the bias's gradient."""
+    (each left out when None).  ``dbias`` receives the bias's gradient (its
+    rows from ``dbias_row0`` on)."""
     ops = []
     if softcap is not None:
         ops.append(Softcap(softcap))
     if slope is not None:
         ops.append(Alibi(slope, offset))
     if bias is not None:
-        ops.append(Bias(bias, dbias))
+        ops.append(Bias(bias, dbias, dbias_row0))
     return ops
 
 

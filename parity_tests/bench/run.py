@@ -46,8 +46,9 @@ def parse_args(argv):
     p = argparse.ArgumentParser(
         prog="attention-parity bench",
         description="Time forward+backward of NumPy vs PyTorch MultiHeadAttention on the CPU.")
-    p.add_argument("--tokens", type=_int_list, default=DEFAULT_TOKENS,
-                   help="comma-separated token counts T (default: 1024,2048,4096,8192,16384)")
+    p.add_argument("--tokens", type=_int_list, default=None,
+                   help="comma-separated token counts T (default: 1024,2048,4096,8192,16384; "
+                        "with --golden 8192)")
     p.add_argument("--impl", type=_impl_list, default=list(impls.DEFAULT_IMPLS),
                    help=f"comma-separated implementations among {','.join(IMPLS)} "
                         f"(default: {','.join(impls.DEFAULT_IMPLS)}); those holding (T, T) "
@@ -69,7 +70,13 @@ def parse_args(argv):
     p.add_argument("--seed", type=outputs.seed, default=0,
                    help="seed for weights and inputs, 0 .. 2**32 - 1 (default: 0)")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
+    p.add_argument("--golden", action="store_true",
+                   help="instead: the float64 golden (numpy_ref.reference_attention, 2 heads of "
+                        "D = 64, batch --batch) against a 2048^3 dgemm in the same process, best "
+                        "of --repeats (parity_tests.bench.golden)")
     args = p.parse_args(argv)
+    if args.tokens is None:
+        args.tokens = [8192] if args.golden else DEFAULT_TOKENS
     if args.d_model % args.heads:
         p.error(f"--d-model ({args.d_model}) must be divisible by --heads ({args.heads})")
     return args
@@ -399,8 +406,13 @@ def main(argv=None):
     args, status = parse_verb_args(parse_args, argv)    # --json PATH tried before the run
     if status is not None:
         return status
-    result = run(args)
-    print(render(result))
+    if args.golden:
+        from parity_tests.bench import golden
+        result = golden.golden_rates(args.tokens, args.batch, args.repeats, seed=args.seed)
+        print(golden.render_golden(result))
+    else:
+        result = run(args)
+        print(render(result))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)

@@ -143,3 +143,11 @@ def test_bad_options_are_refused(argv, capsys):
         bench.parse_args(argv)
     assert exc.value.code == 2
     assert "error" in capsys.readouterr().err
+
+
+def test_golden_bench_prints_its_rate_the_dgemm_rate_the_share_and_the_blas(capsys):
+    """``bench --golden`` on a tiny T: every figure it promises is printed (none asserted)."""
+    assert cli.main(["bench", "--golden", "--tokens", "64", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "T 64: golden" in out and "GFLOP/s; dgemm 2048^3 float64" in out and "share" in out
+    assert "BLAS:" in out and "OPENBLAS_CORETYPE" in out and "load average" in out

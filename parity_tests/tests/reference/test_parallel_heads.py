@@ -49,3 +49,43 @@ def test_workers_run_their_products_on_one_blas_thread():
     counts = []
     _parallel.run_jobs(lambda job: counts.append(getter()), range(4), workers=2)
     assert counts == [1, 1, 1, 1]
+
+
+def _reference(monkeypatch, workers, bias_shape, rows_per_job=16):
+    from numpy_ref import reference, reference_attention
+    monkeypatch.setattr(_parallel, "usable_cpus", lambda: workers)
+    monkeypatch.setattr(reference, "ROWS_PER_JOB", rows_per_job)  # long heads split too
+    rng = np.random.default_rng(4)
+    q = rng.standard_normal((2, 4, 53, 8))
+    k, v = (rng.standard_normal((2, 2, 41, 8)) for _ in range(2))
+    dout, dlse = rng.standard_normal((2, 4, 53, 8)), rng.standard_normal((2, 4, 53))
+    return reference_attention(q, k, v, dout, dlse=dlse, causal=True, align="bottom-right",
+                               softcap=3.0, bias=rng.standard_normal(bias_shape),
+                               sinks=rng.standard_normal(4), block_q=8, block_k=16)
+
+
+@pytest.mark.parametrize("bias_shape", [(53, 41), (1, 4, 1, 41), (2, 1, 53, 41)])
+def test_the_reference_is_bitwise_independent_of_the_worker_count(monkeypatch, bias_shape):
+    """Jobs of (batch, kv head, 16 query rows): dk, dv, the broadcast dbias and
+    the batch-summed dsinks are per-job partials added in the jobs' order."""
+    one = _reference(monkeypatch, 1, bias_shape)
+    for workers in (2, 5):
+        many = _reference(monkeypatch, workers, bias_shape)
+        assert set(many) == set(one)
+        for name in one:
+            assert np.array_equal(one[name], many[name]), (workers, name)
+
+
+def test_map_jobs_yields_in_the_jobs_order_whatever_order_they_finish_in():
+    import time
+    got = list(_parallel.map_jobs(lambda j: time.sleep(0.01 * (5 - j)) or j, range(5), workers=3))
+    assert got == list(range(5))
+
+
+def test_splitting_a_head_into_row_jobs_changes_only_the_rounding(monkeypatch):
+    split = _reference(monkeypatch, 2, (53, 41))
+    whole = _reference(monkeypatch, 2, (53, 41), rows_per_job=10 ** 6)
+    assert not np.array_equal(split["dk"], whole["dk"])          # summed in another order
+    for name in whole:
+        scale = max(np.abs(whole[name][np.isfinite(whole[name])]).max(), 1.0)
+        assert np.allclose(split[name], whole[name], rtol=0, atol=1e-13 * scale), name

@@ -11,6 +11,7 @@ import pytest
 
 from numpy_ref import reference_attention
 from numpy_ref import reference as ref_mod
+from numpy_ref import reference_tiles as tiles_mod
 from parity_tests.common.finite_diff import eval_numerical_gradient_array
 from parity_tests.common.tolerances import FINITE_DIFF_BOUND
 from parity_tests.matrix.variants import compare
@@ -235,8 +236,8 @@ def test_bad_shapes_are_refused_naming_the_argument(shapes, match):
 def test_a_window_visits_only_its_tiles(monkeypatch):
     """Tile skipping: the tile products scale with the window, not with T."""
     calls = []
-    original = ref_mod._tile_scores
-    monkeypatch.setattr(ref_mod, "_tile_scores",
+    original = tiles_mod._tile_scores
+    monkeypatch.setattr(tiles_mod, "_tile_scores",
                         lambda q_i, k_j, *a: calls.append(q_i.shape[0] * k_j.shape[0]) or
                         original(q_i, k_j, *a))
     T, window = 4096, 256

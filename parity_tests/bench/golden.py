@@ -1,0 +1,102 @@
+"""``attention-parity bench --golden``: the float64 golden at the machine's GEMM speed.
+
+Times ``numpy_ref.reference_attention`` forward + backward (random upstream
+gradient, float64, B × 2 heads of D = 64, not causal) and a 2048³ float64
+matrix product in the same process, interleaved (dgemm, golden, dgemm, ...)
+so that a burst of load on a shared machine hits both; each figure is the best
+of its runs.  The share is the golden's GFLOP/s over the dgemm's: how close
+the check's reference runs to what the BLAS can do on this machine.
+
+FLOPs are counted as FlashAttention-2 counts them: 7 products of
+2·B·H·Tq·Tk·D (2 forward, 5 backward, the backward's recompute of q kᵀ
+included), half that when causal.  The golden keeps each query tile's weights
+from its forward instead of recomputing them, so it performs 6 of the 7.
+
+Figures are printed, never asserted; the load average is printed with them.
+"""
+
+import os
+import time
+
+import numpy as np
+
+__all__ = ["golden_rates", "render_golden"]
+
+HEADS, HEAD_DIM, GEMM_N = 2, 64, 2048
+
+
+def _best(fn, repeats):
+    best = np.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _load():
+    try:
+        return tuple(round(x, 2) for x in os.getloadavg())
+    except OSError:                                     # not on every platform
+        return None
+
+
+def blas_info():
+    """NumPy's BLAS as threadpoolctl sees it, and OPENBLAS_CORETYPE."""
+    info = {"OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE")}
+    try:
+        import threadpoolctl
+    except ImportError:
+        return info | {"blas": "unknown (threadpoolctl not installed)"}
+    libs = [lib for lib in threadpoolctl.threadpool_info() if lib.get("user_api") == "blas"]
+    if libs:
+        info["blas"] = {k: libs[0].get(k) for k in ("internal_api", "version", "architecture",
+                                                    "num_threads")}
+    return info
+
+
+def golden_rates(tokens, batch=1, repeats=3, causal=False, seed=0):
+    """{T: GFLOP/s of the golden, the dgemm's, the share, seconds} for each T."""
+    from numpy_ref import _parallel, reference_attention
+    rng = np.random.default_rng(seed)
+    a, b = (rng.standard_normal((GEMM_N, GEMM_N)) for _ in range(2))
+    a @ b                                                           # warm the BLAS
+    result = {"load_start": _load(), "blas": blas_info(), "workers": _parallel.usable_cpus(),
+              "shape": dict(batch=batch, heads=HEADS, head_dim=HEAD_DIM, causal=causal,
+                            dtype="float64"), "rows": []}
+    for T in tokens:
+        q, k, v, dout = (rng.standard_normal((batch, HEADS, T, HEAD_DIM)) for _ in range(4))
+        gemm_s, golden_s = np.inf, np.inf
+        for _ in range(repeats):
+            gemm_s = min(gemm_s, _best(lambda: a @ b, 2))
+            golden_s = min(golden_s, _best(lambda: reference_attention(
+                q, k, v, dout, causal=causal), 1))
+        flops = 7 * 2.0 * batch * HEADS * T * T * HEAD_DIM * (0.5 if causal else 1.0)
+        gemm = 2.0 * GEMM_N ** 3 / gemm_s / 1e9
+        golden = flops / golden_s / 1e9
+        result["rows"].append(dict(tokens=T, golden_s=golden_s, golden_gflops=golden,
+                                   dgemm_gflops=gemm, share=golden / gemm))
+    result["load_end"] = _load()
+    return result
+
+
+def render_golden(result):
+    s, info = result["shape"], result["blas"]
+    blas = info.get("blas")
+    if isinstance(blas, dict):
+        blas = (f"{blas['internal_api']} {blas['version']}, kernel {blas['architecture']}, "
+                f"{blas['num_threads']} threads")
+    core = info["OPENBLAS_CORETYPE"]
+    lines = [f"golden: numpy_ref.reference_attention, float64 forward + backward, batch "
+             f"{s['batch']}, {s['heads']} heads, D {s['head_dim']}, causal {s['causal']}; "
+             f"{result['workers']} workers (usable CPUs), one BLAS thread each",
+             f"BLAS: {blas}; OPENBLAS_CORETYPE {'= ' + core if core else 'not set'}",
+             f"load average (1, 5, 15 min): {result['load_start']} at start, "
+             f"{result['load_end']} at end"]
+    for r in result["rows"]:
+        lines.append(f"T {r['tokens']}: golden {r['golden_s']:.2f} s, "
+                     f"{r['golden_gflops']:.1f} GFLOP/s; dgemm {GEMM_N}^3 float64 "
+                     f"{r['dgemm_gflops']:.1f} GFLOP/s; share {r['share']:.2f}")
+    lines.append("(FLOPs: FlashAttention-2's 7 products of 2·B·H·T²·D, the backward's "
+                 "recompute included; the golden keeps its weights and performs 6)")
+    return "\n".join(lines)
