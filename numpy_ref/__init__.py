@@ -25,6 +25,7 @@ from numpy_ref.fast import FastMultiHeadAttention
 from numpy_ref.blockwise import attention_forward, attention_backward
 from numpy_ref.blockwise_attention import BlockwiseMultiHeadAttention
 from numpy_ref.reference import reference_attention
+from numpy_ref.merge import merge_states, merge_states_backward
 
 __all__ = [
     "softmax", "softmax_naive", "softmax_jacobian", "softmax_backward",
@@ -33,4 +34,5 @@ __all__ = [
     "CausalAttention", "MultiHeadAttentionWrapper", "MultiHeadAttention",
     "FastMultiHeadAttention", "attention_forward", "attention_backward",
     "BlockwiseMultiHeadAttention", "reference_attention",
+    "merge_states", "merge_states_backward",
 ]
