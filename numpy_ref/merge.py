@@ -54,7 +54,7 @@ Shapes: out (B, H, T, D), lse (B, H, T); float32 or float64, one dtype.
 import numpy as np
 
 __all__ = ["merge_states", "merge_states_backward", "split_states", "merge_many",
-           "merge_many_backward", "ORDERS"]
+           "merge_many_backward", "merge_plan", "ORDERS"]
 
 ORDERS = ("ring", "tree")
 
@@ -141,7 +141,7 @@ def split_states(q, k, v, cuts, bias=None, **options):
     return states
 
 
-def _plan(n, order):
+def merge_plan(n, order):
     """The merges of ``n`` states in ``order`` as ``[(i, j)]``: state i := merge(i, j).
     ring: a left fold (0 += 1, 0 += 2, ...); tree: neighbours pairwise, level by level."""
     if order not in ORDERS:
@@ -160,7 +160,7 @@ def merge_many(states, order="ring"):
     if len(states) < 2:
         raise ValueError(f"states must hold at least two (out, lse) pairs, got {len(states)}")
     work = list(states)
-    for i, j in _plan(len(states), order):
+    for i, j in merge_plan(len(states), order):
         work[i] = merge_states(*work[i], *work[j])
     return work[0]
 
@@ -169,7 +169,7 @@ def merge_many_backward(dout, dlse, states, order="ring"):
     """Backward of `merge_many` -> ``[(dout_i, dlse_i)]``, one per state: the
     merges replayed forward, then `merge_states_backward` in reverse order."""
     work, tape = list(states), []
-    for i, j in _plan(len(states), order):
+    for i, j in merge_plan(len(states), order):
         tape.append((i, j, work[i], work[j]))
         work[i] = merge_states(*work[i], *work[j])
     grads = [None] * len(states)
