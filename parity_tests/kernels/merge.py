@@ -16,9 +16,10 @@ Inputs are rounded to the tested dtype (out in it, lse in float32 for bfloat16
 and float16, as FlashAttention keeps it), and the golden result is the float64
 merge of the rounded numbers.  Each tensor passes when its normwise relative
 error is at most ``tolerances.check_bound(dtype, baseline)`` (lse and its
-gradient with the floor of lse's dtype, float32 beside bfloat16 and float16): the baseline is
-the larger error of two plain PyTorch merges in the same dtype (the max-shifted
-one below and the dense ``logaddexp`` formula).  A failing row is diagnosed by
+gradient with the floor of lse's dtype, float32 beside bfloat16 and float16):
+the baseline is the larger error of two plain PyTorch merges in the same dtype
+(the max-shifted one below and the dense ``logaddexp`` formula).  An lse of
+−inf (an empty union) must come back −inf.  A failing row is diagnosed by
 ``merge_diagnosis``.
 """
 
@@ -35,7 +36,7 @@ from numpy_ref import merge as ref
 from parity_tests.common import options, outputs
 from parity_tests.common import tolerances as tol
 from parity_tests.kernels import targets
-from parity_tests.kernels.merge_diagnosis import diagnose_case
+from parity_tests.kernels.merge_diagnosis import bad_entries, diagnose_case
 from parity_tests.kernels.report import Report, Row
 
 __all__ = ["check_merge", "merge_main", "CASES", "plain_merge", "dense_merge"]
@@ -228,15 +229,9 @@ def run_merge(fn, t_states, t_dout, t_dlse, order, device):
 # ----------------------------------------------------------------------------
 # Judging
 
-def _bad_entries(got, gold):
-    """Entries that are non-finite where the golden one is finite, or not −inf where it is."""
-    neginf = np.isneginf(gold)
-    return (~np.isfinite(got) & ~neginf) | (neginf & ~np.isneginf(got))
-
-
 def error_of(got, gold, denom, tensor):
     """``(normwise relative error, (b, h, row) of the worst entry)``; inf on a bad entry."""
-    bad = _bad_entries(got, gold)
+    bad = bad_entries(got, gold)
     if bad.any():
         return math.inf, _place(np.unravel_index(np.argmax(bad), bad.shape), tensor)
     diff = np.where(np.isneginf(gold), 0.0, np.abs(got - np.where(np.isneginf(gold), 0, gold)))

@@ -29,7 +29,8 @@ import numpy as np
 from numpy_ref import merge as ref
 from parity_tests.kernels.diagnosis import Diagnosis, MATCH_SHARE
 
-__all__ = ["diagnose_case", "base2_prediction", "naive_bad_rows"]
+__all__ = ["diagnose_case", "bad_entries", "base2_prediction", "unnormalised_prediction",
+           "naive_bad_rows"]
 
 LN2 = math.log(2.0)
 
@@ -41,7 +42,8 @@ def _rows(bad, tensor):
     return bad.any(axis=-1) if tensor.startswith(("out", "dout")) else bad
 
 
-def _bad(got, gold):
+def bad_entries(got, gold):
+    """Entries that are non-finite where the golden one is finite, or not −inf where it is."""
     neginf = np.isneginf(gold)
     return (~np.isfinite(got) & ~neginf) | (neginf & ~np.isneginf(got))
 
@@ -91,7 +93,7 @@ def naive_bad_rows(states, order, dtype):
 
 
 def _non_finite(t, got, gold, states, order, lse_dtype, forward_ok):
-    bad = _bad(got, gold)
+    bad = bad_entries(got, gold)
     if not bad.any():
         return None
     rows = _rows(bad, t)
