@@ -26,6 +26,7 @@ from numpy_ref.blockwise import attention_forward, attention_backward
 from numpy_ref.blockwise_attention import BlockwiseMultiHeadAttention
 from numpy_ref.reference import reference_attention
 from numpy_ref.visibility import Visibility, alignment_offset, visible_mask
+from numpy_ref.merge import merge_states, merge_states_backward
 
 __all__ = [
     "softmax", "softmax_naive", "softmax_jacobian", "softmax_backward",
@@ -35,4 +36,5 @@ __all__ = [
     "FastMultiHeadAttention", "attention_forward", "attention_backward",
     "BlockwiseMultiHeadAttention", "reference_attention",
     "Visibility", "alignment_offset", "visible_mask",
+    "merge_states", "merge_states_backward",
 ]

@@ -71,7 +71,7 @@ def _progress_line(name, total, start):
 
 def check(target, *, device="cpu", dtypes=None, tokens=None, head_dims=None, heads=None, batch=None,
           causal="both", align="top-left", layout="bhtd", long=False, seed=0, progress=False,
-          features=None, timeout=measure.DEFAULT_TIMEOUT):
+          features=None, timeout=measure.DEFAULT_TIMEOUT, merge=False):
     """Hold ``target`` (a built-in name, ``"module.path:callable"`` or a callable taking
     ``(q, k, v, *, causal, scale)``) to the float64 reference; returns a `Report`
     (``.passed``, ``.rows``, ``.failures``, ``.diagnoses``, ``.diagnosis``).
@@ -84,7 +84,12 @@ def check(target, *, device="cpu", dtypes=None, tokens=None, head_dims=None, hea
     target may take on one case (default ``measure.DEFAULT_TIMEOUT``, 0 or None: no limit),
     past which the case FAILS "timed out" -- a pure-Python loop is stopped, one long call
     into C only when it returns (``measure.time_limit``).
+    ``merge=True``: ``target`` is a merge of partial states, ``fn(out_a, lse_a, out_b, lse_b)
+    -> (out, lse)``, held to ``numpy_ref.merge_states`` (``parity_tests.kernels.merge``).
     """
+    if merge:                                 # merge of partial states: its own cases
+        from parity_tests.kernels.merge import check_merge
+        return check_merge(target, device=device, dtypes=dtypes, seed=seed)
     limit = _timeout(timeout)
     plan = _plan(target, device, dtypes, tokens, head_dims, heads, batch, causal, align, layout, long,
                  features, seed)
@@ -217,6 +222,9 @@ def build_parser():
                    help="seconds the target may take on one case before the case FAILS 'timed out' "
                         f"(default: {measure.DEFAULT_TIMEOUT:g}; 0: no limit). A Python loop is stopped "
                         "on time; one long call into C (a single huge matmul, a CUDA wait) only when it returns")
+    p.add_argument("--merge", metavar="module:fn",
+                   help="check a merge of partial attention states fn(out_a, lse_a, out_b, lse_b) -> "
+                        "(out, lse) against numpy_ref.merge_states instead of a kernel (no TARGET)")
     p.add_argument("--json", metavar="PATH", help='also write {"rows": [...], "summary": {...}} to PATH')
     p.add_argument("--quiet", "-q", action="store_true", help="print only failing rows and the summary")
     return p
@@ -253,6 +261,9 @@ def main(argv=None):
             from parity_tests.kernels.feature_targets import flash_unavailable
             print(f"(FlashAttention's {', '.join(targets.FLASH)} skipped: {flash_unavailable()})")
         return 0
+    if args.merge:                            # merge of partial states: parity_tests.kernels.merge
+        from parity_tests.kernels.merge import merge_main
+        return merge_main(args)
     if not args.target:
         print("attention-parity check: error: TARGET is required (see --help or --list)", file=sys.stderr)
         return 2

@@ -1,0 +1,181 @@
+"""Name the mistake behind a failing row of ``check --merge``.
+
+For each failing tensor of a case (out, lse, dout_parts, dlse_parts), in order:
+
+1. *NaN or infinity* (or a finite lse where the union is empty): the rows where
+   it sits are compared with
+   - the rows where some partial is empty (lse −inf, out NaN or garbage): *an
+     empty partial turned into NaN* (``0 · NaN``; in the backward, the branch
+     ``torch.where`` did not take still gets ``0 · NaN``);
+   - the rows where the merge without the running maximum, ``exp(lse)`` in
+     lse's dtype, overflows or underflows to 0/0: *the merge forgets the
+     running maximum*.
+2. *lse in base 2*: the reference recomputed with ``exp2``/``log2`` (every lse,
+   the inputs' and the merged one, read as base 2); its residual against the
+   target is measured as the error is, and it matches when within the bound or
+   leaves at most ``diagnosis.MATCH_SHARE`` of the error.
+3. *Weights not normalised* (out only): the merges folded with
+   ``out = α_a out_a + α_b out_b`` (``α = exp(lse − m)`` never divided by its
+   sum), or each output row the reference's times a factor of its own, fitted
+   per row (any other ``w_a + w_b ≠ 1``).
+4. Otherwise "matches none of the merge mistakes", with the closest one when it
+   comes closer than the reference.
+"""
+
+import math
+
+import numpy as np
+
+from numpy_ref import merge as ref
+from parity_tests.kernels.diagnosis import Diagnosis, MATCH_SHARE
+
+__all__ = ["diagnose_case", "bad_entries", "base2_prediction", "unnormalised_prediction",
+           "naive_bad_rows"]
+
+LN2 = math.log(2.0)
+
+
+def _rows(bad, tensor):
+    """(B, H, T) bool: the query rows holding a True entry of ``bad``."""
+    if tensor.endswith("_parts"):
+        bad = bad.any(axis=0)
+    return bad.any(axis=-1) if tensor.startswith(("out", "dout")) else bad
+
+
+def bad_entries(got, gold):
+    """Entries that are non-finite where the golden one is finite, or not −inf where it is."""
+    neginf = np.isneginf(gold)
+    return (~np.isfinite(got) & ~neginf) | (neginf & ~np.isneginf(got))
+
+
+def base2_prediction(states, dout, dlse, order):
+    """(out, lse, dout_parts, dlse_parts) of a merge that reads and writes lse in base 2."""
+    scaled = [(o, l * LN2) for o, l in states]
+    out, lse = ref.merge_many(scaled, order)
+    grads = ref.merge_many_backward(dout, dlse / LN2, scaled, order)
+    return {"out": out, "lse": lse / LN2, "dout_parts": np.stack([g[0] for g in grads]),
+            "dlse_parts": np.stack([g[1] * LN2 for g in grads])}
+
+
+def _unnormalised_pair(out_a, lse_a, out_b, lse_b):
+    """The rescale factors alpha = exp(lse - m) used as weights, never divided by their sum."""
+    _, lse = ref.merge_states(out_a, lse_a, out_b, lse_b)
+    m = np.maximum(lse_a, lse_b)
+    m = np.where(np.isneginf(m), 0, m)
+    term = lambda o, l: np.exp(l - m)[..., None] * np.where(np.isneginf(l)[..., None], 0, o)
+    return term(out_a, lse_a) + term(out_b, lse_b), lse
+
+
+def unnormalised_prediction(states, order):
+    """out of a fold of `_unnormalised_pair` (float64)."""
+    work = list(states)
+    for i, j in ref.merge_plan(len(work), order):
+        work[i] = _unnormalised_pair(*work[i], *work[j])
+    return work[0][0]
+
+
+def naive_bad_rows(states, order, dtype):
+    """(B, H, T) bool: rows where ``exp(lse)`` without the max, in ``dtype``, gives a
+    non-finite out or lse (empty partials' terms taken as 0, so only overflow shows)."""
+    work = [(o, l.astype(dtype)) for o, l in states]
+    bad = np.zeros(states[0][1].shape, bool)
+    with np.errstate(all="ignore"):
+        for i, j in ref.merge_plan(len(work), order):
+            (oa, la), (ob, lb) = work[i], work[j]
+            ea, eb = np.exp(la), np.exp(lb)
+            total = ea + eb
+            out = (ea[..., None] * np.where(np.isneginf(la)[..., None], 0, oa)
+                   + eb[..., None] * np.where(np.isneginf(lb)[..., None], 0, ob)) / total[..., None]
+            lse = np.log(total)
+            bad |= ~np.isfinite(out).all(axis=-1) | np.isposinf(lse)
+            work[i] = (out, lse)
+    return bad
+
+
+def _non_finite(t, got, gold, states, order, lse_dtype, forward_ok):
+    bad = bad_entries(got, gold)
+    if not bad.any():
+        return None
+    rows = _rows(bad, t)
+    count = f"{t} has {int(bad.sum())} NaN or infinite entries of {bad.size} (in {int(rows.sum())} query rows)"
+    empty = np.zeros_like(rows)
+    for _, lse in states:
+        empty |= np.isneginf(lse)
+    naive = naive_bad_rows(states, order, lse_dtype)
+    if (rows & ~empty).any() and not (rows & ~(naive | empty)).any():
+        top = max(float(np.abs(np.where(np.isfinite(l), l, 0)).max()) for _, l in states)
+        limit = math.log(np.finfo(lse_dtype).max)
+        return Diagnosis("merge-no-max", f"{count}, where exp(lse) overflows or underflows in "
+                         f"{np.dtype(lse_dtype).name} (|lse| up to {top:.0f}; exp overflows past {limit:.1f}): "
+                         "the merge forgets the running maximum: subtract m = max(lse_a, lse_b) before exp "
+                         "(alpha = exp(lse - m), the online softmax's rescale)")
+    if not (rows & ~empty).any():
+        backward = (" (the forward is right; in the backward a 0 weight still meets a NaN or infinite "
+                    "factor: the branch torch.where did not take, log(0)'s derivative; zero the empty "
+                    "inputs before they enter any product)" if t.startswith("d") and forward_ok else "")
+        return Diagnosis("merge-empty-nan", f"{count}, all where a partial is empty (lse -inf, out NaN or "
+                         "garbage): an empty partial turned into NaN: its weight exp(-inf) = 0 times its out "
+                         "is 0 * NaN; take its term as 0 (torch.where(lse == -inf, 0, out)), and out 0, "
+                         f"lse -inf when every partial is empty{backward}")
+    return Diagnosis("non-finite", f"{count}: not where a partial is empty nor where exp(lse) overflows")
+
+
+def _residual(got, pred, denom):
+    if not np.isfinite(got).all() or pred.shape != got.shape:
+        return math.inf
+    same = np.isneginf(got) & np.isneginf(pred)
+    diff = np.abs(np.where(same, 0, got) - np.where(same, 0, pred))
+    return float(diff.max() / denom) if np.isfinite(diff).all() else math.inf
+
+
+def _row_scaled(got, gold):
+    """out_i = c_i x reference row i: the fitted prediction and the factors."""
+    num, den = (got * gold).sum(-1, keepdims=True), (gold * gold).sum(-1, keepdims=True)
+    c = np.where(den > 0, num / np.where(den > 0, den, 1.0), 1.0)
+    return c * gold, c
+
+
+def diagnose_case(rows, got, gold, denoms, states, dout, dlse, order, dtype):
+    """Set ``.diagnosis`` on each failing row of one case that has a result."""
+    lse_dtype = np.float64 if dtype == "float64" else np.float32
+    base2 = base2_prediction(states, dout, dlse, order)
+    base2["unnormalised"] = unnormalised_prediction(states, order)
+    named_out = None
+    forward_ok = not any(r.failed for r in rows if r.tensor in ("out", "lse"))
+    for row in rows:
+        t = row.tensor
+        if not row.failed or got[t] is None:
+            continue
+        found = _non_finite(t, got[t], gold[t], states, order, lse_dtype, forward_ok)
+        if found is None:
+            found = _catalogue(t, got[t], gold[t], denoms[t], row.error, row.bound, base2)
+        if t == "out" and found.id != "none":
+            named_out = found.id
+        elif found.id == "none" and named_out:
+            found.sentence += f" (out of this case: {named_out})"
+        row.diagnosis = found
+
+
+def _catalogue(t, got, gold, denom, error, bound, base2):
+    fmt = lambda x: f"{x:.1e}"
+    explains = lambda r: r <= bound or r <= MATCH_SHARE * error
+    tried = [("lse-base-2", _residual(got, base2[t], denom))]
+    c = None
+    if t == "out":
+        fitted, c = _row_scaled(got, gold)
+        tried += [("weights-not-normalised", _residual(got, fitted, denom)),
+                  ("weights-not-normalised", _residual(got, base2["unnormalised"], denom))]
+    name, res = min(tried, key=lambda p: p[1])
+    if explains(res):
+        if name == "lse-base-2":
+            return Diagnosis(name, f"{t} matches the reference with lse in base 2 (exp2 and log2 in place of "
+                             f"exp and log) to {fmt(res)} (bound {fmt(bound)}): lse in base 2: multiply by ln 2 "
+                             "(a kernel working in base 2 takes lse * log2(e) in and gives lse2 * ln 2 out)",
+                             res, bound)
+        return Diagnosis(name, f"{t} matches the reference with the weights not normalised (each merge's out "
+                         f"scaled by exp(lse_a - m) + exp(lse_b - m); row factors {c.min():.3g} .. {c.max():.3g} "
+                         f"overall) to {fmt(res)} (bound {fmt(bound)}): the weights are not normalised: "
+                         "w_a = exp(lse_a - lse) and w_b = exp(lse_b - lse) sum to 1", res, bound)
+    closest = f"; closest: {name} at {fmt(res)}" if res < error else ""
+    return Diagnosis("none", f"{t} matches none of the merge mistakes (lse in base 2, weights not "
+                     f"normalised, no running maximum, empty partial to NaN){closest}", res, bound)

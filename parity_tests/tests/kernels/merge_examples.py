@@ -1,0 +1,66 @@
+"""Merges of partial attention states for ``check --merge``: one right, and one for
+each classic mistake.  Each takes ``(out_a, lse_a, out_b, lse_b)``: out (B, H, T, D),
+lse (B, H, T) natural log, an empty partial lse -inf with any out."""
+
+import math
+
+import torch
+
+
+def _empty_to_zero(out, lse):
+    """An empty partial's out (NaN, garbage) as 0, before anything multiplies it."""
+    return torch.where(torch.isneginf(lse)[..., None], torch.zeros_like(out), out)
+
+
+def merge(out_a, lse_a, out_b, lse_b):
+    """Right: the online softmax's rescale, empty partials contribute nothing."""
+    m = torch.maximum(lse_a, lse_b).detach()
+    m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)        # both empty: shift by 0
+    alpha_a, alpha_b = torch.exp(lse_a - m), torch.exp(lse_b - m)
+    total = alpha_a + alpha_b
+    safe = torch.where(total == 0, torch.ones_like(total), total)
+    out = (alpha_a[..., None] * _empty_to_zero(out_a, lse_a)
+           + alpha_b[..., None] * _empty_to_zero(out_b, lse_b)) / safe[..., None]
+    lse = torch.where(total == 0, torch.full_like(total, -math.inf), m + torch.log(safe))
+    return out.to(out_a.dtype), lse
+
+
+def merge_base2(out_a, lse_a, out_b, lse_b):
+    """FlashAttention's exp2 trick without the conversion: every lse read and written in base 2."""
+    m = torch.maximum(lse_a, lse_b).detach()
+    m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
+    alpha_a, alpha_b = torch.exp2(lse_a - m), torch.exp2(lse_b - m)
+    total = alpha_a + alpha_b
+    safe = torch.where(total == 0, torch.ones_like(total), total)
+    out = (alpha_a[..., None] * _empty_to_zero(out_a, lse_a)
+           + alpha_b[..., None] * _empty_to_zero(out_b, lse_b)) / safe[..., None]
+    lse = torch.where(total == 0, torch.full_like(total, -math.inf), m + torch.log2(safe))
+    return out.to(out_a.dtype), lse
+
+
+def merge_no_max(out_a, lse_a, out_b, lse_b):
+    """exp(lse) straight away: right until exp overflows (lse > 88.7 in float32)."""
+    e_a, e_b = torch.exp(lse_a), torch.exp(lse_b)
+    total = e_a + e_b
+    out = (e_a[..., None] * _empty_to_zero(out_a, lse_a)
+           + e_b[..., None] * _empty_to_zero(out_b, lse_b)) / total[..., None]
+    return out.to(out_a.dtype), torch.log(total)
+
+
+def merge_empty_nan(out_a, lse_a, out_b, lse_b):
+    """The max subtracted, but an empty partial's out multiplied by its 0 weight: 0 * NaN."""
+    lse = torch.logaddexp(lse_a, lse_b)
+    w_a, w_b = torch.exp(lse_a - lse), torch.exp(lse_b - lse)
+    return (w_a[..., None] * out_a + w_b[..., None] * out_b).to(out_a.dtype), lse
+
+
+def merge_not_normalised(out_a, lse_a, out_b, lse_b):
+    """The rescale factors used as weights, never divided by their sum."""
+    m = torch.maximum(lse_a, lse_b).detach()
+    m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
+    alpha_a, alpha_b = torch.exp(lse_a - m), torch.exp(lse_b - m)
+    total = alpha_a + alpha_b
+    safe = torch.where(total == 0, torch.ones_like(total), total)
+    out = alpha_a[..., None] * _empty_to_zero(out_a, lse_a) + alpha_b[..., None] * _empty_to_zero(out_b, lse_b)
+    lse = torch.where(total == 0, torch.full_like(total, -math.inf), m + torch.log(safe))
+    return out.to(out_a.dtype), lse

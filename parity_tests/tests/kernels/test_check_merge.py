@@ -1,0 +1,146 @@
+"""``check --merge``: a right merge passes in every dtype, each classic mistake fails
+and is named, a merge that crashes or cheats fails with the reason, and the
+command's exit statuses, JSON and refusals."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import merge_examples as ex
+import parity_tests
+from parity_tests import cli
+from parity_tests.kernels import merge as merge_check
+
+ALL_DTYPES = ["float64", "float32", "bfloat16", "float16"]
+EXAMPLES = "parity_tests.tests.kernels.merge_examples"
+
+
+def ids(report):
+    return {r.diagnosis.id for r in report.failures}
+
+
+def test_the_right_merge_passes_every_row_in_every_dtype():
+    report = merge_check.check_merge(ex.merge, dtypes=ALL_DTYPES)
+    assert report.passed, str(report)
+    assert len(report.rows) == 4 * len(merge_check.CASES) * 4
+    assert {r.tensor for r in report.rows} == set(merge_check.TENSORS)
+    assert {r.case for r in report.rows} >= {"B2 H3 T17 D64 pair", "B1 H4 T9 D128 ring of 8",
+                                             "B2 H2 T13 D40 tree of 5"}
+    # the bound is a few baselines: float64 rows sit at rounding level
+    assert max(r.bound for r in report.rows if r.dtype == "float64") < 1e-12
+
+
+def test_the_plain_merges_of_the_baseline_pass_as_targets():
+    for fn in (merge_check.plain_merge, merge_check.dense_merge):
+        assert merge_check.check_merge(fn, dtypes=["float32"]).passed
+
+
+def test_lse_in_base_2_is_named():
+    report = merge_check.check_merge(ex.merge_base2, dtypes=["float32", "bfloat16"])
+    assert not report.passed and report.diagnosis == "lse-base-2"
+    assert ids(report) == {"lse-base-2"}
+    assert all("lse in base 2: multiply by ln 2" in r.diagnosis.sentence for r in report.failures)
+    assert {r.tensor for r in report.failures} == set(merge_check.TENSORS)
+
+
+def test_the_forgotten_running_maximum_fails_at_large_lse_and_is_named():
+    report = merge_check.check_merge(ex.merge_no_max, dtypes=["float32"])
+    assert not report.passed and report.diagnosis == "merge-no-max"
+    large = [r for r in report.rows if "±1000" in r.case]
+    assert all(r.failed and r.diagnosis.id == "merge-no-max" for r in large)
+    assert "forgets the running maximum" in large[0].diagnosis.sentence
+    assert all(r.passed for r in report.rows if r.case == "B2 H3 T17 D64 pair")
+
+
+def test_an_empty_partial_turned_into_nan_is_named():
+    report = merge_check.check_merge(ex.merge_empty_nan, dtypes=["float32"])
+    assert not report.passed and ids(report) == {"merge-empty-nan"}
+    assert all("empty" in r.case for r in report.failures)
+    assert all(r.passed for r in report.rows if "empty" not in r.case)
+    out = next(r for r in report.failures if r.tensor == "out")
+    assert "an empty partial turned into NaN" in out.diagnosis.sentence
+
+
+def test_weights_not_normalised_are_named_on_out():
+    report = merge_check.check_merge(ex.merge_not_normalised, dtypes=["float32"])
+    outs = [r for r in report.failures if r.tensor == "out"]
+    assert outs and all(r.diagnosis.id == "weights-not-normalised" for r in outs)
+    assert all(r.passed for r in report.rows if r.tensor == "lse")
+
+
+def _raises(out_a, lse_a, out_b, lse_b):
+    raise RuntimeError("no kernel for D = 16")
+
+
+def _float64_out(out_a, lse_a, out_b, lse_b):
+    out, lse = ex.merge(out_a, lse_a, out_b, lse_b)
+    return out.double(), lse
+
+
+def _detached(out_a, lse_a, out_b, lse_b):
+    return tuple(t.detach() for t in ex.merge(out_a, lse_a, out_b, lse_b))
+
+
+def _in_place(out_a, lse_a, out_b, lse_b):
+    out, lse = ex.merge(out_a, lse_a, out_b, lse_b)
+    out_a.data.zero_()
+    return out, lse
+
+
+@pytest.mark.parametrize("fn, tensors, reason", [
+    (_raises, merge_check.TENSORS, "raised RuntimeError: no kernel for D = 16"),
+    (_float64_out, merge_check.TENSORS, "out is (2, 3, 17, 64) float64 on cpu; expected (2, 3, 17, 64) float32"),
+    (_detached, ("dout_parts", "dlse_parts"), "no gradient"),
+    (_in_place, merge_check.TENSORS, "changed its inputs in place"),
+])
+def test_a_merge_that_crashes_or_cheats_fails_with_the_reason(fn, tensors, reason):
+    report = merge_check.check_merge(fn, dtypes=["float32"])
+    first = [r for r in report.rows if r.case == merge_check.CASES[0].name]
+    assert {r.tensor for r in first if r.failed} == set(tensors)
+    assert all(r.note.startswith(reason) for r in first if r.failed)
+
+
+def test_check_with_merge_true_dispatches():
+    report = parity_tests.check(ex.merge, merge=True, dtypes="float32")
+    assert report.passed and report.rows[0].tensor == "out"
+    assert "merge of partial states" in report.summary()
+
+
+def test_the_command_exit_statuses_and_json(tmp_path, capsys):
+    path = tmp_path / "merge.json"
+    assert cli.main(["check", "--merge", f"{EXAMPLES}:merge", "--dtype", "float32", "--json", str(path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:5] == ["target", "case", "dtype", "device", "tensor"]
+    data = json.loads(path.read_text())
+    assert data["summary"]["passed"] is True and len(data["rows"]) == 4 * len(merge_check.CASES)
+    assert {"target", "case", "dtype", "tensor", "error", "bound", "passed", "diagnosis"} <= set(data["rows"][0])
+    assert cli.main(["check", "--merge", f"{EXAMPLES}:merge_base2", "--dtype", "float32", "-q",
+                     "--json", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "lse in base 2: multiply by ln 2" in out
+    assert json.loads(path.read_text())["summary"]["diagnosis"] == "lse-base-2"
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["sdpa-math", "--merge", f"{EXAMPLES}:merge"], "either TARGET or --merge"),
+    (["--merge", f"{EXAMPLES}:merge", "--tokens", "17"], "--tokens"),
+    (["--merge", "sdpa-math"], "module.path:callable"),
+    (["--merge", f"{EXAMPLES}:nothing"], "has no attribute"),
+    (["--merge", f"{EXAMPLES}:merge", "--dtype", "int8"], "dtypes must be among"),
+])
+def test_the_command_refuses_bad_arguments_with_status_2(argv, says, capsys):
+    assert cli.main(["check", *argv]) == 2
+    assert says in capsys.readouterr().err
+
+
+def test_inputs_are_rounded_once_and_the_golden_is_their_float64_merge():
+    case = merge_check.CASES[3]                                   # empty partials
+    states, dout, dlse = merge_check.draw_case(case, 0)
+    assert any(np.isnan(o).any() for o, _ in states) and any(np.isneginf(l).any() for _, l in states)
+    t_states, t_dout, t_dlse = merge_check.rounded(states, dout, dlse, "bfloat16")
+    assert t_states[0][0].dtype == torch.bfloat16 and t_states[0][1].dtype == torch.float32
+    out, lse, dout_parts, dlse_parts = merge_check.golden(t_states, t_dout, t_dlse, case.order)
+    assert np.isfinite(out).all() and np.isfinite(dout_parts).all() and np.isfinite(dlse_parts).all()
+    assert dout_parts.shape == (case.parts,) + out.shape
