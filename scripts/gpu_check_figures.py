@@ -117,7 +117,7 @@ def speed(path, peak=None):
                "best": None if best is None else {"tflops": best[0], "backend": best[1], "tokens": best[2]}}
     if best is None:
         return figures, "no backend ran"
-    line = f"{data['dtype']} best {best[0]:.1f} TFLOP/s ({best[1].split('_')[0].lower()}, T {best[2]})"
+    line = f"{data['dtype']} best {best[0]:.3g} TFLOP/s ({best[1].split('_')[0].lower()}, T {best[2]})"
     if peak:
         figures["best"]["share_of_peak"] = best[0] / peak
         line += f", {best[0] / peak:.0%} of peak"
@@ -125,3 +125,35 @@ def speed(path, peak=None):
     if done:
         line += f"; golden T {done[-1]}: {golden[done[-1]]:.2f} s"
     return figures, line
+
+
+def gather_checks(steps):
+    """``(per target and run: the check figures with the run's wall time; per target, dtype and
+    tensor: the worst error/bound over all its runs)`` from the steps that ran ``check``."""
+    runs, worst = {}, {}
+    for s in steps:
+        if s.read != "check" or "figures" not in s.result:
+            continue
+        f = s.result["figures"]
+        key = s.meta["run"] + (f" {f['dtypes'][0]}" if s.group == "long" and f.get("dtypes") else "")
+        runs.setdefault(s.meta["target"], {})[key] = dict(f, wall_s=s.result["seconds"])
+        for dtype, tensors in f["worst_ratio"].items():
+            per = worst.setdefault(s.meta["target"], {}).setdefault(dtype, {})
+            for tensor, ratio in tensors.items():
+                per[tensor] = _worse(per.get(tensor), ratio)
+    return runs, worst
+
+
+def table(steps, seconds, budget):
+    """The printed table (step, status, seconds, key figures) and a closing count."""
+    rows = [("step", "status", "seconds", "key figures")]
+    rows += [(s.name, s.status or "not reached", f"{s.result['seconds']:.1f}" if "seconds" in s.result else "-",
+              s.result.get("line", "")) for s in steps]
+    width = [max(len(r[i]) for r in rows) for i in range(3)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r[:3], width)) + "  " + r[3] for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in width) + "  " + "-" * 11)
+    count = lambda word: sum(1 for s in steps if (s.status or "").startswith(word))
+    closing = (f"{len(steps)} steps: {count('passed')} passed, {count('failed')} failed, {count('timed out')} "
+               f"timed out, {count('skipped')} skipped, {count('no CUDA')} no CUDA device in {seconds:.1f} s "
+               f"(budget {budget:g} s)")
+    return "\n".join(line.rstrip() for line in lines) + "\n\n" + closing
