@@ -99,6 +99,7 @@ class Runner:
             env.update({k: str(threads) for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")})
         step.argv = [f"{self.out}/{a}" if a.startswith("json/") else a for a in step.argv]
         step.limit = deadline - time.monotonic()
+        env["GPU_CHECK_LIMIT_S"] = f"{step.limit:.1f}"                # a step may plan within it
         step.started = time.monotonic()
         path = self._output_path(step)
         path.parent.mkdir(exist_ok=True)
@@ -115,7 +116,10 @@ class Runner:
         if step.proc is not False:
             code = step.proc.poll()
             if code is None:                                  # past the deadline
-                os.killpg(step.proc.pid, signal.SIGKILL)      # the step and whatever it started
+                try:
+                    os.killpg(step.proc.pid, signal.SIGKILL)  # the step and whatever it started
+                except ProcessLookupError:                    # it ended meanwhile
+                    pass
                 step.proc.wait()
                 step.status = f"timed out after {step.limit:.0f} s"
             else:

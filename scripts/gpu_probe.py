@@ -22,6 +22,7 @@ run cut short keeps what it measured.  Figures are printed, never asserted.
 import argparse
 import json
 import math
+import os
 import platform
 import statistics
 import subprocess
@@ -230,8 +231,9 @@ def main(argv=None):
     s.add_argument("--head-dim", type=int, default=64)
     s.add_argument("--repeats", type=int, default=5)
     s.add_argument("--math-max", type=int, default=8192, help="the math backend only up to this T")
-    s.add_argument("--time-limit", type=float, default=math.inf,
-                   help="seconds: a golden run predicted to overrun is skipped")
+    s.add_argument("--time-limit", type=float, default=0.8 * float(os.environ.get("GPU_CHECK_LIMIT_S", math.inf)),
+                   help="seconds: a golden run predicted to overrun is skipped (default: 0.8 x the "
+                        "GPU_CHECK_LIMIT_S gpu-check gives its steps, else none)")
     s.add_argument("--json", metavar="PATH")
     args = p.parse_args(argv)
     if args.what == "info":
