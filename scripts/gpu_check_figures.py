@@ -112,7 +112,8 @@ def speed(path, peak=None):
             else:
                 tflops.setdefault(name, {})[t] = None
         golden[t] = row["golden"].get("fwd_bwd_s")
-    figures = {"dtype": data["dtype"], "device": data["device"], "shape": {k: data[k] for k in ("batch", "heads", "head_dim")},
+    figures = {"dtype": data["dtype"], "device": data["device"],
+               "shape": {k: data[k] for k in ("batch", "heads", "head_dim")},
                "fwd_bwd_tflops": tflops, "golden_fwd_bwd_s": golden, "peak_bf16_tflops": peak,
                "best": None if best is None else {"tflops": best[0], "backend": best[1], "tokens": best[2]}}
     if best is None:

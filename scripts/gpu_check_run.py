@@ -70,8 +70,18 @@ class Runner:
                     self.finished(s, None)
 
     def _unit(self, todo, deadline, workers):
-        queue, running, first_wave = list(todo), [], True
+        running = []
+        try:
+            self._drain(list(todo), running, deadline, workers)
+        finally:                             # interrupted (Ctrl-C, SIGTERM): leave no step running
+            for s in running:
+                if s.proc and s.proc.poll() is None:
+                    _kill(s.proc)
+
+    def _drain(self, queue, running, deadline, workers):
+        """Start the queued steps, ``workers`` at a time; finish each as it ends or at the deadline."""
         threads = max(1, (os.cpu_count() or 1) // workers) if workers > 1 else None
+        first_wave = True
         while queue or running:
             while queue and len(running) < workers:
                 s = queue.pop(0)
@@ -116,11 +126,7 @@ class Runner:
         if step.proc is not False:
             code = step.proc.poll()
             if code is None:                                  # past the deadline
-                try:
-                    os.killpg(step.proc.pid, signal.SIGKILL)  # the step and whatever it started
-                except ProcessLookupError:                    # it ended meanwhile
-                    pass
-                step.proc.wait()
+                _kill(step.proc)
                 step.status = f"timed out after {step.limit:.0f} s"
             else:
                 step.status = "passed" if code == 0 else f"failed (exit {code})"
@@ -134,3 +140,12 @@ class Runner:
         step.result.update(command=shlex.join(step.argv), exit_code=code, seconds=round(seconds, 1),
                            limit_s=round(step.limit, 1))
         self.finished(step, output)
+
+
+def _kill(proc):
+    """SIGKILL to the step and every process it started (its own session)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:                        # it ended meanwhile
+        pass
+    proc.wait()

@@ -156,7 +156,6 @@ def time_golden(q, k, v, dout):
 
 
 def speed(args):
-    import numpy as np
     import torch
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("speed: --device cuda but no CUDA device is available")

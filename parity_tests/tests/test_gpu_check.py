@@ -67,8 +67,8 @@ def test_without_a_cuda_device_the_real_run_says_so_and_fails(tmp_path):
     assert "no CUDA device here" in proc.stdout
 
 
-def test_steps_of_a_parallel_group_share_one_deadline():
-    sys.path.insert(0, str(ROOT / "scripts"))
+def test_steps_of_a_parallel_group_share_one_deadline(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
     from gpu_check_run import Runner, Step
     import io
     import tempfile
