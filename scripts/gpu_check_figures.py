@@ -101,10 +101,11 @@ def info(path):
 def speed(path, peak=None):
     """The TFLOP/s each backend reaches per T, the best one, and the golden's time."""
     data = _load(path)
-    tflops, golden, best = {}, {}, None
+    tflops, seconds, golden, best = {}, {}, {}, None
     for row in data["rows"]:
         t = row["tokens"]
         for name, r in row["backends"].items():
+            seconds.setdefault(name, {})[t] = r.get("fwd_bwd_s", r.get("unsupported"))
             if "fwd_bwd_tflops" in r:
                 tflops.setdefault(name, {})[t] = r["fwd_bwd_tflops"]
                 if best is None or r["fwd_bwd_tflops"] > best[0]:
@@ -114,7 +115,7 @@ def speed(path, peak=None):
         golden[t] = row["golden"].get("fwd_bwd_s")
     figures = {"dtype": data["dtype"], "device": data["device"],
                "shape": {k: data[k] for k in ("batch", "heads", "head_dim")},
-               "fwd_bwd_tflops": tflops, "golden_fwd_bwd_s": golden, "peak_bf16_tflops": peak,
+               "fwd_bwd_tflops": tflops, "fwd_bwd_s": seconds, "golden_fwd_bwd_s": golden, "peak_bf16_tflops": peak,
                "best": None if best is None else {"tflops": best[0], "backend": best[1], "tokens": best[2]}}
     if best is None:
         return figures, "no backend ran"

@@ -83,6 +83,31 @@ def test_steps_of_a_parallel_group_share_one_deadline(monkeypatch):
     assert {s.status[:9] for s in done} == {"timed out"} and len(done) == 3
 
 
+def test_the_peak_is_the_datasheet_s_or_derived_or_unknown(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    from gpu_probe import peak_bf16
+    assert peak_bf16("NVIDIA H100 80GB HBM3", (9, 0), 132, 1980)[0] == 989.5
+    assert peak_bf16("NVIDIA H100 PCIe", (9, 0), 114, 1755)[0] == 756.5
+    tflops, how = peak_bf16("Some GPU", (9, 0), 132, 1830)                # 132 x 1.83 GHz x 4096
+    assert tflops == pytest.approx(989.5, rel=1e-3) and how.startswith("derived")
+    tflops, how = peak_bf16("Tesla V100", (7, 0), 80, 1530)               # no bf16 tensor cores known
+    assert tflops is None and how.startswith("unknown")
+
+
+def test_the_worst_ratio_is_taken_per_dtype_and_tensor(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import gpu_check_figures as figures
+    row = lambda dtype, tensor, ratio, case="c": {"dtype": dtype, "tensor": tensor, "ratio": ratio, "case": case}
+    rows = [row("bfloat16", "dq", 0.5), row("bfloat16", "dq", 0.9, "long"), row("bfloat16", "out", None),
+            row("float16", "dq", 0.2)]
+    summary = {"rows": 4, "pass": 3, "fail": 0, "not_supported": 1, "passed": True, "seconds": 1.0}
+    (tmp_path / "c.json").write_text(json.dumps({"rows": rows, "summary": summary}))
+    found, line = figures.check(tmp_path / "c.json")
+    assert found["worst_ratio"] == {"bfloat16": {"dq": 0.9, "out": None}, "float16": {"dq": 0.2}}
+    assert found["worst"] == {"ratio": 0.9, "dtype": "bfloat16", "tensor": "dq", "case": "long"}
+    assert line == "4 rows, 0 FAIL, 1 not supported; worst 0.90 of bound (bfloat16 dq)"
+
+
 @pytest.mark.slow
 def test_the_dry_run_records_every_step(tmp_path):
     proc, summary, steps = gpu_check(tmp_path, "--dry-run")
