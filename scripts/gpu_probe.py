@@ -171,7 +171,7 @@ def speed(args):
         row = {"tokens": t, "backends": {}}
         g = torch.Generator().manual_seed(t)
         q, k, v, dout = (torch.randn(b, h, t, d, generator=g) for _ in range(4))
-        qd, kd, vd, dd = (x.to(args.device, dtype) for x in (q, k, v, dout))
+        qd, kd, vd, dd = (x.to(args.device, dtype, copy=True) for x in (q, k, v, dout))
         for x in (qd, kd, vd):
             x.requires_grad_(True)
         for backend in args.backends:
