@@ -20,8 +20,9 @@ the ranks see them, gradients by autograd), with one thing changed:
 
 Each hypothesis predicts the error's size and where it sits.  It is named only when
 both match: the tensor is within its bound of the prediction (or within
-``diagnosis.MATCH_SHARE`` of its own error), and the prediction's worst row is owned by
-the same rank as the tensor's.  A hypothesis that predicts no failure is not claimed.
+``diagnosis.MATCH_SHARE`` of its own error), the predicted error is within a factor 2
+of the tensor's, and the ranks whose rows fail are the ones the prediction fails.  A
+hypothesis that predicts no failure of the tensor is not claimed.
 """
 
 import numpy as np
@@ -226,16 +227,23 @@ def _predictions(got, rounded, case, positions):
     return out
 
 
+def _failing_ranks(a, ref, denom, bound, positions):
+    """The ranks whose rows hold an error above the bound."""
+    diff = np.abs(_four(a) - _four(ref)) / denom
+    return {r for r, pos in enumerate(positions) if diff[:, :, pos].max(initial=0.0) > bound}
+
+
 def _best(n, a, ref, denom, bound, predictions, owner, positions):
-    err, (_, _, i) = measure.errors_of(_four(a), _four(ref), denom)
-    rank, where = locate(n, a, ref, denom, positions)
+    err, _ = measure.errors_of(_four(a), _four(ref), denom)
+    _, where = locate(n, a, ref, denom, positions)
+    failing = _failing_ranks(a, ref, denom, bound, positions)
     best, closest = None, None
     for hid, (title, pred) in predictions.items():
         pred_err, pred_where = measure.errors_of(_four(pred[n]), _four(ref), denom)
         if pred_err <= bound:
             continue                                   # it predicts no failure of this tensor
         residual, _ = measure.errors_of(_four(a), _four(pred[n]), denom)
-        same_place = owner[pred_where[2]] == owner[i]
+        same_place = _failing_ranks(pred[n], ref, denom, bound, positions) == failing
         same_size = 0.5 <= pred_err / err <= 2.0
         entry = (residual, hid, title, pred_err, pred_where)
         if explains(residual, err, bound) and same_place and same_size:
@@ -245,7 +253,8 @@ def _best(n, a, ref, denom, bound, predictions, owner, positions):
     if best:
         residual, hid, title, pred_err, (_, _, pi) = best
         return Diagnosis(hid, f"{n}: {where}. Matches '{title}' (to {residual:.1e}, bound {bound:.1e}), "
-                              f"which predicts {pred_err:.1e} at rank {owner[pi]}, row {pi}", residual, bound)
+                              f"which predicts {pred_err:.1e} on rank {', '.join(map(str, sorted(failing)))} "
+                              f"(worst at rank {owner[pi]}, row {pi})", residual, bound)
     text = f"{n}: {where}. Matches none of the sharding mistakes"
     if closest:
         text += f" (closest: '{closest[2]}', {closest[0]:.1e} away against {err:.1e} from the reference)"

@@ -222,6 +222,8 @@ def _rank_main(rank, world_size, port, device, conn, states, threads, start_time
             message = ("ok", result)
         except BaseException as e:                      # noqa: BLE001 - sys.exit included
             message = ("failed", _reason(e))
+            if type(e).__name__ == "Unsupported":       # targets.Unsupported: a declared refusal
+                message = ("ok", {"unsupported": str(e)})
         states[rank] = 1
         conn.send(message)
     states[rank] = 4

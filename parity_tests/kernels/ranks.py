@@ -201,11 +201,11 @@ def _features(features, fn, name):
     return list(dict.fromkeys(names))
 
 
-def _target(fn):
+def _target(fn, device):
     """``(name, what each rank receives)``: a callable sent by reference, or a built-in's name."""
     from parity_tests.kernels import rank_targets
     if isinstance(fn, str) and fn in rank_targets.BUILTINS:
-        rank_targets.available(fn)                       # ValueError when it cannot run here
+        rank_targets.available(fn, device)               # ValueError, with the reason, when not here
         return fn, fn, rank_targets.builtin(fn)
     if isinstance(fn, str):
         if ":" not in fn:
@@ -256,7 +256,7 @@ def check_ranks(fn, *, world_size=2, sharding=SHARDINGS, device="cpu", dtypes=No
     if causal not in CAUSAL:
         raise ValueError(f"causal must be 'yes', 'no' or 'both', got {causal!r}")
     lengths, limit = _tokens(tokens, world_size), _seconds(timeout)
-    name, sent, local = _target(fn)
+    name, sent, local = _target(fn, device)
     wanted = _features(features, local, name)
     cases = rank_cases(lengths, causal, wanted)
     times = dict.fromkeys(("start", "rank compute", "communication", "golden", "baseline", "judging"), 0.0)
@@ -356,6 +356,10 @@ def _run_case(ranks, name, sent, case, dtype, device, shardings, wanted, seed, t
             why = f"rank {', '.join(map(str, f.ranks))} {f.reason}"
             rows += [row(n, error=math.inf, verdict="FAIL", note=why,
                          diagnosis=rank_diagnosis.Diagnosis("rank-failed", f"{n}: {why}")) for n in names]
+            continue
+        refused = [r["unsupported"] for r in results if "unsupported" in r]
+        if refused:
+            rows += [row(n, verdict="not supported", note=refused[0]) for n in names]
             continue
         times["rank compute"] += max(r["seconds"] - r["comm"] for r in results)
         times["communication"] += max(r["comm"] for r in results)

@@ -71,7 +71,8 @@ def _progress_line(name, total, start):
 
 def check(target, *, device="cpu", dtypes=None, tokens=None, head_dims=None, heads=None, batch=None,
           causal="both", align="top-left", layout="bhtd", long=False, seed=0, progress=False,
-          reference_functions=None, features=None, timeout=measure.DEFAULT_TIMEOUT):
+          reference_functions=None, features=None, timeout=measure.DEFAULT_TIMEOUT,
+          world_size=None, sharding=("contiguous", "head-tail")):
     """Hold ``target`` (a built-in name, ``"module.path:callable"`` or a callable taking
     ``(q, k, v, *, causal, scale)``) to the float64 reference; returns a `Report`
     (``.passed``, ``.rows``, ``.failures``, ``.diagnoses``, ``.diagnosis``).
@@ -84,7 +85,14 @@ def check(target, *, device="cpu", dtypes=None, tokens=None, head_dims=None, hea
     target may take on one case (default ``measure.DEFAULT_TIMEOUT``, 0 or None: no limit),
     past which the case FAILS "timed out" -- a pure-Python loop is stopped, one long call
     into C only when it returns (``measure.time_limit``).
+
+    ``world_size``: run ``target`` across that many ranks, ``sharding`` "contiguous" and/or
+    "head-tail" (``ranks.check_ranks``, which takes device, dtypes, tokens, causal, features,
+    seed and timeout from here).
     """
+    if world_size is not None:
+        return _check_across_ranks(target, world_size, sharding, device, dtypes, tokens, causal, features,
+                                   seed, timeout, progress)
     limit = _timeout(timeout)
     plan = _plan(target, device, dtypes, tokens, head_dims, heads, batch, causal, align, layout, long,
                  features, seed)
@@ -219,6 +227,12 @@ def build_parser():
                    help="seconds the target may take on one case before the case FAILS 'timed out' "
                         f"(default: {measure.DEFAULT_TIMEOUT:g}; 0: no limit). A Python loop is stopped "
                         "on time; one long call into C (a single huge matmul, a CUDA wait) only when it returns")
+    p.add_argument("--world-size", type=int, metavar="N",
+                   help="run the target across N ranks (torch.distributed: gloo on cpu, NCCL on cuda); it is "
+                        "called as fn(q, k, v, *, causal, scale, group, q_positions, k_positions) on each shard "
+                        "(built in: cp-ring, PyTorch's context-parallel SDPA, CUDA only)")
+    p.add_argument("--sharding", action="append", metavar="S,...",
+                   help="with --world-size: contiguous, head-tail (comma-separate; default both)")
     p.add_argument("--json", metavar="PATH", help='also write {"rows": [...], "summary": {...}} to PATH')
     p.add_argument("--quiet", "-q", action="store_true", help="print only failing rows and the summary")
     return p
@@ -262,6 +276,8 @@ def main(argv=None):
     if problem:
         print(f"attention-parity check: error: {problem}", file=sys.stderr)
         return 2
+    if args.world_size is not None:
+        return _main_across_ranks(args)
     try:
         plan = _plan(args.target, args.device, _split(args.dtype, "--dtype"),
                      _split(args.tokens, "--tokens"), _split(args.head_dim, "--head-dim", int),
@@ -278,6 +294,36 @@ def main(argv=None):
     elif report.failures:
         print(str(report).rsplit("\n", 1)[0])
     print(("\n" if not args.quiet or report.failures else "") + report.summary())
+    if args.json:
+        report.write_json(args.json)
+    return 0 if report.passed else 1
+
+
+# ---------------------------------------------------------------------------
+# Across ranks (--world-size N): parity_tests.kernels.ranks does the work
+
+def _check_across_ranks(target, world_size, sharding, device, dtypes, tokens, causal, features, seed,
+                        timeout, progress):
+    from parity_tests.kernels.ranks import check_ranks
+    return check_ranks(target, world_size=world_size, sharding=sharding, device=device, dtypes=dtypes,
+                       tokens=tokens, causal=causal, features=features or (), seed=seed, timeout=timeout,
+                       progress=progress)
+
+
+def _main_across_ranks(args):
+    try:
+        report = check(args.target, world_size=args.world_size,
+                       sharding=_split(args.sharding, "--sharding") or ("contiguous", "head-tail"),
+                       device=args.device, dtypes=_split(args.dtype, "--dtype"), tokens=_split(args.tokens, "--tokens"),
+                       causal=args.causal, features=_split(args.features, "--features"), seed=args.seed,
+                       timeout=args.timeout, progress=sys.stderr.isatty())
+    except (ValueError, TypeError) as e:
+        print(f"attention-parity check: error: {e}", file=sys.stderr)
+        return 2
+    print(report.table() if not args.quiet else str(report).rsplit("\n", 1)[0])
+    if report.failures and not args.quiet:
+        print("\ndiagnosis:\n" + "\n".join(report.diagnosis_lines()))
+    print("\n" + report.summary())
     if args.json:
         report.write_json(args.json)
     return 0 if report.passed else 1
