@@ -210,7 +210,7 @@ def diagnose(failing, got, gold, den, bounds, rounded, case, positions, sharding
         return found
     predictions = _predictions(got, rounded, case, positions)
     for n in todo:
-        found[n] = _best(n, got[n], gold[n], den[n], bounds[n], predictions, owner, positions)
+        found[n] = _best(n, got[n], gold[n], den[n], bounds[n], predictions, owner, positions, case)
     return found
 
 
@@ -227,13 +227,31 @@ def _predictions(got, rounded, case, positions):
     return out
 
 
+def mask_differences(case, positions):
+    """Which query rows see which key ranges wrongly when the mask follows rank order."""
+    runs, pseudo = chunks(positions), np.concatenate(_rank_order(positions))
+    place = np.empty_like(pseudo)
+    place[np.concatenate(positions)] = pseudo                        # global row -> rank-order place
+    wrong = []
+    for a0, a1, _ in runs:
+        for b0, b1, _ in runs:
+            i, j = np.arange(a0, a1), np.arange(b0, b1)
+            right = _visible(i, j, case.causal, case.window)
+            taken = _visible(place[i], place[j], case.causal, case.window)
+            if bool((right & ~taken).any()):
+                wrong.append(f"queries {a0}..{a1 - 1} skip keys {b0}..{b1 - 1}")
+            if bool((taken & ~right).any()):
+                wrong.append(f"queries {a0}..{a1 - 1} see future keys {b0}..{b1 - 1}")
+    return ", ".join(wrong)
+
+
 def _failing_ranks(a, ref, denom, bound, positions):
     """The ranks whose rows hold an error above the bound."""
     diff = np.abs(_four(a) - _four(ref)) / denom
     return {r for r, pos in enumerate(positions) if diff[:, :, pos].max(initial=0.0) > bound}
 
 
-def _best(n, a, ref, denom, bound, predictions, owner, positions):
+def _best(n, a, ref, denom, bound, predictions, owner, positions, case):
     err, _ = measure.errors_of(_four(a), _four(ref), denom)
     _, where = locate(n, a, ref, denom, positions)
     failing = _failing_ranks(a, ref, denom, bound, positions)
@@ -252,9 +270,10 @@ def _best(n, a, ref, denom, bound, predictions, owner, positions):
             closest = entry
     if best:
         residual, hid, title, pred_err, (_, _, pi) = best
+        keys = f"; {mask_differences(case, positions)}" if hid == "contiguous-mask" else ""
         return Diagnosis(hid, f"{n}: {where}. Matches '{title}' (to {residual:.1e}, bound {bound:.1e}), "
                               f"which predicts {pred_err:.1e} on rank {', '.join(map(str, sorted(failing)))} "
-                              f"(worst at rank {owner[pi]}, row {pi})", residual, bound)
+                              f"(worst at rank {owner[pi]}, row {pi}){keys}", residual, bound)
     text = f"{n}: {where}. Matches none of the sharding mistakes"
     if closest:
         text += f" (closest: '{closest[2]}', {closest[0]:.1e} away against {err:.1e} from the reference)"

@@ -68,11 +68,12 @@ def shard_positions(tokens, world_size, sharding):
 
 
 def rank_cases(tokens=None, causal="both", features=()):
-    """The cases: B1 H2 D32 at T = 67 and B2 H2 D64 at T = 256 (or the ``tokens`` given),
+    """The cases: B1 H2 D32 at T = 67 and B2 H2 D64 at T = 256 (or the ``tokens`` given: B1 H2
+    D32 below 128, B2 H2 D64 up to 1024, one head of one sequence with D64 beyond, as ``--long``),
     causal and not; with ``gqa`` H 4/2 and 4/1, with ``window`` two windows per mask."""
     masks = CAUSAL[causal]
     lengths = list(tokens) if tokens else list(DEFAULT_TOKENS)
-    shape = lambda t: (1, 2, 32) if t < 128 else (2, 2, 64)
+    shape = lambda t: (1, 2, 32) if t < 128 else (2, 2, 64) if t <= 1024 else (1, 1, 64)
     cases = [FeatureCase(*shape(t)[:2], t, t, shape(t)[2], c) for t in lengths for c in masks]
     t = lengths[0]
     if "gqa" in features:
