@@ -305,7 +305,16 @@ def run_task(task, rank, group, device, states, timer):
         _expect(t.grad, n, t.shape, dtype, dev)
         got[n] = t.grad
     arrays = {n: None if t is None else t.detach().to("cpu", torch.float64).numpy() for n, t in got.items()}
-    return {**arrays, "seconds": seconds, "comm": timer["seconds"]}
+    return {**arrays, "seconds": seconds, "comm": timer["seconds"], "peak_bytes": _peak_bytes()}
+
+
+def _peak_bytes():
+    """This process's peak resident memory so far (Linux reports KiB), or 0 where unknown."""
+    try:
+        import resource
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    except (ImportError, OSError):
+        return 0
 
 
 def _split(result, wants_lse):

@@ -279,7 +279,7 @@ def check_ranks(fn, *, world_size=2, sharding=SHARDINGS, device="cpu", dtypes=No
             print(file=sys.stderr)
     settings = {"device": device, "dtypes": names, "align": "top-left", "world_size": world_size,
                 "sharding": shardings, "features": wanted, "factor": tol.CHECK_FACTOR,
-                "floor_ulps": tol.CHECK_FLOOR_ULPS, "seconds_by_part": times}
+                "floor_ulps": tol.CHECK_FLOOR_ULPS, "seconds_by_part": times, "rank_peak_bytes": ranks.peak_bytes}
     return Report(name, rows, time.perf_counter() - start, settings)
 
 
@@ -289,6 +289,7 @@ class _Ranks:
     def __init__(self, world_size, device, timeout, times, world=None):
         self.world_size, self.device, self.timeout, self.times = world_size, device, timeout, times
         self.world = self.borrowed = world
+        self.peak_bytes = 0                              # the largest rank's peak resident memory
 
     def run(self, tasks):
         try:
@@ -364,6 +365,7 @@ def _run_case(ranks, name, sent, case, dtype, device, shardings, wanted, seed, t
             continue
         times["rank compute"] += max(r["seconds"] - r["comm"] for r in results)
         times["communication"] += max(r["comm"] for r in results)
+        ranks.peak_bytes = max([ranks.peak_bytes] + [r["peak_bytes"] for r in results])
         t0 = time.perf_counter()
         got = _assemble(results, positions, gold, names)
         if wants_lse:
