@@ -23,4 +23,12 @@ sinks, varlen, lse, decode, determinism):
 - ``featured``          one feature case: call, judge every tensor, diagnose
 - ``feature_mistakes``  the mistakes the features invite
 - ``feature_targets``   SDPA, FlexAttention and flash_attn with the features
+
+Across ranks (``--world-size N``: context-parallel kernels on ``torch.distributed``):
+
+- ``ranks``           ``check_ranks``: shard, run, reassemble, judge
+- ``rank_world``      the N ranks the check starts and stops itself
+- ``rank_diagnosis``  where a failure sits (rank, chunk) and the sharding mistakes
+- ``rank_targets``    ``cp-ring``, PyTorch's context-parallel SDPA (CUDA only)
+- ``rank_bench``      where the time of a check across ranks goes
 """

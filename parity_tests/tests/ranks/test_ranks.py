@@ -38,6 +38,12 @@ def _children():
     return [(pid, cmd) for pid, cmd in found if TRACKER not in cmd]
 
 
+def _shared_memory_files():
+    """Files in /dev/shm that this process's multiprocessing or PyTorch left (named by its pid)."""
+    mine = (f"pym-{os.getpid()}-", f"torch_{os.getpid()}_")
+    return [f for f in os.listdir("/dev/shm") if f.startswith(mine)] if os.path.isdir("/dev/shm") else []
+
+
 @pytest.fixture(scope="module")
 def world():
     with rank_world.World(2) as w:
@@ -135,7 +141,7 @@ def test_a_rank_that_hangs_fails_in_bounded_time_and_nothing_is_left():
     assert time.monotonic() - start < 40
     assert all(r.note.startswith("rank 1 timed out after 2 s, still in its own code (rank 0 waiting")
                for r in report.rows), report.rows[0].note
-    assert _children() == []
+    assert _children() == [] and _shared_memory_files() == []
 
 
 def test_the_store_port_is_closed_with_the_world():
