@@ -120,6 +120,14 @@ def test_each_planted_mistake_fails_and_is_named_with_its_rank(world, twin, name
         assert row.note.startswith("rank ") and f"worst at {row.note}," in row.diagnosis.sentence
 
 
+def test_a_mistake_outside_the_catalogue_is_located_but_not_named(world):
+    report = check_ranks(ring_twins.scale_ignored, causal="yes", sharding="head-tail", world=world, **SMALL)
+    assert not report.passed and report.diagnosis is None
+    for row in report.failures:
+        assert row.diagnosis.id == "none" and "Matches none of the sharding mistakes" in row.diagnosis.sentence
+        assert f"worst at {row.note}," in row.diagnosis.sentence
+
+
 def test_local_positions_are_right_when_the_shards_are_contiguous(world):
     assert check_ranks(ring_twins.local_positions, causal="yes", sharding="contiguous", world=world,
                        **SMALL).passed
