@@ -44,11 +44,21 @@ def _shared_memory_files():
     return [f for f in os.listdir("/dev/shm") if f.startswith(mine)] if os.path.isdir("/dev/shm") else []
 
 
+def _port_is_closed(port):
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    except OSError:
+        return True
+    return False
+
+
 @pytest.fixture(scope="module")
 def world():
+    """One world of 2 ranks for the checks below; once closed, no process and no port remain."""
     with rank_world.World(2) as w:
+        port = w.store.port
         yield w
-    assert _children() == []
+    assert _children() == [] and _port_is_closed(port)
 
 
 def test_shards_cover_the_sequence_once():
@@ -150,15 +160,6 @@ def test_a_rank_that_hangs_fails_in_bounded_time_and_nothing_is_left():
     assert all(r.note.startswith("rank 1 timed out after 2 s, still in its own code (rank 0 waiting")
                for r in report.rows), report.rows[0].note
     assert _children() == [] and _shared_memory_files() == []
-
-
-def test_the_store_port_is_closed_with_the_world():
-    w = rank_world.World(1)
-    port = w.store.port
-    w.close()
-    with pytest.raises(OSError):
-        socket.create_connection(("127.0.0.1", port), timeout=2).close()
-    assert _children() == []
 
 
 @pytest.mark.slow
