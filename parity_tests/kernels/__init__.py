@@ -21,4 +21,12 @@ through one runner against one golden result.
 - ``diagnosis``  the best match named, or the error's size and place said
 - ``report``     the rows, their table, the summary, the JSON copy
 - ``run``        the command line and ``check(...)``, the Python entry point
+
+Beside kernels, two other kinds of target:
+
+- ``merge``, ``merge_diagnosis``  ``--merge``: a merge of partial states (split-KV,
+                 ring attention) held to ``numpy_ref.merge_states``
+- ``ranks``, ``rank_world``, ``rank_diagnosis``, ``rank_targets``, ``rank_bench``
+                 ``--world-size N``: context-parallel kernels on ``torch.distributed``,
+                 the ranks started and stopped by the check itself
 """

@@ -71,7 +71,8 @@ def _progress_line(name, total, start):
 
 def check(target, *, device="cpu", dtypes=None, tokens=None, head_dims=None, heads=None, batch=None,
           causal="both", align="top-left", layout="bhtd", long=False, seed=0, progress=False,
-          features=None, timeout=measure.DEFAULT_TIMEOUT, merge=False):
+          features=None, timeout=measure.DEFAULT_TIMEOUT, merge=False, world_size=None,
+          sharding=("contiguous", "head-tail")):
     """Hold ``target`` (a built-in name, ``"module.path:callable"`` or a callable taking
     ``(q, k, v, *, causal, scale)``) to the float64 reference; returns a `Report`
     (``.passed``, ``.rows``, ``.failures``, ``.diagnoses``, ``.diagnosis``).
@@ -86,7 +87,14 @@ def check(target, *, device="cpu", dtypes=None, tokens=None, head_dims=None, hea
     into C only when it returns (``measure.time_limit``).
     ``merge=True``: ``target`` is a merge of partial states, ``fn(out_a, lse_a, out_b, lse_b)
     -> (out, lse)``, held to ``numpy_ref.merge_states`` (``parity_tests.kernels.merge``).
+
+    ``world_size``: run ``target`` across that many ranks, ``sharding`` "contiguous" and/or
+    "head-tail" (``ranks.check_ranks``, which takes device, dtypes, tokens, causal, features,
+    seed and timeout from here).
     """
+    if world_size is not None:
+        return _check_across_ranks(target, world_size, sharding, device, dtypes, tokens, causal, features,
+                                   seed, timeout, progress)
     if merge:                                 # merge of partial states: its own cases
         from parity_tests.kernels.merge import check_merge
         return check_merge(target, device=device, dtypes=dtypes, seed=seed)
@@ -225,6 +233,12 @@ def build_parser():
     p.add_argument("--merge", metavar="module:fn",
                    help="check a merge of partial attention states fn(out_a, lse_a, out_b, lse_b) -> "
                         "(out, lse) against numpy_ref.merge_states instead of a kernel (no TARGET)")
+    p.add_argument("--world-size", type=int, metavar="N",
+                   help="run the target across N ranks (torch.distributed: gloo on cpu, NCCL on cuda); it is "
+                        "called as fn(q, k, v, *, causal, scale, group, q_positions, k_positions) on each shard "
+                        "(built in: cp-ring, PyTorch's context-parallel SDPA, CUDA only)")
+    p.add_argument("--sharding", action="append", metavar="S,...",
+                   help="with --world-size: contiguous, head-tail (comma-separate; default both)")
     p.add_argument("--json", metavar="PATH", help='also write {"rows": [...], "summary": {...}} to PATH')
     p.add_argument("--quiet", "-q", action="store_true", help="print only failing rows and the summary")
     return p
@@ -271,6 +285,8 @@ def main(argv=None):
     if problem:
         print(f"attention-parity check: error: {problem}", file=sys.stderr)
         return 2
+    if args.world_size is not None:
+        return _main_across_ranks(args)
     try:
         plan = _plan(args.target, args.device, _split(args.dtype, "--dtype"),
                      _split(args.tokens, "--tokens"), _split(args.head_dim, "--head-dim", int),
@@ -287,6 +303,36 @@ def main(argv=None):
     elif report.failures:
         print(str(report).rsplit("\n", 1)[0])
     print(("\n" if not args.quiet or report.failures else "") + report.summary())
+    if args.json:
+        report.write_json(args.json)
+    return 0 if report.passed else 1
+
+
+# ---------------------------------------------------------------------------
+# Across ranks (--world-size N): parity_tests.kernels.ranks does the work
+
+def _check_across_ranks(target, world_size, sharding, device, dtypes, tokens, causal, features, seed,
+                        timeout, progress):
+    from parity_tests.kernels.ranks import check_ranks
+    return check_ranks(target, world_size=world_size, sharding=sharding, device=device, dtypes=dtypes,
+                       tokens=tokens, causal=causal, features=features or (), seed=seed, timeout=timeout,
+                       progress=progress)
+
+
+def _main_across_ranks(args):
+    try:
+        report = check(args.target, world_size=args.world_size,
+                       sharding=_split(args.sharding, "--sharding") or ("contiguous", "head-tail"),
+                       device=args.device, dtypes=_split(args.dtype, "--dtype"), tokens=_split(args.tokens, "--tokens"),
+                       causal=args.causal, features=_split(args.features, "--features"), seed=args.seed,
+                       timeout=args.timeout, progress=sys.stderr.isatty())
+    except (ValueError, TypeError) as e:
+        print(f"attention-parity check: error: {e}", file=sys.stderr)
+        return 2
+    print(report.table() if not args.quiet else str(report).rsplit("\n", 1)[0])
+    if report.failures and not args.quiet:
+        print("\ndiagnosis:\n" + "\n".join(report.diagnosis_lines()))
+    print("\n" + report.summary())
     if args.json:
         report.write_json(args.json)
     return 0 if report.passed else 1

@@ -1,0 +1,1 @@
+"""Worked examples of kernels the check holds to the reference (``examples.ring_attention``)."""
