@@ -142,7 +142,7 @@ def simulate(rounded, case, positions, *, mask="global", merge="lse", reduce=Tru
             idx = torch.from_numpy(pos)
             blocks = [(r - step) % n for step in range(n)]
             partials = [_partial(q_leaf[:, :, idx], k_leaves[r][:, :, positions[s]], v_leaves[r][:, :, positions[s]],
-                                 _visible(seen_at[r], seen_at[s], case.causal, case.window), case.scale)
+                                 _visible(seen_at[r], seen_at[s], case.causal, case.get("window")), case.scale)
                         for s in blocks]
             w = None if weights is None else torch.from_numpy(weights[:, :, pos])
             o, l = _combine(partials, merge, w)
@@ -217,7 +217,7 @@ def diagnose(failing, got, gold, den, bounds, rounded, case, positions, sharding
 def _predictions(got, rounded, case, positions):
     out = {}
     for hid, title, knobs in HYPOTHESES:
-        if knobs.get("mask") and not (case.causal or case.window is not None):
+        if knobs.get("mask") and not (case.causal or case.get("window") is not None):
             continue                                   # nothing is masked: the mask cannot be wrong
         if knobs.get("merge") == "equal":
             knobs = dict(knobs, weights=_equal_weights(got["out"], rounded, case, positions))
@@ -236,8 +236,8 @@ def mask_differences(case, positions):
     for a0, a1, _ in runs:
         for b0, b1, _ in runs:
             i, j = np.arange(a0, a1), np.arange(b0, b1)
-            right = _visible(i, j, case.causal, case.window)
-            taken = _visible(place[i], place[j], case.causal, case.window)
+            right = _visible(i, j, case.causal, case.get("window"))
+            taken = _visible(place[i], place[j], case.causal, case.get("window"))
             if bool((right & ~taken).any()):
                 wrong.append(f"queries {a0}..{a1 - 1} skip keys {b0}..{b1 - 1}")
             if bool((taken & ~right).any()):
@@ -252,15 +252,15 @@ def _failing_ranks(a, ref, denom, bound, positions):
 
 
 def _best(n, a, ref, denom, bound, predictions, owner, positions, case):
-    err, _ = measure.errors_of(_four(a), _four(ref), denom)
+    err = measure.tensor_errors(_four(a), _four(ref), denom)[0]
     _, where = locate(n, a, ref, denom, positions)
     failing = _failing_ranks(a, ref, denom, bound, positions)
     best, closest = None, None
     for hid, (title, pred) in predictions.items():
-        pred_err, pred_where = measure.errors_of(_four(pred[n]), _four(ref), denom)
+        pred_err, pred_where = measure.tensor_errors(_four(pred[n]), _four(ref), denom)[:2]
         if pred_err <= bound:
             continue                                   # it predicts no failure of this tensor
-        residual, _ = measure.errors_of(_four(a), _four(pred[n]), denom)
+        residual = measure.tensor_errors(_four(a), _four(pred[n]), denom)[0]
         same_place = _failing_ranks(pred[n], ref, denom, bound, positions) == failing
         same_size = 0.5 <= pred_err / err <= 2.0
         entry = (residual, hid, title, pred_err, pred_where)

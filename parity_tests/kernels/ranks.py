@@ -6,7 +6,7 @@ on CPU, NCCL on CUDA), and for each case:
 1. draws q, k, v, dO in float64 and rounds them to the tested dtype once;
 2. computes the golden result once (``numpy_ref.reference_attention``, float64,
    blockwise, O(T) memory) and the baseline (the plain PyTorch computation of the whole
-   sequence in the tested dtype: ``reference.baseline``, or ``dense`` with features);
+   sequence in the tested dtype: ``measure.baseline``, the check's one dense formula);
 3. gives rank r its shard along the sequence (`shard_positions`): *contiguous*, rows
    ``[r T / N, (r + 1) T / N)``, or *head-tail* (zig-zag), the sequence cut into 2N
    chunks and rank r holding chunks r and 2N - 1 - r, which balances causal work;
@@ -37,11 +37,9 @@ import torch
 from parity_tests.common import options
 from parity_tests.common import tolerances as tol
 import parity_tests.kernels.measure as measure
-import parity_tests.kernels.reference as reference
 import parity_tests.kernels.rank_diagnosis as rank_diagnosis
 from parity_tests.kernels import rank_world, targets
 from parity_tests.kernels.cases import Case
-from parity_tests.kernels.features import FeatureCase
 from parity_tests.kernels.report import Row, Report
 
 __all__ = ["check_ranks", "shard_positions", "rank_cases", "SHARDINGS", "RANK_FEATURES", "DEFAULT_TIMEOUT"]
@@ -53,7 +51,6 @@ DEFAULT_TOKENS = (67, 256)               # 67: no sharding divides it
 DEFAULT_TIMEOUT = 120.0
 KEYWORDS = ("causal", "scale", "group", "q_positions", "k_positions")
 # Dense baseline (with features or lse): at most this many (query, key) pairs.
-DENSE_PAIRS = 2 ** 26
 
 
 def shard_positions(tokens, world_size, sharding):
@@ -74,14 +71,14 @@ def rank_cases(tokens=None, causal="both", features=()):
     masks = CAUSAL[causal]
     lengths = list(tokens) if tokens else list(DEFAULT_TOKENS)
     shape = lambda t: (1, 2, 32) if t < 128 else (2, 2, 64) if t <= 1024 else (1, 1, 64)
-    cases = [FeatureCase(*shape(t)[:2], t, t, shape(t)[2], c) for t in lengths for c in masks]
+    cases = [Case(*shape(t)[:2], t, t, shape(t)[2], c) for t in lengths for c in masks]
     t = lengths[0]
     if "gqa" in features:
-        cases += [FeatureCase(1, 4, t, t, 32, c, kv_heads=h, feature="gqa") for h in (2, 1) for c in masks]
+        cases += [Case(1, 4, t, t, 32, c, (("gqa", h),)) for h in (2, 1) for c in masks]
     if "window" in features:
         for c in masks:
             windows = [(t // 4, 0), (5, 0)] if c else [(t // 4, 8), (-1, 5)]
-            cases += [FeatureCase(1, 2, t, t, 32, c, window=w, feature="window") for w in windows]
+            cases += [Case(1, 2, t, t, 32, c, (("window", w),)) for w in windows]
     return cases
 
 
@@ -89,32 +86,11 @@ def _label(case, world_size, sharding):
     return f"{case} / {world_size} ranks {sharding}"
 
 
-def _draw(case, seed):
-    key = f"ranks:{seed}:{case}"
-    rng = np.random.default_rng(zlib.crc32(key.encode()))
-    b, h, t, d = case.batch, case.heads, case.tq, case.head_dim
-    return (rng.standard_normal((b, h, t, d)), rng.standard_normal((b, case.hkv, t, d)),
-            rng.standard_normal((b, case.hkv, t, case.dv)), rng.standard_normal((b, h, t, case.dv)))
-
-
-def _golden(q, k, v, dout, case):
-    from numpy_ref import reference_attention
-    g = reference_attention(q, k, v, dout, scale=case.scale, causal=case.causal, window=case.window)
-    return {n: np.asarray(a, dtype=np.float64) for n, a in g.items()}
-
-
-def _baseline(rounded, case, dtype, device, wants_lse):
-    """The plain PyTorch computation of the whole sequence in ``dtype``: a dict of arrays."""
-    q, k, v, dout = rounded
-    if case.feature or wants_lse:
-        if case.batch * case.heads * case.tq * case.tk > DENSE_PAIRS:
-            raise ValueError(f"tokens: {case} with features or lse needs the dense baseline; "
-                             f"at most {DENSE_PAIRS} (query, key) pairs")
-        opts = dict(scale=case.scale, causal=case.causal, window=case.window)
-        return reference.feature_baseline(q, k, v, dout, opts, measure.DTYPES[dtype], device)
-    dev = [torch.from_numpy(a).to(device=device, dtype=measure.DTYPES[dtype]) for a in rounded]
-    plain = Case(case.batch, case.heads, case.tq, case.tk, case.head_dim, case.causal)
-    return dict(zip(("out", "dq", "dk", "dv"), reference.baseline(*dev, plain, 0)))
+def _inputs(case, seed, dtype):
+    """The case's q, k, v, dout rounded to ``dtype`` (``measure.draw``: seeded by the case's fields)."""
+    drawn = measure.draw(case, seed)
+    return {n: torch.from_numpy(drawn[n]).to(measure.DTYPES[dtype]).to(torch.float64).numpy()
+            for n in ("q", "k", "v", "dout")}
 
 
 def _denominators(gold):
@@ -313,7 +289,7 @@ class _Ranks:
 def _tasks(sent, case, dtype, rounded, positions, wants_lse):
     q, k, v, dout = rounded
     take = lambda a, pos: np.ascontiguousarray(a[:, :, pos])
-    extra = {} if case.window is None else {"window": tuple(case.window)}
+    extra = {} if case.get("window") is None else {"window": tuple(case.get("window"))}
     return [{"fn": sent, "dtype": dtype, "causal": case.causal, "scale": case.scale, "lse": wants_lse,
              "q": take(q, pos), "k": take(k, pos), "v": take(v, pos), "dout": take(dout, pos),
              "q_positions": pos, "k_positions": pos, "extra": extra} for pos in positions]
@@ -330,12 +306,14 @@ def _assemble(results, positions, gold, names):
 def _run_case(ranks, name, sent, case, dtype, device, shardings, wanted, seed, times):
     """The rows of one case in one dtype, for each sharding."""
     tdtype, wants_lse = measure.DTYPES[dtype], "lse" in wanted
-    rounded = [torch.from_numpy(a).to(tdtype).to(torch.float64).numpy() for a in _draw(case, seed)]
+    inputs = _inputs(case, seed, dtype)
+    rounded = [inputs[n] for n in ("q", "k", "v", "dout")]
+    opts = measure.reference_options(case, "top-left", inputs)
     names = ["out"] + (["lse"] if wants_lse else []) + ["dq", "dk", "dv"]
     t0 = time.perf_counter()
-    gold = _golden(*rounded, case)
+    gold = measure.golden(inputs, opts)
     t1 = time.perf_counter()
-    base = _baseline(rounded, case, dtype, device, wants_lse)
+    base = measure.baseline(inputs, opts, dtype, device)
     times["golden"] += t1 - t0
     times["baseline"] += time.perf_counter() - t1
     unjudged = ~np.isfinite(gold["lse"])                     # rows that see no key
@@ -344,7 +322,7 @@ def _run_case(ranks, name, sent, case, dtype, device, shardings, wanted, seed, t
             part["lse"] = np.where(unjudged, 0.0, part["lse"])
     gold = {n: gold[n] for n in names}
     den = _denominators(gold)
-    base_err = {n: measure.errors_of(_four(base[n]), _four(gold[n]), den[n])[0] for n in names}
+    base_err = {n: measure.tensor_errors(_four(base[n]), _four(gold[n]), den[n])[0] for n in names}
     bounds = {n: tol.check_bound(dtype, base_err[n]) for n in names}
     rows = []
     for sharding in shardings:
@@ -379,7 +357,7 @@ def _judge(row, got, gold, den, bounds, names, rounded, case, positions, shardin
     owner = rank_diagnosis.owners(positions)
     rows, failing = {}, []
     for n in names:
-        err, where = measure.errors_of(_four(got[n]), _four(gold[n]), den[n])
+        err, where = measure.tensor_errors(_four(got[n]), _four(gold[n]), den[n])[:2]
         ok = err <= bounds[n]
         rows[n] = row(n, error=err, verdict="pass" if ok else "FAIL", where=where,
                       note="" if ok or where is None else f"rank {owner[where[2]]}")

@@ -11,7 +11,7 @@ import pytest
 
 from numpy_ref import reference_attention
 from parity_tests.kernels import rank_diagnosis, rank_world
-from parity_tests.kernels.features import FeatureCase
+from parity_tests.kernels.cases import Case
 from parity_tests.kernels.ranks import check_ranks, shard_positions
 from examples import ring_attention
 import ring_twins
@@ -70,7 +70,7 @@ def test_shards_cover_the_sequence_once():
 
 
 def test_the_dense_ring_with_nothing_changed_is_the_reference():
-    case = FeatureCase(1, 4, 23, 23, 8, True, kv_heads=2)
+    case = Case(1, 4, 23, 23, 8, True, (("gqa", 2),))
     rng = np.random.default_rng(0)
     q, dout = rng.standard_normal((2, 1, 4, 23, 8))
     k, v = rng.standard_normal((2, 1, 2, 23, 8))
