@@ -124,11 +124,13 @@ def _plan(target, device, dtypes, tokens, head_dims, heads, batch, causal, align
     elif "varlen" in wanted and layout != "bhtd":
         raise ValueError(f"layout: varlen runs every case in the thd layout, not {layout!r}")
     tgt = targets.resolve(target, device, layout)
-    grid = grid + inputs.grid_cases(CAUSAL[causal])        # inputs as kernels meet them, in every run
+    added = inputs.grid_cases(CAUSAL[causal])              # inputs as kernels meet them, in every run
     if wanted:
         feat.require(tgt, wanted)                          # a usage error, before any case runs
-        plan = feat.Plan(seed=seed, takes_align=tgt.takes_align, align=align)
-        grid = grid + feat.feature_cases(wanted, CAUSAL[causal], plan)
+        plan = feat.Plan(seed=seed, takes_align=tgt.takes_align, align=align,
+                         grid=tuple(grid) if tokens is not None else ())    # the user's lengths
+        added += feat.feature_cases(wanted, CAUSAL[causal], plan)
+    grid = grid + added
     _refuse_what_does_not_fit(grid, names, device)
     return tgt, device, names, grid, wanted
 

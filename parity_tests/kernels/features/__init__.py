@@ -18,7 +18,10 @@ are seen", each piece here is one function:
   baseline and the catalogue's mistakes);
 - ``kwargs(case, value, tensors)``: the keywords the callable receives;
 - ``mistakes(ctx, value)``: the mistakes it invites (``mistakes.Hypothesis``), each the
-  reference recomputed with that mistake's options or knob.
+  reference recomputed with that mistake's options or knob;
+- ``apply(case, rng)``: the feature added to a case of another shape, so that features
+  meet each other (every pair requested, and all of them together) and run at the
+  lengths given with ``--tokens``.
 
 Features that change how *every* case runs (``run_wide``: ``lse``, ``lse_grad``,
 ``varlen``, ``deterministic``) are read by name in ``measure``; their mistakes are
@@ -50,6 +53,7 @@ class Feature:
     reference: object = _nothing
     kwargs: object = _nothing
     mistakes: object = lambda ctx, value: []
+    apply: object = None            # (case, rng) -> the case with this feature added, or None
     run_wide: bool = False          # changes how every case of the run is called or judged
 
 
@@ -60,7 +64,7 @@ class Plan:
     seed: int = 0
     takes_align: bool = False
     align: str = "top-left"
-    tokens: tuple = field(default=())
+    grid: tuple = field(default=())   # the run's own cases when --tokens chose their lengths
 
 
 # The registry: one module per feature, in this order (help, parsing, the README table).
@@ -147,8 +151,24 @@ def both_alignments(cases, plan):
 
 def feature_cases(features, causal, plan):
     """The added cases of every requested feature, in the order of ``FEATURES``, for each
-    value of ``causal`` (a tuple of bools)."""
-    return [c for f in FEATURES if f in features for cz in causal for c in REGISTRY[f].cases(cz, plan)]
+    value of ``causal`` (a tuple of bools); then the features meeting each other (every
+    pair, and all together), and each feature at the run's own lengths (``plan.grid``)."""
+    from itertools import combinations
+    from parity_tests.kernels.cases import Case, case_rng
+    own = [c for f in FEATURES if f in features for cz in causal for c in REGISTRY[f].cases(cz, plan)]
+    meeting = [REGISTRY[f] for f in FEATURES if f in features and REGISTRY[f].apply is not None]
+    groups = list(combinations(meeting, 2)) + ([tuple(meeting)] if len(meeting) > 2 else [])
+    added = [_applied(Case(2, 4, 61, 83, 64, cz), group, plan.seed) for cz in causal for group in groups]
+    added += [_applied(c, (f,), plan.seed) for c in plan.grid for f in meeting]
+    return own + [c for c in dict.fromkeys(added) if c is not None]
+
+
+def _applied(case, group, seed):
+    """``case`` with every feature of ``group`` added (None when one does not fit its shape)."""
+    from parity_tests.kernels.cases import case_rng
+    for f in group:
+        case = case and f.apply(case, case_rng(seed, case, f.name))
+    return case
 
 
 # Each module imports this one: the registry is filled last.

@@ -1,8 +1,8 @@
 """``alibi``: ``S ← S − slope_h · |i + o − j|`` with ALiBi's slopes (Press et al.:
 2^(−8h/H), h = 1 .. H, for H a power of two) for 4, 6 (not a power of two) and 8
 heads, both alignments when the callable takes ``align``.  Invited mistakes: the
-sign flipped, the slopes in reverse head order, the alignment's offset left out or
-with its sign flipped."""
+sign flipped, the slopes in reverse head order or taken per kv head (with GQA), the
+alignment's offset left out or with its sign flipped."""
 
 import numpy as np
 
@@ -28,6 +28,11 @@ def mistakes(ctx, on):
     if ctx.case.heads > 1:
         out.append(ctx.H("alibi-reversed", "the ALiBi slopes in reverse head order",
                          ctx.fwd({"alibi_slopes": slopes[::-1].copy()})))
+    group = ctx.case.heads // ctx.case.hkv
+    if group > 1:                        # GQA: query head h given kv head h // group's slope
+        out.append(ctx.H("alibi-per-kv-head", f"the ALiBi slopes taken per kv head (query head h given slope "
+                         f"h // {group}) instead of per query head",
+                         ctx.fwd({"alibi_slopes": slopes[np.arange(ctx.case.heads) // group]})))
     if any(ctx.offsets):
         out += [ctx.H("alibi-no-offset", "the ALiBi distance |i - j| without the alignment's offset "
                       "(|i + offset - j| is meant)", ctx.fwd(alibi_no_offset=True)),
@@ -39,4 +44,5 @@ def mistakes(ctx, on):
 FEATURE = Feature("alibi", "alibi_slopes= float32 tensor (H,), ALiBi's slopes", keywords=("alibi_slopes",),
                   cases=cases, label=lambda on: "alibi", draw=draw,
                   reference=lambda case, on, inputs: {"alibi_slopes": inputs["alibi_slopes"]},
-                  kwargs=lambda case, on, tensors: {"alibi_slopes": tensors["alibi_slopes"]}, mistakes=mistakes)
+                  kwargs=lambda case, on, tensors: {"alibi_slopes": tensors["alibi_slopes"]}, mistakes=mistakes,
+                  apply=lambda case, rng: case.with_feature("alibi", True))

@@ -24,4 +24,5 @@ def mistakes(ctx, shape):
 FEATURE = Feature("bias", "bias= tensor broadcastable to (B, H, Tq, Tk), requiring grad: dbias is checked",
                   keywords=("bias",), cases=cases, label=lambda s: "bias" + "x".join(map(str, s)), draw=draw,
                   reference=lambda case, s, inputs: {"bias": inputs["bias"]},
-                  kwargs=lambda case, s, tensors: {"bias": tensors["bias"]}, mistakes=mistakes)
+                  kwargs=lambda case, s, tensors: {"bias": tensors["bias"]}, mistakes=mistakes,
+                  apply=lambda case, rng: case.with_feature("bias", (1, case.heads, case.tq, case.tk)))

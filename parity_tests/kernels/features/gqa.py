@@ -40,4 +40,9 @@ def mistakes(ctx, kv_heads):
     return out
 
 
-FEATURE = Feature("gqa", "k and v with fewer heads than q (MQA included)", cases=cases, mistakes=mistakes)
+def apply(case, rng):
+    return case.with_feature("gqa", case.heads // 2 if case.heads % 2 == 0 else 1) if case.heads > 1 else None
+
+
+FEATURE = Feature("gqa", "k and v with fewer heads than q (MQA included)", cases=cases, mistakes=mistakes,
+                  apply=apply)

@@ -31,4 +31,5 @@ def mistakes(ctx, size):
 FEATURE = Feature("sinks", "sinks= float32 tensor (H,), requiring grad: dsinks is checked", keywords=("sinks",),
                   cases=cases, label=lambda s: f"sinks {s}", draw=draw,
                   reference=lambda case, s, inputs: {"sinks": inputs["sinks"]},
-                  kwargs=lambda case, s, tensors: {"sinks": tensors["sinks"]}, mistakes=mistakes)
+                  kwargs=lambda case, s, tensors: {"sinks": tensors["sinks"]}, mistakes=mistakes,
+                  apply=lambda case, rng: case.with_feature("sinks", "large"))

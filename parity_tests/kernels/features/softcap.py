@@ -28,4 +28,5 @@ def mistakes(ctx, cap):
 FEATURE = Feature("softcap", "softcap=float, c·tanh(S/c) on the scaled scores", keywords=("softcap",),
                   cases=cases, label=lambda c: f"softcap {c:g}", draw=draw,
                   reference=lambda case, c, inputs: {"softcap": float(c)},
-                  kwargs=lambda case, c, tensors: {"softcap": float(c)}, mistakes=mistakes)
+                  kwargs=lambda case, c, tensors: {"softcap": float(c)}, mistakes=mistakes,
+                  apply=lambda case, rng: case.with_feature("softcap", 30.0))

@@ -11,4 +11,5 @@ def cases(causal, plan):
             Case(1, 2, 113, 113, 192, causal, (("value_dim", 128),))]
 
 
-FEATURE = Feature("value_dim", "v with a head dim other than q's and k's", cases=cases)
+FEATURE = Feature("value_dim", "v with a head dim other than q's and k's", cases=cases,
+                  apply=lambda case, rng: case.with_feature("value_dim", 32 if case.head_dim != 32 else 48))

@@ -97,5 +97,15 @@ def mistakes(ctx, lengths):
     return out
 
 
+def apply(case, rng):
+    """Lengths drawn per sequence, the longest filling the case (one of them 0 when B > 2)."""
+    lq, lk = (rng.integers(1, t + 1, size=case.batch) for t in (case.tq, case.tk))
+    lq[0], lk[0] = case.tq, case.tk
+    if case.batch > 2:
+        lq[-1] = lk[-1] = 0
+    return case.with_feature("varlen", (tuple(int(x) for x in lq), tuple(int(x) for x in lk)))
+
+
 FEATURE = Feature("varlen", "with --layout thd, FlashAttention's packed varlen layout and cu_seqlens",
-                  keywords=KEYWORDS, cases=cases, label=label, draw=draw, reference=reference, mistakes=mistakes, run_wide=True)
+                  keywords=KEYWORDS, cases=cases, label=label, draw=draw, reference=reference, mistakes=mistakes, run_wide=True,
+                  apply=apply)

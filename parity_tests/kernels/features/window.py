@@ -49,7 +49,11 @@ def mistakes(ctx, window):
     return out
 
 
+def apply(case, rng):
+    return case.with_feature("window", _windows(case.tk, case.causal, rng)[-1])
+
+
 FEATURE = Feature("window", "window=(left, right), FlashAttention's window_size", keywords=("window",),
                   cases=cases, label=lambda w: f"window({w[0]},{w[1]})",
                   reference=lambda case, w, inputs: {"window": tuple(w)},
-                  kwargs=lambda case, w, tensors: {"window": tuple(w)}, mistakes=mistakes)
+                  kwargs=lambda case, w, tensors: {"window": tuple(w)}, mistakes=mistakes, apply=apply)

@@ -86,6 +86,8 @@ def attend(q, k, v, *, causal, scale, align="top-left", window=None, softcap=Non
         slopes = alibi_slopes.to(work)
         if mistake == "alibi-reversed":
             slopes = slopes.flip(0)
+        elif mistake == "alibi-per-kv-head":
+            slopes = slopes[torch.arange(hq) // group]
         sign = -1.0 if mistake == "alibi-sign" else 1.0
         dist = (i - j).abs() if mistake == "alibi-no-offset" else (i + off - j).abs()
         S = S - sign * slopes[:, None, None] * dist
@@ -194,6 +196,7 @@ FEATURE_GALLERY = {
     "alibi-sign": ["alibi"],
     "alibi-reversed": ["alibi"],
     "alibi-no-offset": ["alibi"],
+    "alibi-per-kv-head": ["gqa", "alibi"],
     "bias-no-grad": ["bias"],
     "sink-ignored": ["sinks"],
     "sink-no-grad": ["sinks"],

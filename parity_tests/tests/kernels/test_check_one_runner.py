@@ -137,3 +137,20 @@ def test_lse_grad_backpropagates_through_lse():
     assert {r.tensor for r in wrong.failures} == {"dq", "dk"}, str(wrong)
     assert wrong.diagnosis == "lse-grad-dropped", str(wrong)
     assert parity_tests.check(kernel("lse-grad-dropped"), features=["lse"], **SMALL, causal="yes").passed
+
+
+def test_requested_features_meet_and_run_at_the_users_lengths():
+    plan = Plan(seed=0, grid=(Case(1, 2, 4096, 4096, 64, True),))
+    from parity_tests.kernels.features import feature_cases
+    added = feature_cases(["gqa", "alibi", "softcap", "bias"], (True,), plan)
+    combos = {tuple(n for n, _ in c.features) for c in added if len(c.features) > 1}
+    assert {("gqa", "alibi"), ("softcap", "alibi"), ("alibi", "bias"), ("gqa", "softcap", "alibi", "bias")} <= combos
+    assert any(c.tq == 4096 and c.get("alibi") for c in added)            # ALiBi at the user's length
+
+
+def test_alibi_slopes_per_kv_head_fail_where_gqa_meets_alibi():
+    report = parity_tests.check(kernel("alibi-per-kv-head", returns_lse=False), features=["gqa", "alibi"],
+                                **SMALL, causal="yes")
+    failing = {r.case for r in report.failures}
+    assert failing and all("/" in c.split()[1] and "alibi" in c for c in failing), failing    # GQA x ALiBi only
+    assert report.diagnosis == "alibi-per-kv-head", str(report)
