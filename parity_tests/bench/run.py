@@ -28,6 +28,7 @@ import gc
 import json
 import os
 import platform
+import sys
 import time
 
 import numpy as np
@@ -406,6 +407,12 @@ def main(argv=None):
     args, status = parse_verb_args(parse_args, argv)    # --json PATH tried before the run
     if status is not None:
         return status
+    refused = [f"{name} at T = {T} {why}" for T in ([] if args.golden else args.tokens)
+               for name in args.impl if (why := impls.too_large(name, T, args.batch, args.heads, args.d_model))]
+    if refused:                                 # a size that cannot fit: said before any work
+        print("attention-parity bench: error: " + "; ".join(refused) + " (ask for fewer tokens or other --impl)",
+              file=sys.stderr)
+        return 2
     if args.golden:
         from parity_tests.bench import golden
         result = golden.golden_rates(args.tokens, args.batch, args.repeats, seed=args.seed)

@@ -50,9 +50,9 @@ def pixel_size(panels):
     return (int((PANEL_INCHES * panels + 1) * DPI), int(PANEL_INCHES * DPI))
 
 
-def _draw(ax, matrix, title, labels, vmin, vmax, cmap, first, axis_titles):
+def _draw(ax, matrix, title, labels, vmin, vmax, cmap, first, axis_titles, aspect="equal"):
     m = np.asarray(matrix, dtype=float)
-    im = ax.imshow(m, cmap=cmap, vmin=vmin, vmax=vmax)
+    im = ax.imshow(m, cmap=cmap, vmin=vmin, vmax=vmax, aspect=aspect, interpolation="nearest")
     ax.set_title(title, fontsize=9)
     xlabel, ylabel = axis_titles
     ax.set_xlabel(xlabel, fontsize=8)
@@ -76,18 +76,18 @@ def _draw(ax, matrix, title, labels, vmin, vmax, cmap, first, axis_titles):
 
 
 def heatmaps(path, matrices, titles, suptitle=None, labels=None,
-             vmin=None, vmax=None, cmap="viridis", axis_titles=("key", "query")):
+             vmin=None, vmax=None, cmap="viridis", axis_titles=("key", "query"), aspect="equal"):
     """Side-by-side heatmaps in one PNG of `pixel_size` pixels; returns ``path``.
 
     ``axis_titles`` = (columns, rows): what the axes are (attention weights:
     ("key", "query")); ``labels`` name the ticks (tokens) when they mean that."""
-    fig = figure(matrices, titles, suptitle, labels, vmin, vmax, cmap, axis_titles)
+    fig = figure(matrices, titles, suptitle, labels, vmin, vmax, cmap, axis_titles, aspect)
     fig.savefig(path, dpi=DPI)
     return path
 
 
 def figure(matrices, titles, suptitle=None, labels=None, vmin=None, vmax=None,
-           cmap="viridis", axis_titles=("key", "query")):
+           cmap="viridis", axis_titles=("key", "query"), aspect="equal"):
     """The matplotlib Figure `heatmaps` saves."""
     Figure, FigureCanvasAgg = _matplotlib()
     width, height = pixel_size(len(matrices))
@@ -98,7 +98,7 @@ def figure(matrices, titles, suptitle=None, labels=None, vmin=None, vmax=None,
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, len(matrices), squeeze=False)[0]
     for i, (ax, m, title) in enumerate(zip(axes, matrices, titles)):
-        im = _draw(ax, m, title, labels, vmin, vmax, cmap, i == 0, axis_titles)
+        im = _draw(ax, m, title, labels, vmin, vmax, cmap, i == 0, axis_titles, aspect)
     fig.colorbar(im, ax=list(axes), shrink=0.7, fraction=0.046 / len(axes), pad=0.03)
     if suptitle:
         fig.suptitle(suptitle, fontsize=10)
@@ -106,9 +106,9 @@ def figure(matrices, titles, suptitle=None, labels=None, vmin=None, vmax=None,
 
 
 def heatmap(path, matrix, title, labels=None, vmin=None, vmax=None, cmap="viridis",
-            axis_titles=("key", "query")):
-    return heatmaps(path, [matrix], [title], labels=labels, vmin=vmin, vmax=vmax, cmap=cmap,
-                    axis_titles=axis_titles)
+            axis_titles=("key", "query"), aspect="equal", suptitle=None):
+    return heatmaps(path, [matrix], [title], suptitle=suptitle, labels=labels, vmin=vmin, vmax=vmax, cmap=cmap,
+                    axis_titles=axis_titles, aspect=aspect)
 
 
 def announce(paths):

@@ -210,6 +210,30 @@ class Report:
                             "not_supported": counts["not supported"], "seconds": self.seconds,
                             "diagnosis": self.diagnosis, **self.settings}}
 
+    def plot(self, directory):
+        """A PNG per failing tensor with a located error: its error over the bound
+        (log10, clipped at -2 .. 4) by row (query rows for out, lse, dq; key rows for dk,
+        dv) and (batch, head), titled with its location signature.  Returns the paths."""
+        import os
+        import textwrap
+        import numpy as np
+        from parity_tests.common import plots
+        paths = []
+        for i, (r, d) in enumerate(self.diagnoses):
+            if d.error_map is None or not d.where:
+                continue
+            m = np.log10(np.clip(np.nan_to_num(d.error_map, posinf=1e4), 1e-2, 1e4))
+            name = "".join(c if c.isalnum() else "_" for c in f"{i:03d}_{r.case}_{r.dtype}_{r.tensor}")
+            rows = "key" if r.tensor in ("dk", "dv") else "query"
+            heads = r.dims["kv_heads"] if rows == "key" else r.dims["heads"]
+            labels = [f"{b},{h}" for b in range(r.dims["batch"]) for h in range(heads)]
+            labels = labels if len(labels) == m.shape[1] <= 16 else None
+            paths.append(plots.heatmap(os.path.join(directory, name.strip("_") + ".png"), m,
+                                       "\n".join(textwrap.wrap(d.where, 60)), labels=labels, vmin=-2, vmax=4, cmap="magma",
+                                       axis_titles=("(batch, head)", f"{rows} row"), aspect="auto",
+                                       suptitle=f"{r.case} {r.dtype} {r.tensor}: log10(error / bound)"))
+        return paths
+
     def write_json(self, path):
         with open(path, "w") as f:
             json.dump(self.as_dict(), f, indent=1)

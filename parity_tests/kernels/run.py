@@ -242,6 +242,8 @@ def build_parser():
     p.add_argument("--sharding", action="append", metavar="S,...",
                    help="with --world-size: contiguous, head-tail (comma-separate; default both)")
     p.add_argument("--json", metavar="PATH", help='also write {"rows": [...], "summary": {...}} to PATH')
+    p.add_argument("--plot", metavar="DIR", help="write a heat map of each failing tensor's error (rows x "
+                   "(batch, head), in multiples of the bound) to DIR, titled with where the error sits")
     p.add_argument("--quiet", "-q", action="store_true", help="print only failing rows and the summary")
     return p
 
@@ -287,6 +289,10 @@ def main(argv=None):
     if problem:
         print(f"attention-parity check: error: {problem}", file=sys.stderr)
         return 2
+    from parity_tests.common import plots
+    status = plots.check_available(args.plot)
+    if status is not None:
+        return status
     if args.world_size is not None:
         return _main_across_ranks(args)
     try:
@@ -307,6 +313,9 @@ def main(argv=None):
     print(("\n" if not args.quiet or report.failures else "") + report.summary())
     if args.json:
         report.write_json(args.json)
+    if args.plot:
+        from parity_tests.common import plots
+        plots.announce(report.plot(args.plot))
     return 0 if report.passed else 1
 
 
@@ -337,4 +346,7 @@ def _main_across_ranks(args):
     print("\n" + report.summary())
     if args.json:
         report.write_json(args.json)
+    if args.plot:
+        from parity_tests.common import plots
+        plots.announce(report.plot(args.plot))
     return 0 if report.passed else 1

@@ -151,3 +151,9 @@ def test_golden_bench_prints_its_rate_the_dgemm_rate_the_share_and_the_blas(caps
     out = capsys.readouterr().out
     assert "T 64: golden" in out and "GFLOP/s; dgemm 2048^3 float64" in out and "share" in out
     assert "BLAS:" in out and "OPENBLAS_CORETYPE" in out and "load average" in out
+
+
+def test_a_size_that_cannot_fit_exits_2_with_the_estimate_before_any_work(capsys):
+    assert bench.main(["--tokens", "64,2000000", "--impl", "blockwise"]) == 2
+    err = capsys.readouterr().err
+    assert "blockwise at T = 2000000 needs ~" in err and "GiB (estimated)" in err

@@ -102,3 +102,19 @@ def test_each_row_reports_time_and_error_beside_sdpas():
     timed = [r for r in report.rows if r.sdpa_seconds]
     assert len(timed) == len(report.rows) and all(r.seconds > 0 and r.sdpa_error is not None for r in timed)
     assert "err/SDPA" in report.table() and "time/SDPA" in report.table()
+
+
+def test_plot_draws_each_located_failure(tmp_path):
+    import pytest
+    pytest.importorskip("matplotlib")
+
+    def row_0_not_stored(q, k, v, *, causal, scale):
+        out = sdpa(q, k, v, causal=causal, scale=scale)
+        return torch.cat([torch.zeros_like(out[..., :1, :]), out[..., 1:, :]], dim=-2)
+    report = parity_tests.check(row_0_not_stored, **SMALL)
+    assert report.diagnosis == "row-not-stored", str(report)
+    located = [d for r, d in report.diagnoses if r.tensor == "out"]
+    assert located and all(d.where.startswith("only query row 0 of ") for d in located)
+    paths = report.plot(tmp_path)
+    assert len(paths) == len([d for _, d in report.diagnoses if d.where])
+    assert all(p.endswith(".png") and (tmp_path / p.split("/")[-1]).stat().st_size > 1000 for p in paths)
