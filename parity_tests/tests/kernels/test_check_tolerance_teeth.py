@@ -108,3 +108,28 @@ def test_the_zero_by_theory_floor_is_tight(monkeypatch):
     assert row.failed and row.error < 1e-3, row              # failed on its error, not a crash
     loosen(monkeypatch, "CHECK_ZERO_FLOOR[float32]")
     assert _zero_wide_dq_row(3e-6).passed
+
+
+def _outliers_out_row(rel):
+    """float64, the heavy-tailed case (scores ~10^3): SDPA's math backend with a slip."""
+    def kernel(q, k, v, *, causal, scale):
+        with torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.MATH]):
+            return _slipped(rel)(q, k, v, causal=causal, scale=scale)
+    report = parity_tests.check(kernel, dtypes=["float64"], tokens=["1"], head_dims=[32], heads=[1], batch=[1],
+                                causal="no")
+    (row,) = [r for r in report.rows if r.tensor == "out" and "outliers" in r.case]
+    return row
+
+
+def test_the_logit_scale_of_the_floor_is_needed_and_tight(monkeypatch):
+    # scores ~10^3: a correct float64 kernel sits up to ~10 x its baseline (rounding of its
+    # largest score); the floor grows with the logits past LOGIT_SCALE so that it passes ...
+    scale = tol.LOGIT_SCALE
+    assert _outliers_out_row(0.0).passed
+    monkeypatch.setattr(tol, "LOGIT_SCALE", float("inf"))
+    assert _outliers_out_row(0.0).failed, "the logit scale guards nothing: drop it"
+    # ... and no more: a slip of 2e-13 fails, and would pass with the scale ten times looser
+    monkeypatch.setattr(tol, "LOGIT_SCALE", scale)
+    assert _outliers_out_row(2e-13).failed
+    monkeypatch.setattr(tol, "LOGIT_SCALE", scale / 10)
+    assert _outliers_out_row(2e-13).passed
