@@ -58,9 +58,10 @@ def name_non_finite(n, ev):
     (hyp, residual), others = matches[0], [h.says for h, _ in matches[1:]]
     plain = diagnosis._non_finite(n, ev.arrays[n], ev.case, ev.align)
     also = f" (the same rows as: {'; '.join(others)})" if others else ""
+    bad = _rows(ev.arrays[n])
+    rest = f", the other rows within {residual:.1e} (bound {ev.bounds[n]:.1e})" if not bad.all() else ""
     return diagnosis.Diagnosis(hyp.id, f"{n} matches the reference with {hyp.says}{also}: non-finite in the "
-                               f"{int(_rows(ev.arrays[n]).sum())} rows that mistake makes non-finite, the other "
-                               f"rows within {residual:.1e} (bound {ev.bounds[n]:.1e}); {plain.sentence}",
+                               f"{int(bad.sum())} rows that mistake makes non-finite{rest}; {plain.sentence}",
                                residual, ev.bounds[n])
 
 

@@ -70,7 +70,8 @@ def pages(case, value):
     order = rng.permutation(num - 1)
     used, unused = order[:sum(need)], np.concatenate([order[sum(need):], [num - 1]])
     table = np.zeros((len(lengths), max(need) + 1), dtype=np.int64)
-    own = np.split(used, np.cumsum(need)[:-1])
+    own = [p if len(p) < 2 or np.any(np.diff(p) < 0) else p[::-1]         # never in order
+           for p in np.split(used, np.cumsum(need)[:-1])]
     full = [p[: lengths[c] // size] for c, p in enumerate(own)]       # pages with no NaN slot
     for b, n in enumerate(need):                # spare entries: stale full pages of the other sequences
         others = np.concatenate([p for c, p in enumerate(full) if c != b] + [[]]).astype(np.int64)
