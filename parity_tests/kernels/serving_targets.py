@@ -18,6 +18,7 @@ import torch
 __all__ = ["flex_paged", "FLEX_PAGED_FEATURES"]
 
 FLEX_PAGED_FEATURES = frozenset({"paged", "gqa", "value_dim", "decode"})
+_COMPILED = {}
 
 
 def flex_paged(unsupported):
@@ -41,7 +42,7 @@ def flex_paged(unsupported):
                                     BLOCK_SIZE=(128, size))
         physical = paged.convert_logical_block_mask(logical, kv_len=lens)
         flat = lambda c: c.reshape(1, num * size, hkv, c.shape[-1]).transpose(1, 2).expand(b, -1, -1, -1)
-        attend = flex_attention if not q.is_cuda else torch.compile(flex_attention)
+        attend = flex_attention if not q.is_cuda else _COMPILED.setdefault("flex", torch.compile(flex_attention))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")         # "called without torch.compile": eager on CPU on purpose
             try:

@@ -27,7 +27,7 @@ are seen", each piece here is one function:
   the forward alone.
 
 Features that change how *every* case runs (``run_wide``: ``lse``, ``lse_grad``,
-``varlen``, ``deterministic``) are read by name in ``measure``; their mistakes are
+``varlen``, ``deterministic``, ``paged``) are read by name in ``measure``; their mistakes are
 tried on every case of a run that asks for them.
 Which built-in targets express a feature is the target's own field
 (``targets.Target.features``).
