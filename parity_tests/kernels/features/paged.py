@@ -15,7 +15,7 @@ tail of every last page is NaN: a kernel that reads a slot it should not shows i
 block table's spare entries point at other sequences' full pages: a kernel that reads
 them reads the wrong keys, and where it did so is told from its finite rows).
 Invited mistakes: cache_seqlens ignored (every slot of the table's pages read), the
-block table read one page off, the page size taken as twice its size, the last
+block table read one page off or with a wrong row stride, the page size taken as twice its size, the last
 partial page dropped, every slot multiplied in with weight 0 (0 × NaN: what a kernel
 that masks the unused slots instead of skipping them returns).
 """
@@ -80,11 +80,14 @@ def pages(case, value):
     return table, num
 
 
-def slots(table, size, b, length, column=0, step=None):
+def slots(table, size, b, length, column=0, step=None, stride=None):
     """The flat slot (page · size + offset) of each key position of sequence b; ``column``
-    shifts the table column read, ``step`` is the page size the positions are cut by."""
+    shifts the table column read, ``step`` is the page size the positions are cut by,
+    ``stride`` the row stride the table is read with (its flat entries)."""
     step = step or size
     pos = np.arange(length)
+    if stride is not None:
+        return table.reshape(-1)[b * stride + pos // step] * size + pos % step
     return table[b, pos // step + column] * size + pos % step
 
 
@@ -171,6 +174,9 @@ def mistakes(ctx, value):
                   lambda t, b: slots(t, size, b, widest * size)),
             _read(ctx, value, "paged-off-by-one-page", "the block table read one page off (logical page p "
                   "taken from block_table[b, p + 1])", lambda t, b: slots(t, size, b, lengths[b], column=1)),
+            _read(ctx, value, "paged-table-stride", f"the block table read with a row stride of {widest - 1} "
+                  f"instead of {widest} (sequence b's pages taken from the wrong row)",
+                  lambda t, b: slots(t, size, b, lengths[b], stride=widest - 1)),
             _read(ctx, value, "paged-page-size", f"the page size taken as {2 * size} instead of {size} "
                   "(positions cut into pages of the wrong size)",
                   lambda t, b: slots(t, size, b, lengths[b], step=2 * size))]

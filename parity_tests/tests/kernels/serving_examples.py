@@ -41,7 +41,10 @@ def _paged(q, k_cache, v_cache, block_table, cache_seqlens, causal, scale, mista
         pos = torch.arange(n)
         cut = 2 * page if mistake == "page-size" else page
         column = pos // cut + (1 if mistake == "off-by-one-page" else 0)
-        slot = block_table[b].long()[column] * page + pos % cut
+        if mistake == "table-stride":                    # rows of the table max_pages - 1 apart
+            slot = block_table.reshape(-1).long()[b * (block_table.shape[1] - 1) + column] * page + pos % cut
+        else:
+            slot = block_table[b].long()[column] * page + pos % cut
         outs.append(_attend(q[b].double(), flat_k[slot], flat_v[slot], causal=causal, scale=scale,
                             offset=n - q.shape[1]))
     return torch.stack(outs).to(q.dtype)
@@ -61,6 +64,11 @@ def paged_decode_past_seqlens(q, k_cache, v_cache, *, block_table, cache_seqlens
 def paged_decode_off_by_one_page(q, k_cache, v_cache, *, block_table, cache_seqlens, causal, scale):
     """Wrong: logical page p read from block_table[b, p + 1]."""
     return _paged(q, k_cache, v_cache, block_table, cache_seqlens, causal, scale, "off-by-one-page")
+
+
+def paged_decode_table_stride(q, k_cache, v_cache, *, block_table, cache_seqlens, causal, scale):
+    """Wrong: the block table's rows read max_pages - 1 entries apart."""
+    return _paged(q, k_cache, v_cache, block_table, cache_seqlens, causal, scale, "table-stride")
 
 
 def paged_decode_page_size(q, k_cache, v_cache, *, block_table, cache_seqlens, causal, scale):

@@ -18,10 +18,11 @@ import serving_examples as ex
 SMALL = dict(tokens=["17"], head_dims=[16], heads=[2], batch=[1], dtypes=["float32"])
 PAGED_TWINS = {"paged-past-seqlens": ex.paged_decode_past_seqlens,
                "paged-off-by-one-page": ex.paged_decode_off_by_one_page,
+               "paged-table-stride": ex.paged_decode_table_stride,
                "paged-page-size": ex.paged_decode_page_size,
                "paged-last-page-dropped": ex.paged_decode_last_page_dropped}
 WORDS = {"paged-past-seqlens": "cache_seqlens ignored", "paged-off-by-one-page": "one page off",
-         "paged-page-size": "page size taken as", "paged-last-page-dropped": "last partial page dropped"}
+         "paged-table-stride": "row stride", "paged-page-size": "page size taken as", "paged-last-page-dropped": "last partial page dropped"}
 SPLIT_TWINS = {"splits-not-rescaled": ex.split_decode_not_rescaled,
                "splits-empty-nan": ex.split_decode_empty_nan,
                "splits-lse-base-2": ex.split_decode_base_2}
