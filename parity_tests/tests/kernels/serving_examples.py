@@ -23,10 +23,10 @@ def _attend(q, k, v, *, causal, scale, offset):
         j = torch.arange(k.shape[0])[None, :]
         scores = scores.masked_fill(j > i + offset, -math.inf)
     weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)
-    return torch.einsum("hij,jhd->ihd", weights, v)
+    return torch.einsum("hij,jhd->ihd", weights, v), torch.logsumexp(scores, dim=-1)    # lse (Hq, Tq)
 
 
-def _paged(q, k_cache, v_cache, block_table, cache_seqlens, causal, scale, mistake=None):
+def _paged(q, k_cache, v_cache, block_table, cache_seqlens, causal, scale, mistake=None, lse=False):
     """Each sequence's keys gathered from its pages, then plain attention, bottom-right."""
     page = k_cache.shape[1]
     flat_k = k_cache.double().reshape(-1, *k_cache.shape[2:])           # (num_pages · page, Hkv, D)
@@ -47,13 +47,19 @@ def _paged(q, k_cache, v_cache, block_table, cache_seqlens, causal, scale, mista
             slot = block_table[b].long()[column] * page + pos % cut
         outs.append(_attend(q[b].double(), flat_k[slot], flat_v[slot], causal=causal, scale=scale,
                             offset=n - q.shape[1]))
-    return torch.stack(outs).to(q.dtype)
+    out = torch.stack([o for o, _ in outs]).to(q.dtype)
+    return (out, torch.stack([l for _, l in outs]).float()) if lse else out
 
 
 def paged_decode(q, k_cache, v_cache, *, block_table, cache_seqlens, causal, scale):
     """q (B, Tq, Hq, D); k_cache, v_cache (num_pages, page_size, Hkv, D); block_table
     (B, max_pages) int32; cache_seqlens (B,) int32 -> out (B, Tq, Hq, Dv)."""
     return _paged(q, k_cache, v_cache, block_table, cache_seqlens, causal, scale)
+
+
+def paged_decode_with_lse(q, k_cache, v_cache, *, block_table, cache_seqlens, causal, scale):
+    """The same returning (out, lse), lse (B, Hq, Tq) float32, natural log."""
+    return _paged(q, k_cache, v_cache, block_table, cache_seqlens, causal, scale, lse=True)
 
 
 def paged_decode_past_seqlens(q, k_cache, v_cache, *, block_table, cache_seqlens, causal, scale):

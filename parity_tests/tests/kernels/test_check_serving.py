@@ -71,6 +71,12 @@ def test_the_paged_example_passes_and_no_slot_it_must_not_read_is_finite():
                                                           for _, lens, _ in seen)
 
 
+def test_a_paged_kernel_returning_lse_is_judged_on_it():
+    report = parity_tests.check(ex.paged_decode_with_lse, features=["paged", "lse"], **SMALL, causal="yes")
+    assert report.passed, str(report)
+    assert {r.tensor for r in report.rows} == {"out", "lse"}
+
+
 def test_a_paged_kernel_that_writes_into_its_cache_fails_named():
     def writes(q, k_cache, v_cache, *, block_table, cache_seqlens, causal, scale):
         out = ex.paged_decode(q, k_cache, v_cache, block_table=block_table, cache_seqlens=cache_seqlens,
