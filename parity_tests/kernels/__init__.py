@@ -8,17 +8,20 @@ through one runner against one golden result.
 
 - ``cases``      a case (shape, causal, the features it tests), the default grid
 - ``features/``  one module per production feature (GQA, windows, softcap, ALiBi,
-                 bias, sinks, varlen, lse, lse_grad, decode, determinism): its
+                 bias, sinks, varlen, lse, lse_grad, decode, determinism, and the
+                 serving kernels' paged KV cache and split-KV): its
                  cases, inputs, reference options, keywords and mistakes; the
                  package's ``__init__`` is the registry
 - ``targets``    built-in targets by name (their capabilities as fields), user callables
 - ``feature_targets``  SDPA, FlexAttention and flash_attn with the features
+- ``serving_targets``  PyTorch's paged attention on FlexAttention (``flex-paged``)
 - ``dense``      attention with every option written once in PyTorch: the baseline
                  (plain, in the tested dtype) and, with one knob turned, a mistake
 - ``measure``    the case runner: draw, call, golden (``numpy_ref.reference_attention``),
                  baseline, errors, bounds, verdicts, one row per tensor
 - ``mistakes``   the catalogue: the chapter's mistakes and each feature's, recomputed
 - ``diagnosis``  the best match named, or the error's size and place said
+- ``poisoned``   a NaN output named by where its NaN lands (mistakes that read NaN slots)
 - ``report``     the rows, their table, the summary, the JSON copy
 - ``run``        the command line and ``check(...)``, the Python entry point
 

@@ -93,7 +93,8 @@ class Case:
 
     @property
     def forward_only(self):
-        return bool(self.get("decode"))
+        from parity_tests.kernels.features import REGISTRY
+        return any(REGISTRY[n].forward_only for n, _ in self.features if n in REGISTRY)
 
     @property
     def scale(self):

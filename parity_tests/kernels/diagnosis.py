@@ -147,7 +147,8 @@ def diagnose(failing, rows, ev):
             result[n] = Diagnosis("not-deterministic", f"{n} differs between two calls on the same inputs: "
                                   "the kernel is not deterministic (atomic adds, or a reduction in varying order)")
         elif n in ev.arrays and not np.isfinite(ev.arrays[n]).all():
-            result[n] = _non_finite(n, ev.arrays[n], ev.case, ev.align)
+            from parity_tests.kernels.poisoned import name_non_finite    # a mistake that reads a NaN slot
+            result[n] = name_non_finite(n, ev) or _non_finite(n, ev.arrays[n], ev.case, ev.align)
     rest = [n for n in failing if n not in result and n in ev.arrays]
     if rest and ev.second is None:
         ev.second = ev.caller()

@@ -11,7 +11,9 @@
 - FlashAttention (``flash``, ``flash-varlen``, ``flash-kvcache``), when
   ``flash_attn`` imports, on CUDA: ``flash_attn_func`` (bthd),
   ``flash_attn_varlen_func`` (thd) and ``flash_attn_with_kvcache`` (decode,
-  forward only), with their own ``window_size``, ``softcap``, ``alibi_slopes``;
+  forward only; with ``paged`` its ``block_table`` and ``cache_seqlens`` -- pages of a
+  multiple of 256 slots, FlashAttention 2's rule -- with ``splits`` its ``num_splits``),
+  with their own ``window_size``, ``softcap``, ``alibi_slopes``;
   bottom-right only (a top-left causal case with Tq ≠ Tk is refused).
 """
 
@@ -33,7 +35,7 @@ FLEX_FEATURES = frozenset({"gqa", "value_dim", "window", "softcap", "alibi", "bi
                            "deterministic"})
 FLASH_FEATURES = {"flash": frozenset({"gqa", "value_dim", "window", "softcap", "alibi", "decode", "deterministic"}),
                   "flash-varlen": frozenset({"gqa", "window", "softcap", "alibi", "varlen", "deterministic"}),
-                  "flash-kvcache": frozenset({"gqa", "window", "softcap", "alibi", "decode"})}
+                  "flash-kvcache": frozenset({"gqa", "window", "softcap", "alibi", "decode", "paged", "splits"})}
 
 
 def _seen(tq, tk, causal, window, align, device):
@@ -187,6 +189,9 @@ def _varlen_refuses(case, dtype, device, align):
 def _kvcache_refuses(case, dtype, device, align):
     if not case.forward_only:
         return "flash_attn_with_kvcache is a decode kernel, forward only: run with --features decode"
+    paged = case.get("paged")
+    if paged and paged[0] % 256:
+        return f"flash_attn_with_kvcache (FlashAttention 2) takes pages of a multiple of 256 slots, not {paged[0]}"
     return _fa_refuses(case, dtype, device, align)
 
 
@@ -218,9 +223,14 @@ def flash_targets(make_target):
         return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                       **_fa_options(causal, scale, window, softcap, alibi_slopes))
 
-    def kvcache(q, k, v, *, causal, scale, window=None, softcap=None, alibi_slopes=None):
+    def kvcache(q, k_cache, v_cache, *, causal, scale, window=None, softcap=None, alibi_slopes=None,
+                block_table=None, cache_seqlens=None, num_splits=0):
+        """With ``paged``: the caches (num_pages, page_size, Hkv, D) and block_table; with
+        ``splits``: num_splits (0: FlashAttention's own choice)."""
         with torch.no_grad():                        # an inference kernel: forward only
-            return flash_attn_with_kvcache(q, k, v, **_fa_options(causal, scale, window, softcap, alibi_slopes))
+            return flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens, block_table=block_table,
+                                           num_splits=num_splits, **_fa_options(causal, scale, window, softcap,
+                                                                                alibi_slopes))
 
     made = lambda name, fn, description, refuses: make_target(name, fn, "bthd", description, refuses,
                                                               FLASH_FEATURES[name])

@@ -265,7 +265,8 @@ class Caller:
         self.target, self.case, self.dtype, self.device = target, case, DTYPES[dtype], device
         self.align, self.wanted, self.rounded, self.timeout = align, wanted, rounded, timeout
         self.thd = "varlen" in wanted
-        self.layout = "thd" if self.thd else target.layout
+        wide = [REGISTRY[n].layout for n in wanted if n in REGISTRY and REGISTRY[n].layout]
+        self.layout = "thd" if self.thd else wide[0] if wide else target.layout
         self.lse = bool({"lse", "lse_grad"} & set(wanted))
         self.fn = target.lse_fn if self.lse and target.lse_fn is not None else target.fn
         self.grads = not case.forward_only
@@ -316,9 +317,10 @@ class Caller:
             return f"a second call on new inputs: {_reason(e)}"
         finally:
             self.rounded = first
-        # a constant output (zeros where every key is masked) repeats without any cache
-        constant = np.ptp(np.nan_to_num(self.first_out)) == 0 if self.first_out.size else True
-        return None if constant or not np.array_equal(again, self.first_out, equal_nan=True) else \
+        # a constant output (zeros where every key is masked, NaN rows) repeats without any cache
+        live = np.isfinite(self.first_out) & (self.first_out != 0)
+        constant = not live.any() or np.ptp(self.first_out[live]) == 0
+        return None if constant or not np.array_equal(again[live], self.first_out[live]) else \
             "returned the previous call's output for new inputs of the same shape (a result cached by shape?)"
 
     def _qkv(self, grad):
@@ -376,12 +378,16 @@ class Caller:
         if self.thd:
             kw.update(cu_seqlens_q=cu_seqlens(lq, self.device), cu_seqlens_k=cu_seqlens(lk, self.device),
                       max_seqlen_q=int(max(lq)), max_seqlen_k=int(max(lk)))
-        handed = {**given, **tensors}
+        args = {n: given[n] for n in ("q", "k", "v")}
+        for name, value in c.features:            # a feature may hand the callable another form
+            if name in REGISTRY and REGISTRY[name].hand is not None:
+                args, kw = REGISTRY[name].hand(c, value, args, kw, self.device)
+        handed = {**args, **tensors, **{n: x for n, x in kw.items() if isinstance(x, torch.Tensor)}}
         kept = {n: x.detach().clone() for n, x in handed.items()}
         rng = torch.get_rng_state()
         start = time.perf_counter()
         with torch.set_grad_enabled(grad):
-            result = self.fn(given["q"], given["k"], given["v"], **kw)
+            result = self.fn(*args.values(), **kw)
         out, lse = self._split(result, given["q"])
         got = {"out": self._back(out, lq, c.tq).to("cpu", torch.float64).numpy()}
         if lse is not None:
@@ -516,6 +522,9 @@ def run_case(target, case, dtype, device, align="top-left", seed=0, wanted=(), t
     features), each call of the target limited to ``timeout`` seconds (`time_limit`)."""
     if "varlen" in wanted:
         case = with_lengths(case)
+    for name in wanted:                       # a run-wide feature's form of every case (paged)
+        if REGISTRY[name].widen is not None:
+            case = REGISTRY[name].widen(case)
     case_align = case.align or align
     rounded = _rounded(draw(case, seed, wanted), dtype)
     lse_judged = bool({"lse", "lse_grad"} & set(wanted))

@@ -181,9 +181,15 @@ def _run(plan, align, seed, progress, timeout=measure.DEFAULT_TIMEOUT):
         show(len(work), "")
     find_growth(rows)
     return Report(tgt.name, rows, time.perf_counter() - start,
-                  {"device": device, "dtypes": names, "align": align,
+                  {"device": device, "dtypes": names, "align": _one_alignment(rows, align),
                    "layout": "thd" if "varlen" in wanted else tgt.layout, "features": wanted,
                    "factor": tol.CHECK_FACTOR, "floor_ulps": tol.CHECK_FLOOR_ULPS})
+
+
+def _one_alignment(rows, align):
+    """The alignment every row ran in (paged runs all bottom-right), else the run's own."""
+    used = {r.align for r in rows}
+    return used.pop() if len(used) == 1 else align
 
 
 def build_parser():

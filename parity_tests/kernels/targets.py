@@ -136,6 +136,11 @@ def _builtins(device):
     targets["flex"] = Target("flex", feature_targets.flex(Unsupported), description="FlexAttention (forward only on CPU)",
                              features=feature_targets.FLEX_FEATURES, takes_align=True, returns_lse=True,
                              lse_fn=feature_targets.flex(Unsupported, lse=True))
+    from parity_tests.kernels import serving_targets
+    targets["flex-paged"] = Target("flex-paged", serving_targets.flex_paged(Unsupported), "bthd",
+                                   "PyTorch's paged attention on FlexAttention (--features paged; forward only)",
+                                   serving_targets.refuses, features=serving_targets.FLEX_PAGED_FEATURES,
+                                   returns_lse=False)
     if device == "cuda" and feature_targets.flash_unavailable() is None:
         targets.update(feature_targets.flash_targets(
             lambda name, fn, layout, description, refuses, features: Target(

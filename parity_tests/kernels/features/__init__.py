@@ -21,10 +21,16 @@ are seen", each piece here is one function:
   reference recomputed with that mistake's options or knob;
 - ``apply(case, rng)``: the feature added to a case of another shape, so that features
   meet each other (every pair requested, and all of them together) and run at the
-  lengths given with ``--tokens``.
+  lengths given with ``--tokens``;
+- ``hand(case, value, args, kw, device) -> (args, kw)``: what the callable is handed
+  instead, after the layout transform (``args``: ``{"q", "k", "v"}`` in call order;
+  ``paged`` hands ``k_cache``, ``v_cache`` and a block table); ``layout``: the layout of
+  q and out it wants (``paged``: ``bthd``); ``widen(case)``: a run-wide feature's form of
+  every case of the run (``paged`` pages each one); ``forward_only``: its cases judge
+  the forward alone.
 
 Features that change how *every* case runs (``run_wide``: ``lse``, ``lse_grad``,
-``varlen``, ``deterministic``) are read by name in ``measure``; their mistakes are
+``varlen``, ``deterministic``, ``paged``) are read by name in ``measure``; their mistakes are
 tried on every case of a run that asks for them.
 Which built-in targets express a feature is the target's own field
 (``targets.Target.features``).
@@ -55,6 +61,10 @@ class Feature:
     mistakes: object = lambda ctx, value: []
     apply: object = None            # (case, rng) -> the case with this feature added, or None
     run_wide: bool = False          # changes how every case of the run is called or judged
+    hand: object = None             # (case, value, args, kw, device) -> (args, kw): what the callable gets
+    layout: str = None              # the layout of q and out it wants (None: the target's)
+    widen: object = None            # run-wide: case -> the case as this feature runs it
+    forward_only: bool = False      # its cases judge out (and lse) alone
 
 
 @dataclass(frozen=True)
@@ -69,7 +79,7 @@ class Plan:
 
 # The registry: one module per feature, in this order (help, parsing, the README table).
 FEATURES = ("gqa", "value_dim", "window", "softcap", "alibi", "bias", "sinks", "varlen", "lse",
-            "lse_grad", "decode", "deterministic")
+            "lse_grad", "decode", "deterministic", "paged", "splits")
 
 
 def ordered(values):
@@ -103,6 +113,9 @@ def parse_features(features):
         raise ValueError(f"features must be among {', '.join(FEATURES)}; got {', '.join(unknown)}")
     if "varlen" in names and "bias" in names:
         raise ValueError("features: bias and varlen cannot be combined (a bias has no packed layout)")
+    if "paged" in names and {"varlen", "lse_grad"} & set(names):
+        raise ValueError("features: paged (a forward-only kvcache call) cannot be combined with "
+                         + " or ".join(sorted({"varlen", "lse_grad"} & set(names))))
     return list(dict.fromkeys(names))
 
 

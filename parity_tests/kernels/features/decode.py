@@ -15,4 +15,4 @@ def cases(causal, plan):
 
 
 FEATURE = Feature("decode", "Tq of 1 to a few queries against a long Tk, bottom-right; forward only",
-                  cases=cases, label=lambda on: "decode")
+                  cases=cases, label=lambda on: "decode", forward_only=True)

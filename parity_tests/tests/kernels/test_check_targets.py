@@ -13,7 +13,9 @@ TINY = dict(tokens=["1", "17", "45x77"], head_dims=[40], heads=[2], batch=[2])
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
-@pytest.mark.parametrize("name", list(targets.builtin_names("cpu")))
+# flex-paged takes the paged form only, and on CPU lets the NaN of unused pages through:
+# test_check_serving.py holds it to that.
+@pytest.mark.parametrize("name", [n for n in targets.builtin_names("cpu") if n != "flex-paged"])
 def test_every_builtin_target_passes_on_cpu(name):
     report = parity_tests.check(name, dtypes=["float32", "bfloat16"], **TINY)
     assert report.passed, str(report)

@@ -1,0 +1,109 @@
+"""``splits``: split-KV (FlashAttention's ``num_splits``, flash-decoding).  The callable
+receives ``num_splits=int`` and must return the unsplit result: the keys cut into
+``num_splits`` ranges of ceil(Tk / num_splits), each range's partial state
+(out_s, lse_s) computed alone, then merged::
+
+    lse = log Σ_s exp(lse_s)        out = Σ_s exp(lse_s − lse) · out_s
+
+A split that sees no key (a range past Tk, or one the causal mask hides from a row)
+has lse_s = −inf and weight 0.  Cases: 1, 2, 3, 7 and 133 splits of Tq = 5 against
+Tk = 300; 133 splits of 7 keys (most ranges empty); 7 splits of a prefill chunk; forward
+only.  Invited mistakes: the partials merged without their rescaling exp(m_s − m) (each
+split's sums kept relative to its own maximum), an empty split's −inf turned into NaN
+(0/0 in its normalisation), the merge done in base 2 on natural-log partials."""
+
+import math
+from dataclasses import replace
+
+import numpy as np
+import torch
+
+from parity_tests.kernels import dense
+from parity_tests.kernels.cases import Case
+from parity_tests.kernels.features import Feature
+from parity_tests.kernels.poisoned import Poisoned
+
+COUNTS = (1, 2, 3, 7, 133)
+
+
+def cases(causal, plan):
+    out = [Case(1, 2, 5, 300, 64, causal, (("splits", s),)) for s in COUNTS]
+    out += [Case(2, 2, 1, 7, 64, causal, (("splits", 133),)), Case(1, 2, 30, 45, 64, causal, (("splits", 7),))]
+    return [replace(c, align="bottom-right") for c in out] if plan.takes_align else out
+
+
+def partials(ctx, splits):
+    """(out_s (S, B, H, Tq, Dv), lse_s (S, B, H, Tq), m_s (S, B, H, Tq)) in float64: the
+    reference's options with the keys outside each range masked by a −inf bias."""
+    q, k, v, _ = ctx.inputs
+    t = lambda a: torch.as_tensor(np.asarray(a)).double()
+    kw = {n: ctx.opts[n] for n in ("scale", "causal", "align", "window", "softcap", "seqlens_q", "seqlens_k")
+          if n in ctx.opts}
+    if ctx.opts.get("alibi_slopes") is not None:
+        kw["alibi_slopes"] = t(ctx.opts["alibi_slopes"])
+    bias = t(ctx.opts["bias"]) if ctx.opts.get("bias") is not None else 0.0
+    tk = k.shape[2]
+    width, j = math.ceil(tk / splits), torch.arange(tk)
+    parts = []
+    for s in range(splits):
+        inside = (j >= s * width) & (j < (s + 1) * width)
+        mask = torch.zeros(tk, dtype=torch.float64).masked_fill(~inside, -math.inf)
+        parts.append(dense.attention(t(q), t(k), t(v), bias=bias + mask, with_max=True, **kw))
+    return tuple(torch.stack([p[i] for p in parts]).numpy() for i in range(3))
+
+
+def _merged(ctx, parts, how):
+    def predict(grads=True):
+        out_s, lse_s, m_s = parts()
+        seen = np.isfinite(lse_s)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            if how == "not-rescaled":                 # Σ acc_s / Σ l_s, each relative to its own max
+                l_s = np.where(seen, np.exp(np.where(seen, lse_s - m_s, 0.0)), 0.0)
+                total = l_s.sum(0)
+                out = (out_s * l_s[..., None]).sum(0) / np.where(total > 0, total, 1.0)[..., None]
+                lse = np.logaddexp.reduce(lse_s, axis=0)
+            else:                                     # base 2: lse = log2 Σ 2^lse_s, weights 2^(lse_s − lse)
+                top = np.where(seen, lse_s, -np.inf).max(0)
+                shift = np.where(np.isfinite(top), top, 0.0)
+                lse = shift + np.log2(np.where(seen, np.exp2(lse_s - shift), 0.0).sum(0))
+                w = np.where(seen, np.exp2(np.where(seen, lse_s, 0.0) - np.where(np.isfinite(lse), lse, 0.0)), 0.0)
+                out = (w[..., None] * out_s).sum(0)
+        return ctx.judged({"out": out, "lse": lse})
+    return predict
+
+
+def _empty_nan(ctx, parts):
+    def predict(grads=True):
+        lse_s = parts()[1]
+        rows = ~np.isfinite(lse_s).all(0)                 # (B, H, Tq): a split this row does not see
+        g = {n: ctx.golden_raw[n].copy() for n in ("out", "lse") if n in ctx.golden_raw}
+        for a in g.values():
+            a[rows] = np.nan
+        return ctx.judged(g)
+    return predict
+
+
+def mistakes(ctx, splits):
+    if splits < 2 or ctx.opts.get("sinks") is not None:
+        return []
+    present = lambda *names: tuple(n for n in names if n in ctx.present)
+    once = []
+
+    def parts():                                      # computed once for the three
+        if not once:
+            once.append(partials(ctx, splits))
+        return once[0]
+    return [ctx.H("splits-not-rescaled", f"the {splits} partial states merged without their rescaling "
+                  "exp(m_s − m) (each split's sums kept relative to its own maximum)",
+                  _merged(ctx, parts, "not-rescaled"), present("out")),
+            Poisoned("splits-empty-nan", "an empty split's lse −inf turned into NaN (0/0 in a split that "
+                     "sees no key, instead of weight 0)", _empty_nan(ctx, parts), present("out", "lse")),
+            ctx.H("splits-lse-base-2", "the partial states merged in base 2 (lse = log2 Σ 2^lse_s, weights "
+                  "2^(lse_s − lse)) while each split's lse is a natural log", _merged(ctx, parts, "base-2"),
+                  present("out", "lse"))]
+
+
+FEATURE = Feature("splits", "num_splits=int, FlashAttention's split-KV: the unsplit result for 1, 2, 3, 7 and "
+                  "133 splits, splits that see no key included; forward only", keywords=("num_splits",),
+                  cases=cases, label=lambda s: f"splits {s}", kwargs=lambda case, s, tensors: {"num_splits": s},
+                  mistakes=mistakes, forward_only=True)

@@ -1,0 +1,162 @@
+"""Serving kernels: ``paged`` (FlashAttention's kvcache form) and ``splits`` (split-KV).
+
+The kernels checked are ``serving_examples``, written plainly apart from the check's
+formulas; each mistaken twin must fail and be named.  The default tests run the
+features' own cases at small sizes in float32; the whole runs are slow."""
+
+import math
+from collections import Counter
+
+import pytest
+import torch
+
+import parity_tests
+from parity_tests.kernels import measure, targets
+from parity_tests.kernels.features import REGISTRY, Plan
+import serving_examples as ex
+
+SMALL = dict(tokens=["17"], head_dims=[16], heads=[2], batch=[1], dtypes=["float32"])
+PAGED_TWINS = {"paged-past-seqlens": ex.paged_decode_past_seqlens,
+               "paged-off-by-one-page": ex.paged_decode_off_by_one_page,
+               "paged-table-stride": ex.paged_decode_table_stride,
+               "paged-page-size": ex.paged_decode_page_size,
+               "paged-last-page-dropped": ex.paged_decode_last_page_dropped}
+WORDS = {"paged-past-seqlens": "cache_seqlens ignored", "paged-off-by-one-page": "one page off",
+         "paged-table-stride": "row stride", "paged-page-size": "page size taken as", "paged-last-page-dropped": "last partial page dropped"}
+SPLIT_TWINS = {"splits-not-rescaled": ex.split_decode_not_rescaled,
+               "splits-empty-nan": ex.split_decode_empty_nan,
+               "splits-lse-base-2": ex.split_decode_base_2}
+
+
+def _own_cases(feature, fn, causal=True):
+    return REGISTRY[feature].cases(causal, Plan(takes_align=targets.resolve(fn).takes_align))
+
+
+def _run(fn, case, feature, dtype="float32"):
+    return measure.run_case(targets.resolve(fn), case, dtype, "cpu", wanted=(feature,))
+
+
+def _nothing_unread_is_finite(k_cache, v_cache, block_table, cache_seqlens):
+    """(every slot no sequence owns is NaN, in both caches; the pages of each sequence are
+    neither adjacent nor in order)."""
+    size = k_cache.shape[1]
+    unread = torch.ones(k_cache.shape[0] * size, dtype=torch.bool)
+    scattered = True
+    for b, n in enumerate(cache_seqlens.tolist()):
+        pages = block_table[b, : math.ceil(n / size)].long()
+        pos = torch.arange(n)
+        unread[pages[pos // size] * size + pos % size] = False
+        if len(pages) >= 3:
+            scattered &= not bool(((pages[1:] - pages[:-1]) == 1).all())
+    flat = lambda c: c.reshape(-1, *c.shape[2:])[unread]
+    return bool(unread.any() and flat(k_cache).isnan().all() and flat(v_cache).isnan().all()), scattered
+
+
+def test_the_paged_example_passes_and_no_slot_it_must_not_read_is_finite():
+    seen = []
+
+    def recorded(q, k_cache, v_cache, *, block_table, cache_seqlens, causal, scale):
+        seen.append((k_cache.shape[1], tuple(cache_seqlens.tolist()),
+                     _nothing_unread_is_finite(k_cache, v_cache, block_table, cache_seqlens)))
+        return ex.paged_decode(q, k_cache, v_cache, block_table=block_table, cache_seqlens=cache_seqlens,
+                               causal=causal, scale=scale)
+    report = parity_tests.check(recorded, features=["paged"], **SMALL, causal="yes")
+    assert report.passed, str(report)
+    assert {r.tensor for r in report.rows} == {"out"} and all("paged" in r.case for r in report.rows)
+    assert len(seen) == 2 * len(report.rows)                  # each case: its call and a fresh one
+    assert all(nan for _, _, (nan, _) in seen)                 # every case ran with NaN where no one reads
+    assert all(scattered for _, _, (_, scattered) in seen)
+    assert {size for size, _, _ in seen} >= {1, 16, 256}
+    assert any(0 in lens for _, lens, _ in seen) and any(max(lens) >= 1000 * max(1, min(lens))
+                                                          for _, lens, _ in seen)
+
+
+def test_a_paged_kernel_returning_lse_is_judged_on_it():
+    report = parity_tests.check(ex.paged_decode_with_lse, features=["paged", "lse"], **SMALL, causal="yes")
+    assert report.passed, str(report)
+    assert {r.tensor for r in report.rows} == {"out", "lse"}
+
+
+def test_a_paged_kernel_that_writes_into_its_cache_fails_named():
+    def writes(q, k_cache, v_cache, *, block_table, cache_seqlens, causal, scale):
+        out = ex.paged_decode(q, k_cache, v_cache, block_table=block_table, cache_seqlens=cache_seqlens,
+                              causal=causal, scale=scale)
+        k_cache.mul_(2.0)
+        return out
+    rows = _run(writes, _own_cases("paged", writes)[4], "paged")
+    assert rows[0].verdict == "FAIL" and "wrote into k_cache" in rows[0].note
+
+
+def test_paged_asks_for_its_keywords_before_any_case():
+    with pytest.raises(ValueError, match="block_table="):
+        parity_tests.check(ex.split_decode, features=["paged"], **SMALL)
+    with pytest.raises(ValueError, match="cannot be combined"):
+        parity_tests.check(ex.paged_decode, features=["paged", "varlen"], **SMALL)
+
+
+# Lengths 32 (two full pages) and 200 (a partial last page): a case whose finite rows tell
+# every paged reading apart (where every row is NaN, nothing can).
+TELLING = 4
+
+
+@pytest.mark.parametrize("mistake", list(PAGED_TWINS))
+def test_a_wrong_paged_kernel_fails_and_is_named(mistake):
+    fn = PAGED_TWINS[mistake]
+    rows = _run(fn, _own_cases("paged", fn)[TELLING], "paged")
+    assert rows[0].verdict == "FAIL" and rows[0].diagnosis.id == mistake, rows[0].diagnosis.sentence
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mistake", list(PAGED_TWINS))
+def test_every_wrong_paged_kernel_is_named_on_the_cases_that_tell(mistake):
+    report = parity_tests.check(PAGED_TWINS[mistake], features=["paged"], **SMALL, causal="both")
+    assert not report.passed
+    named = Counter(d.id for r, d in report.diagnoses if "lens" in r.case)   # the feature's own cases
+    assert named.most_common(1)[0][0] == mistake, named
+    # where every row is NaN the readings cannot be told apart: each sentence names this one too
+    assert all(WORDS[mistake] in d.sentence for _, d in report.diagnoses), \
+        [d.sentence for _, d in report.diagnoses if WORDS[mistake] not in d.sentence][:2]
+
+
+def test_flex_paged_is_right_but_lets_the_unused_slots_nan_reach_every_row():
+    fn = targets.resolve("flex-paged").fn
+    rows = _run("flex-paged", _own_cases("paged", fn)[4], "paged")
+    assert rows[0].verdict == "FAIL" and rows[0].diagnosis.id == "paged-masked-nan", rows[0].diagnosis.sentence
+
+    def finite_slots(q, k_cache, v_cache, **kw):              # the same kernel with the NaN slots zeroed
+        return fn(q, k_cache.nan_to_num(0.0), v_cache.nan_to_num(0.0), **kw)
+    assert _run(finite_slots, _own_cases("paged", fn)[4], "paged")[0].passed
+
+
+def test_the_split_example_passes_every_count_of_splits():
+    report = parity_tests.check(ex.split_decode, features=["splits"], **SMALL, causal="both")
+    assert report.passed, str(report)
+    counts = {int(r.case.split("splits ")[1].split()[0]) for r in report.rows if "splits" in r.case}
+    assert counts == {1, 2, 3, 7, 133}
+
+
+@pytest.mark.parametrize("mistake", list(SPLIT_TWINS))
+def test_a_wrong_split_kernel_fails_and_is_named(mistake):
+    fn = SPLIT_TWINS[mistake]
+    cases = [c for c in _own_cases("splits", fn) if c.get("splits") == 133 or c.tq == 30]
+    rows = [r for c in cases for r in _run(fn, c, "splits")]
+    assert rows and all(r.verdict == "FAIL" for r in rows)
+    assert {r.diagnosis.id for r in rows} == {mistake}, [r.diagnosis.sentence for r in rows]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mistake", list(SPLIT_TWINS))
+def test_every_wrong_split_kernel_is_named_in_both_dtypes(mistake):
+    report = parity_tests.check(SPLIT_TWINS[mistake], features=["splits"],
+                                **{**SMALL, "dtypes": ["float32", "bfloat16"]}, causal="both")
+    assert not report.passed and report.diagnosis == mistake, str(report)
+
+
+@pytest.mark.slow
+def test_the_serving_examples_pass_together_in_both_dtypes():
+    def both(q, k_cache, v_cache, *, block_table, cache_seqlens, causal, scale, num_splits=1):
+        return ex.paged_decode(q, k_cache, v_cache, block_table=block_table, cache_seqlens=cache_seqlens,
+                               causal=causal, scale=scale)
+    report = parity_tests.check(both, features=["paged", "splits"], **{**SMALL, "dtypes": ["float32", "bfloat16"]},
+                                causal="both")
+    assert report.passed, str(report)
