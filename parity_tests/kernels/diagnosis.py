@@ -45,6 +45,7 @@ import numpy as np
 
 from parity_tests.common import tolerances as tol
 import parity_tests.kernels.mistakes as mistakes
+from parity_tests.kernels import poisoned
 
 __all__ = ["Diagnosis", "Evidence", "diagnose", "slice_errors", "DENSE_LIMIT"]
 
@@ -117,6 +118,23 @@ class Evidence:
     second: object         # a second call's answer, or None
     caller: object         # calls the target again
     logits: float = 0.0    # the case's largest |score| (its largest finite |lse|)
+    baseline_in: object = None   # dtype -> the plain computation's tensors in that dtype
+
+
+def judged(arrays):
+    """Every tensor as a 4-D array, so that each is sliced by (batch, head): lse (B, H, T)
+    -> (B, H, T, 1), a bias of fewer dims padded in front, dsinks (H,) -> (1, H, 1, 1)."""
+    out = {}
+    for n, a in arrays.items():
+        a = np.asarray(a, dtype=np.float64)
+        if n == "lse":
+            a = a[..., None]
+        elif n == "dsinks":
+            a = a.reshape(1, -1, 1, 1)
+        elif a.ndim < 4:
+            a = a.reshape((1,) * (4 - a.ndim) + a.shape)
+        out[n] = a
+    return out
 
 
 def _finite(x):
@@ -147,7 +165,6 @@ def diagnose(failing, rows, ev):
             result[n] = Diagnosis("not-deterministic", f"{n} differs between two calls on the same inputs: "
                                   "the kernel is not deterministic (atomic adds, or a reduction in varying order)")
         elif n in ev.arrays and not np.isfinite(ev.arrays[n]).all():
-            from parity_tests.kernels.poisoned import name_non_finite    # a mistake that reads a NaN slot
             result[n] = name_non_finite(n, ev) or _non_finite(n, ev.arrays[n], ev.case, ev.align)
     rest = [n for n in failing if n not in result and n in ev.arrays]
     if rest and ev.second is None:
@@ -155,7 +172,6 @@ def diagnose(failing, rows, ev):
     for n in list(rest):
         again = ev.second.get(n) if isinstance(ev.second, dict) else None
         if isinstance(again, np.ndarray):
-            from parity_tests.kernels.measure import judged
             first, again = judged({n: ev.got[n]})[n], judged({n: again})[n]
             moved = slice_errors(np.where(first == again, 0.0, again), np.where(first == again, 0.0, first),
                                  ev.den[n]).max()
@@ -192,7 +208,6 @@ def _catalogue(rest, rows, ev):
             return {n: Diagnosis("not-diagnosed", f"{n} not diagnosed: {why} for the dense float64 "
                                  f"recomputation (limit {DENSE_LIMIT}); rerun with --tokens 4096 or less")
                     for n in rest}
-    from parity_tests.kernels.measure import judged
     unjudged = ~np.isfinite(judged({"lse": sub.gold_raw["lse"]})["lse"]) if "lse" in sub.gold else None
 
     def judge(raw):                         # a prediction, in the judged form, lse on the judged rows
@@ -320,6 +335,55 @@ def _non_finite(t, a, case, align):
     return Diagnosis("non-finite", sentence, float("inf"), float("nan"))
 
 
+# ----------------------------------------------------------------------------
+# Mistakes that read memory no one should read (``poisoned``): named by where their NaN lands
+
+def _context(ev):
+    r = ev.rounded
+    return mistakes.Context(ev.case, ev.align, (r["q"], r["k"], r["v"], r["dout"]), r.get("dlse"), ev.opts,
+                            ev.gold_raw, judged, ev.wanted)
+
+
+def name_non_finite(n, ev):
+    """A `Diagnosis` naming the poisoned mistake behind tensor ``n``'s NaN, or None."""
+    if n not in ("out", "lse") or n not in ev.arrays:
+        return None
+    matches = list(_poisoned_matches(n, ev))
+    if not matches:
+        return None
+    (hyp, residual), others = matches[0], [h.says for h, _ in matches[1:]]
+    plain = _non_finite(n, ev.arrays[n], ev.case, ev.align)
+    also = f" (the same rows as: {'; '.join(others)})" if others else ""
+    bad = poisoned.rows_non_finite(ev.arrays[n])
+    rest = f", the other rows within {residual:.1e} (bound {ev.bounds[n]:.1e})" if not bad.all() else ""
+    return Diagnosis(hyp.id, f"{n} matches the reference with {hyp.says}{also}: non-finite in the "
+                               f"{int(bad.sum())} rows that mistake makes non-finite{rest}; {plain.sentence}",
+                               residual, ev.bounds[n])
+
+
+def _poisoned_matches(n, ev):
+    """(hypothesis, residual) of each poisoned hypothesis that explains tensor ``n``."""
+    a = ev.arrays[n]
+    bad = poisoned.rows_non_finite(a)
+    for hyp in mistakes.catalogue(_context(ev)):
+        if not isinstance(hyp, poisoned.Poisoned) or n not in hyp.tensors:
+            continue
+        pred = hyp.predict(grads=False).get(n)
+        if pred is None:
+            continue
+        if n == "lse":                       # rows that see no key are not judged
+            pred = np.where(ev.gold[n] == 0.0, np.where(np.isnan(pred), pred, 0.0), pred)
+        sure = poisoned.rows_non_finite(pred)
+        maybe = sure | (hyp.maybe() if hyp.maybe is not None else False)
+        if not (np.all(bad[sure]) and not np.any(bad & ~maybe)):
+            continue
+        both = ~bad & ~sure
+        residual = float(np.abs(a[both] - pred[both]).max(initial=0.0)) / ev.den[n]
+        error = float(np.abs(a[both] - ev.gold[n][both]).max(initial=0.0)) / ev.den[n]
+        if explains(residual, error, ev.bounds[n]):
+            yield hyp, residual
+
+
 def _out_fits(hyps, cache, got, golden_out, denom, bound):
     """Whether each forward mistake reproduces the target's out in at least one slice:
     the ones that do not are not tried on the gradients (saves their autograd)."""
@@ -426,11 +490,9 @@ def _lower_precision(result, rows, ev):
     # own errors scatter too widely (one-hot weights) to be told apart
     if named_out or ev.dtype not in LOWER or not unnamed or ev.logits > tol.LOGIT_SCALE:
         return
-    from parity_tests.kernels.measure import baseline, judged
-    grads = not ev.case.forward_only
     low_errors = {}
     for low in LOWER[ev.dtype]:
-        base = judged({n: a for n, a in baseline(ev.rounded, ev.opts, low, ev.device, grads).items() if n in ev.gold})
+        base = judged({n: a for n, a in ev.baseline_in(low).items() if n in ev.gold})
         if "lse" in base:
             base["lse"] = np.where(ev.gold["lse"] == 0.0, 0.0, base["lse"])
         for n in unnamed:

@@ -44,6 +44,7 @@ import torch
 
 from parity_tests.common import tolerances as tol
 import parity_tests.kernels.diagnosis as diagnosis
+from parity_tests.kernels.diagnosis import judged
 import parity_tests.kernels.targets as targets
 from parity_tests.kernels import dense
 from parity_tests.kernels import inputs as inputs_mod
@@ -137,22 +138,6 @@ def case_memory(case, dtype, device):
 
 # ----------------------------------------------------------------------------
 # Errors
-
-def judged(arrays):
-    """Every tensor as a 4-D array, so that each is sliced by (batch, head): lse (B, H, T)
-    -> (B, H, T, 1), a bias of fewer dims padded in front, dsinks (H,) -> (1, H, 1, 1)."""
-    out = {}
-    for n, a in arrays.items():
-        a = np.asarray(a, dtype=np.float64)
-        if n == "lse":
-            a = a[..., None]
-        elif n == "dsinks":
-            a = a.reshape(1, -1, 1, 1)
-        elif a.ndim < 4:
-            a = a.reshape((1,) * (4 - a.ndim) + a.shape)
-        out[n] = a
-    return out
-
 
 def tensor_errors(a, ref, denom):
     """(max error, where, mean error, cosine) of ``a`` against ``ref`` (normwise, over
@@ -620,7 +605,8 @@ def run_case(target, case, dtype, device, align="top-left", seed=0, wanted=(), t
                     failing.append(n)
     if failing:
         evidence = diagnosis.Evidence(case, case_align, dtype, device, wanted, rounded, opts, gold, gold_raw,
-                                      den, bounds, arrays, got, second, caller, logits)
+                                      den, bounds, arrays, got, second, caller, logits,
+                                      lambda low: baseline(rounded, opts, low, device, not case.forward_only))
         diagnosis.diagnose(failing, rows, evidence)
     return [rows[n] for n in names]
 

@@ -39,6 +39,9 @@ Which built-in targets express a feature is the target's own field
 import inspect
 from dataclasses import dataclass, field, replace
 from importlib import import_module
+from itertools import combinations
+
+from parity_tests.kernels import cases, inputs
 
 __all__ = ["Feature", "FEATURES", "REGISTRY", "parse_features", "require", "feature_cases", "label",
            "ordered", "Plan", "takes_keyword", "help_line"]
@@ -92,7 +95,6 @@ def ordered(values):
 def label(name, value):
     feature = REGISTRY.get(name)
     if feature is None:                                # the grid's own variations (inputs.py)
-        from parity_tests.kernels import inputs
         return inputs.label(name, value)
     return feature.label(value)
 
@@ -166,23 +168,22 @@ def feature_cases(features, causal, plan):
     """The added cases of every requested feature, in the order of ``FEATURES``, for each
     value of ``causal`` (a tuple of bools); then the features meeting each other (every
     pair, and all together), and each feature at the run's own lengths (``plan.grid``)."""
-    from itertools import combinations
-    from parity_tests.kernels.cases import Case, case_rng
     own = [c for f in FEATURES if f in features for cz in causal for c in REGISTRY[f].cases(cz, plan)]
     meeting = [REGISTRY[f] for f in FEATURES if f in features and REGISTRY[f].apply is not None]
     groups = list(combinations(meeting, 2)) + ([tuple(meeting)] if len(meeting) > 2 else [])
-    added = [_applied(Case(2, 4, 61, 83, 64, cz), group, plan.seed) for cz in causal for group in groups]
+    added = [_applied(cases.Case(2, 4, 61, 83, 64, cz), group, plan.seed) for cz in causal for group in groups]
     added += [_applied(c, (f,), plan.seed) for c in plan.grid for f in meeting]
     return own + [c for c in dict.fromkeys(added) if c is not None]
 
 
 def _applied(case, group, seed):
     """``case`` with every feature of ``group`` added (None when one does not fit its shape)."""
-    from parity_tests.kernels.cases import case_rng
     for f in group:
-        case = case and f.apply(case, case_rng(seed, case, f.name))
+        case = case and f.apply(case, cases.case_rng(seed, case, f.name))
     return case
 
 
-# Each module imports this one: the registry is filled last.
+# Each module imports this one: the registry is filled last, and lends a case its views.
 REGISTRY = {name: import_module(f"{__name__}.{name}").FEATURE for name in FEATURES}
+cases.FEATURE_VIEWS.update(ordered=ordered, label=label,
+                           forward_only=lambda name: name in REGISTRY and REGISTRY[name].forward_only)

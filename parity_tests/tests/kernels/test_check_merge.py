@@ -112,7 +112,7 @@ def test_the_command_exit_statuses_and_json(tmp_path, capsys):
     path = tmp_path / "merge.json"
     assert cli.main(["check", "--merge", f"{EXAMPLES}:merge", "--dtype", "float32", "--json", str(path)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split()[:5] == ["target", "case", "dtype", "device", "tensor"]
+    assert lines[0].split()[:5] == ["case", "dtype", "tensor", "error", "baseline"]
     data = json.loads(path.read_text())
     assert data["summary"]["passed"] is True and len(data["rows"]) == 4 * len(merge_check.CASES)
     assert {"target", "case", "dtype", "tensor", "error", "bound", "passed", "diagnosis"} <= set(data["rows"][0])
