@@ -256,7 +256,7 @@ class Caller:
         self.fn = target.lse_fn if self.lse and target.lse_fn is not None else target.fn
         self.grads = not case.forward_only
         self.extras = [n for n in ("bias", "sinks") if n in rounded]
-        self.seconds, self.rng_moved = None, False
+        self.seconds, self.forward_seconds, self.rng_moved = None, None, False
 
     def grad_names(self):
         return ["dq", "dk", "dv"] + ["d" + n for n in self.extras]
@@ -296,6 +296,7 @@ class Caller:
         try:
             with time_limit(self.timeout):
                 again = self._call(False)["out"]
+            self.forward_seconds = self.seconds
         except CaseTimeout:
             return f"a second call on new inputs timed out after {self.timeout:g} s"
         except (_Fail, targets.Unsupported) + RAISED as e:
@@ -588,7 +589,7 @@ def run_case(target, case, dtype, device, align="top-left", seed=0, wanted=(), t
             failing.append(n)
     yardstick = _yardstick(case, dtype, device, case_align, rounded, timeout, gold, den)
     for n, r in rows.items():
-        r.seconds = caller.seconds
+        r.seconds = caller.forward_seconds
         if yardstick:
             r.sdpa_seconds, r.sdpa_error = yardstick[0], yardstick[1].get(n)
         if caller.rng_moved:
@@ -622,8 +623,17 @@ def _yardstick(case, dtype, device, align, rounded, timeout, gold, den):
     got = sdpa()
     if not isinstance(got, dict):
         return None
-    return sdpa.seconds, {n: tensor_errors(judged({n: a})[n], gold[n], den[n])[0]
-                          for n, a in got.items() if isinstance(a, np.ndarray) and n in gold}
+    best = math.inf
+    for _ in range(YARDSTICK_CALLS):          # its best forward: warm-up and noise left out
+        sdpa._call(False)
+        best = min(best, sdpa.seconds)
+    return best, {n: tensor_errors(judged({n: a})[n], gold[n], den[n])[0]
+                  for n, a in got.items() if isinstance(a, np.ndarray) and n in gold}
+
+
+# Time is the forward's: the target's second call (on new inputs of the same shape, so
+# past its warm-up) against the best of this many of SDPA's on the case's own inputs.
+YARDSTICK_CALLS = 3
 
 
 def _same_answer(case, align, first, other):

@@ -8,7 +8,7 @@ gradient that never arrived, an input written into); ``not supported`` (the targ
 refused the case: never counted as a pass).  Beside the verdict, never deciding it:
 ``err/SDPA``, the error over PyTorch's SDPA's own error on the same case in the same
 dtype (a kernel keeping its softmax in bfloat16 passes its bound but shows 6-8x),
-and ``time/SDPA``, the target's time over SDPA's (forward and backward).
+and ``time/SDPA``, the target's forward time over SDPA's (``measure.YARDSTICK_CALLS``).
 
 After a run, failing rows that no catalogued mistake explains are looked at
 together: when a tensor passes at every shorter key length and fails at every
@@ -30,6 +30,11 @@ UNNAMED = ("none", "not-diagnosed")
 # Ids that say what the output looks like rather than which mistake made it: a report names
 # a catalogued mistake first when some row has one.
 GENERIC = ("zeros", "non-finite", "lower-precision", "wrong-direction", "grows-with-length")
+
+# Below this many seconds of SDPA's, a case's time ratio is left out ("-"): a single call
+# of a tenth of a millisecond is moved by a cache miss or an allocation (measured: the same
+# kernel at 0.05 .. 3 ms on its first calls of a shape).
+TIMED_FROM = 1e-3
 
 # target and device are the summary's (one each per report)
 HEADERS = ("case", "dtype", "tensor", "error", "baseline", "bound", "ratio", "mean", "cosine",
@@ -54,8 +59,8 @@ class Row:
     diagnosis: object = None          # a diagnosis.Diagnosis for failing rows
     mean_error: float = None          # the mean error and the cosine with the reference
     cosine: float = None
-    seconds: float = None             # the target's call (forward and backward) on the case
-    sdpa_seconds: float = None        # PyTorch's SDPA on the same case, where it expresses it
+    seconds: float = None             # the target's forward on the case (its second call)
+    sdpa_seconds: float = None        # PyTorch's SDPA's best forward on the same case, where it expresses it
     sdpa_error: float = None          # SDPA's own error on this tensor, in the same dtype
 
     @property
@@ -68,8 +73,11 @@ class Row:
 
     @property
     def speed(self):
-        """The target's time over SDPA's on the same case (None where SDPA did not run)."""
-        return self.seconds / self.sdpa_seconds if self.seconds and self.sdpa_seconds else None
+        """The target's time over SDPA's on the same case (None where SDPA did not run, or
+        took less than TIMED_FROM: a ratio of such times measures the machine's noise)."""
+        if not self.seconds or not self.sdpa_seconds or self.sdpa_seconds < TIMED_FROM:
+            return None
+        return self.seconds / self.sdpa_seconds
 
     @property
     def ratio(self):
@@ -99,7 +107,7 @@ def _cells(r):
     versus = r.error / r.sdpa_error if r.error is not None and r.sdpa_error else None
     return [r.case, r.dtype, r.tensor, _sci(r.error), _sci(r.baseline), _sci(r.bound), _ratio(r.ratio),
             _sci(r.mean_error), "-" if r.cosine is None else f"{r.cosine:.4f}", _ratio(versus),
-            _ratio(r.speed), verdict, where]
+            "-" if r.speed is None else f"×{r.speed:.2f}" if r.speed < 100 else f"×{r.speed:.0f}", verdict, where]
 
 
 def _ratio(x):

@@ -96,7 +96,8 @@ def _rows_of(output):
 # ratio of errors) measures rounding, which belongs to the machine: the BLAS kernel
 # and its summation order move it by a factor of a few.  Such a cell matches a
 # real one within ROUNDING_SPREAD, or when both sit at float64's rounding level;
-# where the largest rounding error sits ("b, h, row") matches any such place.
+# where the largest rounding error sits ("b, h, row") matches any such place; a time
+# ratio ("×1.17", the time/SDPA column) matches any other.
 ROUNDING_SPREAD = 10.0
 ROUNDING_LEVEL = 1e-14
 _ROUNDING_FIGURE = re.compile(r"^-?(\d\.\d+e[+-]\d\d|\d+\.\d\d)$")
@@ -106,6 +107,11 @@ _PLACE = re.compile(r"^\d+, \d+, \d+$")
 def _same_cell(shown, real):
     if shown == real or (_PLACE.match(shown) and _PLACE.match(real)):
         return True
+    if shown.startswith("×") and real.startswith("×"):      # a time ratio belongs to the machine
+        return True
+    words, real_words = shown.split(), real.split()
+    if len(words) > 1 and len(words) == len(real_words):   # a sentence: word by word
+        return all(_same_cell(a.rstrip(",:;"), b.rstrip(",:;")) for a, b in zip(words, real_words))
     if not (_ROUNDING_FIGURE.match(shown) and _ROUNDING_FIGURE.match(real)):
         return False
     a, b = abs(float(shown)), abs(float(real))

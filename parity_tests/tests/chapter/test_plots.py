@@ -65,9 +65,9 @@ def _captured_figures(monkeypatch, draw):
     figures = {}
 
     def capture(path, matrices, titles, suptitle=None, labels=None, vmin=None, vmax=None,
-                cmap="viridis", axis_titles=("key", "query")):
+                cmap="viridis", axis_titles=("key", "query"), aspect="equal"):
         figures[path.rsplit("/", 1)[-1]] = (
-            plots.figure(matrices, titles, suptitle, labels, vmin, vmax, cmap, axis_titles),
+            plots.figure(matrices, titles, suptitle, labels, vmin, vmax, cmap, axis_titles, aspect),
             labels)
         return path
 
