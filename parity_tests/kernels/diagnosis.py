@@ -325,6 +325,9 @@ def _non_finite(t, a, case, align):
     b, h, i = (int(x[0]) for x in np.nonzero(bad)[:3])
     sentence = (f"{t} has {nan} NaN and {inf} infinite entries of {a.size}, in {kind} rows "
                 f"{_ranges(rows)} (first at (b, h, row) = ({b}, {h}, {i}))")
+    if case.seqlens is not None:
+        sentence += ("; the packed buffers hold NaN past the last sequence's end and nowhere else: the kernel "
+                     "read past a sequence's end (cu_seqlens)")
     offset = case.offset(align)
     blind = -offset if case.causal and offset < 0 else 0       # query rows 0 .. blind-1 see no key
     if blind:

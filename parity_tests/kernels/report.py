@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from parity_tests.common.tables import format_table
 
-__all__ = ["Row", "Report", "find_growth"]
+__all__ = ["Row", "Report", "find_growth", "find_strides"]
 
 # Diagnosis ids that name no mistake: nothing matched, or the case was too large to try.
 UNNAMED = ("none", "not-diagnosed")
@@ -143,6 +143,24 @@ def find_growth(rows):
                 f"Tk = {fail_from} (ratio {short.ratio:.2f} at Tk = {short.dims['tk']}, {long.ratio:.2f} at "
                 f"Tk = {long.dims['tk']}): the signature of an accumulator kept in a low precision "
                 "(no catalogued mistake matches)", r.error, r.bound)
+
+
+def find_strides(rows):
+    """Name failing rows when only the cases whose q, k, v are views (``inputs.py``'s strides
+    cases) fail and every contiguous case passes: the kernel reads as if contiguous."""
+    from parity_tests.kernels.diagnosis import Diagnosis
+    judged = [r for r in rows if r.verdict in ("pass", "FAIL")]
+    strided = lambda r: "strides" in r.dims.get("features", ())
+    failing = [r for r in judged if r.failed]
+    if not failing or not all(strided(r) for r in failing) or not any(r.passed and not strided(r) for r in judged):
+        return
+    for r in failing:
+        if r.diagnosis is None or r.diagnosis.id in UNNAMED + ("wrong-direction",):
+            where = f"; where: {r.diagnosis.where}" if r.diagnosis is not None and r.diagnosis.where else ""
+            r.diagnosis = Diagnosis("ignores-strides", f"{r.tensor} fails only where q, k, v are views of a larger "
+                                    "buffer (a fused qkv, a padded row) and every contiguous case passes: the kernel "
+                                    "reads its inputs as if contiguous (read through their strides, or call "
+                                    f".contiguous() first){where}", r.error, r.bound)
 
 
 @dataclass(repr=False)

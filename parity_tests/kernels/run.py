@@ -22,7 +22,7 @@ import parity_tests.kernels.features as feat
 import parity_tests.kernels.measure as measure
 from parity_tests.kernels import inputs
 import parity_tests.kernels.targets as targets
-from parity_tests.kernels.report import Report, find_growth
+from parity_tests.kernels.report import Report, find_growth, find_strides
 from parity_tests.common import options, outputs
 from parity_tests.common import tolerances as tol
 
@@ -180,6 +180,7 @@ def _run(plan, align, seed, progress, timeout=measure.DEFAULT_TIMEOUT):
     if show:
         show(len(work), "")
     find_growth(rows)
+    find_strides(rows)
     return Report(tgt.name, rows, time.perf_counter() - start,
                   {"device": device, "dtypes": names, "align": _one_alignment(rows, align),
                    "layout": "thd" if "varlen" in wanted else tgt.layout, "features": wanted,

@@ -34,6 +34,8 @@ def test_a_kernel_that_ignores_strides_fails_on_views():
     report = parity_tests.check(contiguous_strides_assumed, **SMALL)
     failing = _failing_cases(report)
     assert failing and all("strides" in c for c in failing), failing
+    assert report.diagnosis == "ignores-strides", str(report)
+    assert "reads its inputs as if contiguous" in report.failures[0].diagnosis.sentence
 
 
 def test_a_kernel_that_ignores_its_scale_fails_and_is_named():
@@ -118,3 +120,18 @@ def test_plot_draws_each_located_failure(tmp_path):
     paths = report.plot(tmp_path)
     assert len(paths) == len([d for _, d in report.diagnoses if d.where])
     assert all(p.endswith(".png") and (tmp_path / p.split("/")[-1]).stat().st_size > 1000 for p in paths)
+
+
+def test_a_packed_kernel_reading_past_its_sequence_is_told_so():
+    def one_key_too_many(q, k, v, *, causal, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+        outs, cq, ck = [], cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+        for n in range(len(cq) - 1):
+            a, b = ck[n], ck[n + 1] + (n == len(cq) - 2)          # the last sequence reads one key past its end
+            past = lambda x: torch.as_strided(x, (b - a,) + x.shape[1:], x.stride(), x.storage_offset() + a * x.stride(0))
+            o = sdpa(q[cq[n]:cq[n + 1]].transpose(0, 1)[None], past(k).transpose(0, 1)[None],
+                     past(v).transpose(0, 1)[None], causal=False, scale=scale)
+            outs.append(o[0].transpose(0, 1))
+        return torch.cat(outs)
+    report = parity_tests.check(one_key_too_many, features=["varlen"], layout="thd", **{**SMALL, "causal": "no"})
+    assert report.diagnosis == "non-finite"
+    assert "read past a sequence's end (cu_seqlens)" in report.failures[0].diagnosis.sentence
