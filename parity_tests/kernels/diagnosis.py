@@ -261,6 +261,9 @@ def _worst_slice(ev):
 
 
 TILES = (16, 32, 64, 128, 256)
+# A failing tensor "points the wrong way" below this cosine with the reference (an
+# unrelated one sits near 0 either side).
+WRONG_WAY = -0.2
 # An error "spread" over a tensor: its median row holds at least this share of the worst
 # row's error (a bug in one place leaves most rows at rounding level, far below).
 SPREAD_SHARE = 0.02
@@ -288,7 +291,7 @@ def locate(n, a, ref, den, bound):
         parts.append(f"only batch entries {_ranges(list(map(int, batches)))} of {B}")
     if len(heads) < H:
         parts.append(f"only heads {_ranges(list(map(int, heads)))} of {H}")
-    if len(rows) == 1:
+    if len(rows) == 1 and R > 1:
         parts.append(f"only {kind[:-1]} {int(rows[0])} of {R}")
     elif len(rows) < R:
         where = f"confined to {kind} {_ranges(list(map(int, rows)))} of {R}"
@@ -525,7 +528,7 @@ def _summaries(result, rows, ev):
                 word = "sequence" if len(bad) == 1 else "sequences"
                 lead.append(f"only {word} {', '.join(map(str, bad))} of the batch")
         r = rows[n]
-        if r.cosine is not None and r.cosine < 0:
+        if r.cosine is not None and r.cosine < WRONG_WAY:
             d.sentence += f"; {n} points the wrong way (cosine {r.cosine:.2f} with the reference)"
             if d.id == "none":
                 d.id = "wrong-direction"

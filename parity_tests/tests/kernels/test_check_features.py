@@ -96,10 +96,12 @@ def test_a_keyword_reaches_only_the_cases_of_its_feature():
     assert report.passed, str(report)
     windows = [c for c in calls if c[2] is not None]
     caps = [c for c in calls if c[3] is not None]
-    assert windows and caps and not any(c[2] is not None and c[3] is not None for c in calls)
+    both = [c for c in calls if c[2] is not None and c[3] is not None]
+    assert windows and caps and both                                # and where the features meet, both
+    assert all(c[0][2] == 61 for c in both)                         # only there (features.feature_cases)
     assert {(0, 0)} <= {c[2] for c in windows}                      # the 0-wide window is there
     assert any(c[0][1] != c[1][1] for c in calls)                   # GQA: fewer kv heads
-    assert all(c[0][1] == c[1][1] for c in calls if c[2] is not None or c[3] is not None)
+    assert all(c[0][1] == c[1][1] for c in calls if (c[2] is not None or c[3] is not None) and c[0][2] != 61)
 
 
 def test_a_feature_the_signature_lacks_is_a_usage_error_before_any_case(capsys):
