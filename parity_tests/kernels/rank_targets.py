@@ -14,8 +14,6 @@ kernels, with NCCL.  The CUDA path below follows PyTorch's own use of the
 dispatcher (the one ``context_parallel`` enables); it has not been run here (no GPU).
 """
 
-import torch
-
 __all__ = ["BUILTINS", "available", "builtin", "cp_ring", "CPU_REASON"]
 
 BUILTINS = {"cp-ring": "PyTorch's context-parallel SDPA (torch.distributed.tensor.experimental), CUDA only"}

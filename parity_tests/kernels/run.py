@@ -127,7 +127,7 @@ def _plan(target, device, dtypes, tokens, head_dims, heads, batch, causal, align
     added = inputs.grid_cases(CAUSAL[causal])              # inputs as kernels meet them, in every run
     if wanted:
         feat.require(tgt, wanted)                          # a usage error, before any case runs
-        plan = feat.Plan(seed=seed, takes_align=tgt.takes_align, align=align,
+        plan = feat.Plan(seed=seed, takes_align=tgt.takes_align,
                          grid=tuple(grid) if tokens is not None else ())    # the user's lengths
         added += feat.feature_cases(wanted, CAUSAL[causal], plan)
     grid = grid + added

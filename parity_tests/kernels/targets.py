@@ -168,9 +168,8 @@ def user_target(fn, layout="bhtd", name=None):
     """A user's callable: what it takes is read from its signature (``align``)."""
     if not callable(fn):
         raise TypeError(f"target must be a callable or a name, got {type(fn).__name__}")
-    from parity_tests.kernels.features import takes_keyword
     return Target(name or _plain_name(fn), fn, layout=layout, description="user callable",
-                  takes_align=takes_keyword(fn, "align", default=False) and _names_align(fn))
+                  takes_align=_names_align(fn))
 
 
 def _names_align(fn):

@@ -73,10 +73,9 @@ class Feature:
 @dataclass(frozen=True)
 class Plan:
     """What a feature's cases may depend on: the run's seed, whether the callable takes
-    ``align`` (then both alignments are drawn), the run's alignment."""
+    ``align`` (then both alignments are drawn), the run's own cases."""
     seed: int = 0
     takes_align: bool = False
-    align: str = "top-left"
     grid: tuple = field(default=())   # the run's own cases when --tokens chose their lengths
 
 
