@@ -6,7 +6,7 @@ largest error -- a query row for out and dq, a key row for dk and dv.  Verdicts:
 ``pass``; ``FAIL`` (error above the bound, a non-finite value, a wrong shape, a
 gradient that never arrived, an input written into); ``not supported`` (the target
 refused the case: never counted as a pass).  Beside the verdict, never deciding it:
-``err/SDPA``, the error over PyTorch's SDPA's own error on the same case in the same
+``err/SDPA``, out's error over PyTorch's SDPA's own on the same case in the same
 dtype (a kernel keeping its softmax in bfloat16 passes its bound but shows 6-8x),
 and ``time/SDPA``, the target's forward time over SDPA's (``measure.YARDSTICK_CALLS``).
 
@@ -61,7 +61,7 @@ class Row:
     cosine: float = None
     seconds: float = None             # the target's forward on the case (its second call)
     sdpa_seconds: float = None        # PyTorch's SDPA's best forward on the same case, where it expresses it
-    sdpa_error: float = None          # SDPA's own error on this tensor, in the same dtype
+    sdpa_error: float = None          # SDPA's own error on out, in the same dtype (out's row only)
 
     @property
     def passed(self):
