@@ -364,13 +364,7 @@ def merge_main(args):
     except (ValueError, TypeError) as e:
         say(e)
         return 2
-    if not args.quiet:
-        print(report.table())
-        if report.failures:
-            print("\ndiagnosis:\n" + "\n".join(report.diagnosis_lines()))
-    elif report.failures:
-        print(str(report).rsplit("\n", 1)[0])
-    print(("\n" if not args.quiet or report.failures else "") + report.summary())
+    print(report.render(args.quiet))
     if args.json:
         report.write_json(args.json)
     return 0 if report.passed else 1

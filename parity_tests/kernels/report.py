@@ -209,6 +209,19 @@ class Report:
         rows = self.rows if rows is None else rows
         return format_table(HEADERS, [_cells(r) for r in rows])
 
+    def render(self, quiet=False):
+        """What the command prints: the table (``quiet``: the failing rows alone), the
+        diagnoses, the summary."""
+        parts = []
+        if not quiet:
+            parts.append(self.table())
+            if self.failures:
+                parts.append("\ndiagnosis:\n" + "\n".join(self.diagnosis_lines()))
+        elif self.failures:
+            parts.append(str(self).rsplit("\n", 1)[0])
+        parts.append(("\n" if not quiet or self.failures else "") + self.summary())
+        return "\n".join(parts)
+
     def diagnosis_lines(self, limit=40):
         lines = [f"  {r.case} {r.dtype}: {d.sentence}" for r, d in self.diagnoses[:limit]]
         if len(self.diagnoses) > limit:

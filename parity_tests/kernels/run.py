@@ -311,13 +311,7 @@ def main(argv=None):
         print(f"attention-parity check: error: {e}", file=sys.stderr)
         return 2
     report = _run(plan, args.align, args.seed, sys.stderr.isatty(), _timeout(args.timeout))
-    if not args.quiet:
-        print(report.table())
-        if report.failures:
-            print("\ndiagnosis:\n" + "\n".join(report.diagnosis_lines()))
-    elif report.failures:
-        print(str(report).rsplit("\n", 1)[0])
-    print(("\n" if not args.quiet or report.failures else "") + report.summary())
+    print(report.render(args.quiet))
     if args.json:
         report.write_json(args.json)
     if args.plot:
