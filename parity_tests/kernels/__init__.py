@@ -17,8 +17,10 @@ through one runner against one golden result.
 - ``serving_targets``  PyTorch's paged attention on FlexAttention (``flex-paged``)
 - ``dense``      attention with every option written once in PyTorch: the baseline
                  (plain, in the tested dtype) and, with one knob turned, a mistake
-- ``measure``    the case runner: draw, call, golden (``numpy_ref.reference_attention``),
+- ``measure``    the case runner: draw, golden (``numpy_ref.reference_attention``),
                  baseline, errors, bounds, verdicts, one row per tensor
+- ``call``       calling a target on a case: what it is handed, what it must give back,
+                 time limits
 - ``mistakes``   the catalogue: the chapter's mistakes and each feature's, recomputed
 - ``diagnosis``  the best match named, or the error's size and place said
 - ``poisoned``   a NaN output named by where its NaN lands (mistakes that read NaN slots)

@@ -1,0 +1,345 @@
+"""Calling a target on one case: the tensors it is handed, what it must give back, time limits.
+
+`Caller` hands a target its case in its layout (``bhtd``, ``bthd``, or with ``varlen``
+the packed ``thd`` views of NaN-tailed buffers; q, k, v as views of a fused or padded
+buffer where the case says so), with ``causal``, ``scale``, ``align`` when it takes it and
+the keywords of the case's features; backpropagates dO (and dlse); and returns float64
+arrays in the reference's shapes, or why it cannot be judged.  A target that raises
+(anything, even ``sys.exit``) FAILS the case with what it raised, and so does an output or
+a gradient of the wrong shape, dtype or device, a gradient that never reaches a leaf, and
+an input it wrote into.  "Not supported" is only a declared refusal
+(``targets.Unsupported``); a built-in backend that refuses only its backward is checked on
+its forward.  Each call has a time limit (`time_limit`).
+"""
+
+import contextlib
+import math
+import signal
+import threading
+import time
+
+import numpy as np
+import torch
+
+import parity_tests.kernels.targets as targets
+from parity_tests.kernels import inputs as inputs_mod
+from parity_tests.kernels.features import REGISTRY
+
+__all__ = ["Caller", "DTYPES", "RAISED", "DEFAULT_TIMEOUT", "CaseTimeout", "time_limit", "pack", "unpack",
+           "cu_seqlens"]
+
+DTYPES = {"float64": torch.float64, "float32": torch.float32,
+          "bfloat16": torch.bfloat16, "float16": torch.float16}
+# The padding of a packed buffer past its last token, filled with NaN.
+NAN_TAIL = 64
+
+
+class _Fail(Exception):
+    """The target's answer is wrong in kind (shape, dtype, device, type): FAIL with the reason."""
+
+
+# What a target may throw at the check: any exception, and sys.exit (SystemExit).
+# Only targets.Unsupported is a refusal; everything else FAILS the case.
+RAISED = (Exception, SystemExit)
+
+
+def _reason(e):
+    """One line naming what a target raised (``sys.exit`` included); a refusal's own words."""
+    if isinstance(e, SystemExit):
+        return f"called sys.exit({e.code!r})"
+    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    if isinstance(e, (targets.Unsupported, _Fail)):
+        return text[:200]
+    return f"raised {type(e).__name__}: {text}".rstrip(": ")[:200]
+
+
+def _wrong(t, what, shape, dtype, device):
+    """Why tensor ``t`` (the output, or a gradient) is not what the case expects, or None."""
+    name = lambda x: str(x).replace("torch.", "")
+    problems = [f"wrong {kind}: {what} {name(got)}, expected {name(want)}" for kind, got, want in (
+        ("shape", tuple(t.shape), tuple(shape)), ("dtype", t.dtype, dtype),
+        ("device", t.device.type, torch.device(device).type)) if got != want]
+    return "; ".join(problems) or None
+
+
+def _unchanged(handed, kept):
+    """_Fail naming the first input the kernel wrote into (NaN equal to NaN)."""
+    for n, x in handed.items():
+        a, b = x.detach(), kept[n]
+        if not bool(((a == b) | (a.isnan() & b.isnan())).all()):
+            raise _Fail(f"the kernel wrote into {n}: its values changed during the call (work on a copy)")
+
+
+def cu_seqlens(lengths, device):
+    return torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32, device=device)
+
+
+def pack(x, lengths, tail=NAN_TAIL):
+    """(B, H, T, D) -> (total, H, D): sequence b's first lengths[b] rows, one after another,
+    in a buffer whose ``tail`` rows past the end are NaN (a kernel reading there shows it)."""
+    total = int(sum(lengths))
+    buf = torch.full((total + tail,) + tuple(x.shape[1:2]) + tuple(x.shape[3:]), torch.nan,
+                     dtype=x.dtype, device=x.device)
+    if total:
+        buf[:total] = torch.cat([x[n, :, :int(t)].transpose(0, 1) for n, t in enumerate(lengths)])
+    return buf
+
+
+def unpack(x, lengths, tq, fill=0.0):
+    """(total, H, ...) -> (B, H, T, ...), rows past each length filled with ``fill``."""
+    out = torch.full((len(lengths), x.shape[1], tq) + tuple(x.shape[2:]), fill, dtype=x.dtype, device=x.device)
+    start = 0
+    for n, t in enumerate(lengths):
+        out[n, :, :int(t)] = x[start:start + int(t)].transpose(0, 1)
+        start += int(t)
+    return out
+
+
+class Caller:
+    """Calls the target on one case, in its layout, and returns float64 arrays in the
+    reference's shapes: ``{tensor: array | ("FAIL", why) | "not supported: why"}``."""
+
+    def __init__(self, target, case, dtype, device, align, wanted, rounded, timeout):
+        self.target, self.case, self.dtype, self.device = target, case, DTYPES[dtype], device
+        self.align, self.wanted, self.rounded, self.timeout = align, wanted, rounded, timeout
+        self.thd = "varlen" in wanted
+        wide = [REGISTRY[n].layout for n in wanted if n in REGISTRY and REGISTRY[n].layout]
+        self.layout = "thd" if self.thd else wide[0] if wide else target.layout
+        self.lse = bool({"lse", "lse_grad"} & set(wanted))
+        self.fn = target.lse_fn if self.lse and target.lse_fn is not None else target.fn
+        self.grads = not case.forward_only
+        self.extras = [n for n in ("bias", "sinks") if n in rounded]
+        self.seconds, self.forward_seconds, self.rng_moved = None, None, False
+
+    def grad_names(self):
+        return ["dq", "dk", "dv"] + ["d" + n for n in self.extras]
+
+    def __call__(self):
+        """The target's arrays within the time limit; a str (not supported) or ("FAIL", why)."""
+        try:
+            with time_limit(self.timeout):
+                return self._refusals()
+        except CaseTimeout:
+            return ("FAIL", f"timed out after {self.timeout:g} s")
+
+    def _refusals(self):
+        try:
+            return self._call(self.grads)
+        except targets.Unsupported as e:
+            if not self.grads:
+                return _reason(e)
+            try:                                # a backend with a forward only (FlexAttention on CPU)
+                got = self._call(False)
+            except targets.Unsupported:
+                return _reason(e)
+            except _Fail as e2:
+                return ("FAIL", _reason(e2))
+            except RAISED as e2:
+                return ("FAIL", _reason(e2))
+            return {**got, **{n: f"forward only: {_reason(e)}" for n in self.grad_names()}}
+        except _Fail as e:
+            return ("FAIL", _reason(e))
+        except RAISED as e:                         # a callable that raises FAILS
+            return ("FAIL", _reason(e))
+
+    def fresh(self, rounded):
+        """Why a forward call on other inputs of the same shape is wrong, or None: a kernel
+        returning the previous call's output (a cache keyed by shape) is caught here."""
+        first, self.rounded = self.rounded, rounded
+        try:
+            with time_limit(self.timeout):
+                again = self._call(False)["out"]
+            self.forward_seconds = self.seconds
+        except CaseTimeout:
+            return f"a second call on new inputs timed out after {self.timeout:g} s"
+        except (_Fail, targets.Unsupported) + RAISED as e:
+            return f"a second call on new inputs: {_reason(e)}"
+        finally:
+            self.rounded = first
+        # a constant output (zeros where every key is masked, NaN rows) repeats without any cache
+        live = np.isfinite(self.first_out) & (self.first_out != 0)
+        constant = not live.any() or np.ptp(self.first_out[live]) == 0
+        return None if constant or not np.array_equal(again[live], self.first_out[live]) else \
+            "returned the previous call's output for new inputs of the same shape (a result cached by shape?)"
+
+    def _qkv(self, grad):
+        """The q, k, v the target is handed, in its layout and with the case's strides, and
+        for each a function giving its gradient as (B, H, T, D) (None when none arrived)."""
+        c, r, dt = self.case, self.rounded, self.dtype
+        lq, lk = c.seqlens or (None, None)
+        t = {n: torch.from_numpy(r[n]).to(device=self.device, dtype=dt) for n in ("q", "k", "v")}
+        if self.thd:                          # views of buffers whose tail is NaN
+            bufs = {n: pack(x, lq if n == "q" else lk).requires_grad_(grad) for n, x in t.items()}
+            given = {n: b[: int(sum(lq if n == "q" else lk))] for n, b in bufs.items()}
+            read = {n: (lambda n=n: None if bufs[n].grad is None else unpack(
+                bufs[n].grad[: given[n].shape[0]], lq if n == "q" else lk, c.tq if n == "q" else c.tk))
+                for n in t}
+            return given, read
+        strides = c.get("strides")
+        if strides == "fused":                # one (B, T, 3, H, D) buffer, as a fused qkv projection leaves
+            buf = torch.stack([t[n].transpose(1, 2) for n in ("q", "k", "v")], dim=2).requires_grad_(grad)
+            given = {n: targets.to_layout(buf[:, :, i].transpose(1, 2), self.layout) for i, n in enumerate(t)}
+            read = {n: (lambda i=i: None if buf.grad is None else buf.grad[:, :, i].transpose(1, 2))
+                    for i, n in enumerate(t)}
+            return given, read
+        given, read = {}, {}
+        for n, x in t.items():
+            x = targets.to_layout(x, self.layout)
+            pad = inputs_mod.STRIDE_PAD if strides == "padded" else 0
+            leaf = torch.nn.functional.pad(x, (0, pad)).contiguous().requires_grad_(grad)
+            given[n] = leaf[..., : x.shape[-1]] if pad else leaf
+            read[n] = lambda leaf=leaf, d=x.shape[-1]: None if leaf.grad is None else \
+                targets.from_layout(leaf.grad[..., :d], self.layout)
+        return given, read
+
+    def _back(self, x, lengths, t, fill=0.0):
+        if self.thd:
+            return unpack(x.detach()[: int(sum(lengths))], lengths, t, fill)
+        return targets.from_layout(x.detach(), self.layout)
+
+    def _call(self, grad):
+        c, r = self.case, self.rounded
+        lq, lk = c.seqlens or (None, None)
+        given, read = self._qkv(grad)
+        tensors, leaves = {}, {}
+        for n in ("bias", "sinks", "alibi_slopes"):
+            if n in r:
+                dt = self.dtype if n == "bias" else torch.float32
+                tensors[n] = torch.from_numpy(np.ascontiguousarray(r[n])).to(device=self.device, dtype=dt)
+                if n in self.extras:
+                    leaves["d" + n] = tensors[n].requires_grad_(grad)
+        kw = {"causal": c.causal, "scale": c.scale}
+        for name, value in c.features:
+            if name in REGISTRY:
+                kw.update(REGISTRY[name].kwargs(c, value, tensors))
+        if self.target.takes_align:
+            kw["align"] = self.align
+        if self.thd:
+            kw.update(cu_seqlens_q=cu_seqlens(lq, self.device), cu_seqlens_k=cu_seqlens(lk, self.device),
+                      max_seqlen_q=int(max(lq)), max_seqlen_k=int(max(lk)))
+        args = {n: given[n] for n in ("q", "k", "v")}
+        for name, value in c.features:            # a feature may hand the callable another form
+            if name in REGISTRY and REGISTRY[name].hand is not None:
+                args, kw = REGISTRY[name].hand(c, value, args, kw, self.device)
+        handed = {**args, **tensors, **{n: x for n, x in kw.items() if isinstance(x, torch.Tensor)}}
+        kept = {n: x.detach().clone() for n, x in handed.items()}
+        rng = torch.get_rng_state()
+        start = time.perf_counter()
+        with torch.set_grad_enabled(grad):
+            result = self.fn(*args.values(), **kw)
+        out, lse = self._split(result, given["q"])
+        got = {"out": self._back(out, lq, c.tq).to("cpu", torch.float64).numpy()}
+        if lse is not None:
+            got["lse"] = self._lse(lse)
+        if grad and out.requires_grad:
+            try:
+                self._backward(out, lse, lq)
+            except targets.Unsupported as e:
+                return {**got, **{n: f"backward refused: {_reason(e)}" for n in self.grad_names()}}
+            except RAISED as e:
+                return {**got, **{n: ("FAIL", f"backward {_reason(e)}") for n in self.grad_names()}}
+        self.seconds = time.perf_counter() - start
+        _unchanged(handed, kept)
+        self.rng_moved = not torch.equal(rng, torch.get_rng_state())
+        if not grad:
+            return got
+        if not out.requires_grad:
+            cut = "the output does not require grad (detached, or computed without autograd)"
+            return {**got, **{n: ("FAIL", f"no gradient reached {n[1:]}: {cut}") for n in self.grad_names()}}
+        for n in ("q", "k", "v"):
+            got["d" + n] = self._grad("d" + n, read[n](), given[n])
+        for n, leaf in leaves.items():
+            got[n] = self._grad(n, leaf.grad, leaf)
+        return got
+
+    def _backward(self, out, lse, lq):
+        g = torch.from_numpy(self.rounded["dout"]).to(device=self.device, dtype=out.dtype)
+        outs, ups = [out], [pack(g, lq, tail=0) if self.thd else targets.to_layout(g, self.layout)]
+        if "dlse" in self.rounded:
+            if not lse.requires_grad:
+                raise _Fail("lse does not require grad: the gradient through lse cannot reach q and k")
+            dl = torch.from_numpy(self.rounded["dlse"]).to(device=self.device, dtype=lse.dtype)
+            outs.append(lse)
+            ups.append(pack(dl[..., None], lq, tail=0)[..., 0].transpose(0, 1) if self.thd else dl)
+        torch.autograd.backward(outs, ups)
+
+    def _grad(self, n, g, given):
+        """A gradient as float64 (B, H, T, D) (bias and sinks in their own shapes), or why not."""
+        if g is None:
+            return ("FAIL", f"no gradient reached {n[1:]}" + (" (None or detached)" if n in ("dbias", "dsinks") else ""))
+        want = given.shape if n in ("dbias", "dsinks") else g.shape
+        wrong = _wrong(g, n, want, given.dtype, self.device)
+        if wrong:
+            return ("FAIL", wrong)
+        return g.detach().to("cpu", torch.float64).numpy()
+
+    def _split(self, result, q):
+        if self.lse:
+            if not (isinstance(result, (tuple, list)) and len(result) == 2):
+                raise _Fail(f"with lse the target must return (out, lse), got {type(result).__name__}")
+            out, lse = result
+        else:
+            out, lse = result, None
+        if not isinstance(out, torch.Tensor):
+            raise _Fail(f"returned {type(out).__name__}, expected a tensor")
+        wrong = _wrong(out, "output", tuple(q.shape[:-1]) + (self.case.dv,), q.dtype, self.device)
+        if wrong:
+            raise _Fail(wrong)
+        if lse is not None:
+            c = self.case
+            shape = (c.heads, int(sum(c.seqlens[0]))) if self.thd else (c.batch, c.heads, c.tq)
+            if not isinstance(lse, torch.Tensor) or tuple(lse.shape) != shape:
+                got = tuple(lse.shape) if isinstance(lse, torch.Tensor) else type(lse).__name__
+                raise _Fail(f"wrong lse: {got}, expected shape {shape}")
+            if lse.dtype not in (q.dtype, torch.float32):
+                raise _Fail(f"wrong lse dtype: {lse.dtype}, expected {q.dtype} or torch.float32")
+        return out, lse
+
+    def _lse(self, lse):
+        lse = lse.detach()
+        if self.thd:
+            lse = unpack(lse.transpose(0, 1), self.case.seqlens[0], self.case.tq, fill=-math.inf)
+        return lse.to("cpu", torch.float64).numpy()
+
+
+# ----------------------------------------------------------------------------
+# Time limits
+
+# Seconds a target may take on one case (its forward and backward, and the second call
+# of a diagnosis), before the case FAILS "timed out".  Generous: the slowest built-in
+# target takes well under a second per case of the default grid on a 2-core CPU.
+DEFAULT_TIMEOUT = 300.0
+
+
+class CaseTimeout(BaseException):
+    """Raised by the alarm; a BaseException so that a kernel's ``except Exception`` lets it by."""
+
+
+@contextlib.contextmanager
+def time_limit(seconds):
+    """Raise `CaseTimeout` in the block once ``seconds`` have passed (None or 0: no limit).
+
+    SIGALRM (``signal.setitimer``): it interrupts Python code between two bytecodes,
+    so a pure-Python loop, ``time.sleep`` or a wait in Python stops on time.  What it
+    cannot interrupt: one long call into C that does not return to the interpreter (a
+    single huge matmul, a CUDA synchronisation, a C extension stuck in a loop) -- the
+    case fails when that call returns, not before -- and anything on Windows or outside
+    the main thread, where there is no SIGALRM to use and the block runs unlimited.
+    An alarm already set (pytest-timeout's, say) is restored afterwards, less the time spent.
+    """
+    if not seconds or not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise CaseTimeout(seconds)
+    start = time.monotonic()
+    previous = signal.signal(signal.SIGALRM, stop)
+    outer, _ = signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        if outer:
+            signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - start), 1e-3))
