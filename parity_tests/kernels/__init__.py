@@ -23,6 +23,7 @@ through one runner against one golden result.
                  time limits
 - ``mistakes``   the catalogue: the chapter's mistakes and each feature's, recomputed
 - ``diagnosis``  the best match named, or the error's size and place said
+- ``location``   where an error sits (batches, heads, rows, channels, a last tile)
 - ``poisoned``   a NaN output named by where its NaN lands (mistakes that read NaN slots)
 - ``report``     the rows, their table, the summary, the JSON copy
 - ``run``        the command line and ``check(...)``, the Python entry point

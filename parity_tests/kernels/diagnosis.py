@@ -46,6 +46,7 @@ import numpy as np
 from parity_tests.common import tolerances as tol
 import parity_tests.kernels.mistakes as mistakes
 from parity_tests.kernels import poisoned
+from parity_tests.kernels.location import locate, ranges
 
 __all__ = ["Diagnosis", "Evidence", "diagnose", "slice_errors", "DENSE_LIMIT"]
 
@@ -260,62 +261,12 @@ def _worst_slice(ev):
     return (b, h), sub
 
 
-TILES = (16, 32, 64, 128, 256)
-# A failing tensor "points the wrong way" below this cosine with the reference (an
-# unrelated one sits near 0 either side).
-WRONG_WAY = -0.2
-# An error "spread" over a tensor: its median row holds at least this share of the worst
-# row's error (a bug in one place leaves most rows at rounding level, far below).
-SPREAD_SHARE = 0.02
 # Rounding errors take either sign alike: their mean is a small share of their mean size
 # (measured: a bfloat16 kernel's 0.02 .. 0.1); a constant offset's is all of it.
 UNBIASED = 0.5
-
-
-def locate(n, a, ref, den, bound):
-    """(signature, spread, map): where tensor ``n``'s error exceeds its bound, said in the
-    terms of a kernel's loops -- batches, heads, rows (query rows for out, lse, dq; key rows
-    for dk, dv), head-dim channels, the last partial tile of a loop -- whatever the cause."""
-    over = np.abs(a - ref) / den
-    over = np.where(np.isfinite(over), over, np.inf)            # (B, H, R, C)
-    bad = over > bound
-    error_map = over.max(axis=3).transpose(2, 0, 1).reshape(over.shape[2], -1) / bound   # (R, B H)
-    if not bad.any():
-        return "", False, error_map
-    kind = {"dk": "key rows", "dv": "key rows", "dbias": "bias rows"}.get(n, "query rows")
-    B, H, R, C = bad.shape
-    parts = []
-    batches, heads = np.nonzero(bad.any(axis=(1, 2, 3)))[0], np.nonzero(bad.any(axis=(0, 2, 3)))[0]
-    rows, channels = np.nonzero(bad.any(axis=(0, 1, 3)))[0], np.nonzero(bad.any(axis=(0, 1, 2)))[0]
-    if len(batches) < B:
-        parts.append(f"only batch entries {_ranges(list(map(int, batches)))} of {B}")
-    if len(heads) < H:
-        parts.append(f"only heads {_ranges(list(map(int, heads)))} of {H}")
-    if len(rows) == 1 and R > 1:
-        parts.append(f"only {kind[:-1]} {int(rows[0])} of {R}")
-    elif len(rows) < R:
-        where = f"confined to {kind} {_ranges(list(map(int, rows)))} of {R}"
-        r0 = int(rows[0])
-        tile = next((t for t in reversed(TILES) if r0 % t == 0 and R - r0 < t and r0), None)
-        if tile and len(rows) == R - r0:
-            where += f": the last partial tile of {tile}"
-        parts.append(where)
-    if n not in ("lse", "dsinks", "dbias") and C > 1 and len(channels) < C:
-        parts.append(f"only head-dim channels {_ranges(list(map(int, channels)))} of {C}")
-    by_row = over.max(axis=(0, 1, 3))
-    active = by_row[(np.abs(ref).max(axis=(0, 1, 3)) > 0) | (by_row > 0)]   # rows some query reads
-    spread = bool(active.size and np.isfinite(active).all() and np.median(active) >= SPREAD_SHARE * active.max())
-    return ("; ".join(parts) if parts else f"spread over every batch, head and {kind[:-1]}"), spread, error_map
-
-
-def _ranges(indices):
-    """'0 .. 89' / '3, 7 .. 9' for sorted distinct ints (at most four pieces, then '...')."""
-    pieces, start = [], indices[0]
-    for a, b in zip(indices, indices[1:] + [None]):
-        if b != a + 1:
-            pieces.append(f"{start}" if start == a else f"{start} .. {a}")
-            start = b
-    return ", ".join(pieces[:4]) + (", ..." if len(pieces) > 4 else "")
+# A failing tensor "points the wrong way" below this cosine with the reference (an
+# unrelated one sits near 0 either side).
+WRONG_WAY = -0.2
 
 
 def _non_finite(t, a, case, align):
@@ -327,7 +278,7 @@ def _non_finite(t, a, case, align):
     kind = "query" if t in ("out", "dq", "lse") else "key" if t in ("dk", "dv") else "bias"
     b, h, i = (int(x[0]) for x in np.nonzero(bad)[:3])
     sentence = (f"{t} has {nan} NaN and {inf} infinite entries of {a.size}, in {kind} rows "
-                f"{_ranges(rows)} (first at (b, h, row) = ({b}, {h}, {i}))")
+                f"{ranges(rows)} (first at (b, h, row) = ({b}, {h}, {i}))")
     if case.seqlens is not None:
         sentence += ("; the packed buffers hold NaN past the last sequence's end and nowhere else: the kernel "
                      "read past a sequence's end (cu_seqlens)")
