@@ -142,7 +142,7 @@ class Caller:
         except RAISED as e:                         # a callable that raises FAILS
             return ("FAIL", _reason(e))
 
-    def fresh(self, rounded):
+    def fresh(self, rounded, first_out):
         """Why a forward call on other inputs of the same shape is wrong, or None: a kernel
         returning the previous call's output (a cache keyed by shape) is caught here."""
         first, self.rounded = self.rounded, rounded
@@ -157,9 +157,9 @@ class Caller:
         finally:
             self.rounded = first
         # a constant output (zeros where every key is masked, NaN rows) repeats without any cache
-        live = np.isfinite(self.first_out) & (self.first_out != 0)
-        constant = not live.any() or np.ptp(self.first_out[live]) == 0
-        return None if constant or not np.array_equal(again[live], self.first_out[live]) else \
+        live = np.isfinite(first_out) & (first_out != 0)
+        constant = not live.any() or np.ptp(first_out[live]) == 0
+        return None if constant or not np.array_equal(again[live], first_out[live]) else \
             "returned the previous call's output for new inputs of the same shape (a result cached by shape?)"
 
     def _qkv(self, grad):

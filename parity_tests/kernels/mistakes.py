@@ -65,9 +65,11 @@ class Context:
         lens = case.seqlens or (None, None)
         self.offsets = dense.offsets(case.tq, case.tk, lens[0], lens[1], align, case.batch)
 
-    def dense(self, q, k, v, dout, opts, grads=True, **knobs):
+    def dense(self, q, k, v, dout, opts, grads=True, dlse="same", **knobs):
+        """``dense.run`` in float64 with the case's upstream gradients (``dlse``: another, or None)."""
+        dlse = self.dlse if dlse == "same" else dlse
         return dense.run(q, k, v, dout if grads else None, opts, grads=grads,
-                         dlse=self.dlse if grads and dout is not None else None, **knobs)
+                         dlse=dlse if grads and dout is not None else None, **knobs)
 
     def fwd(self, changes=None, dlse="same", inputs=None, **knobs):
         """A forward mistake: the dense formula with ``changes`` to the options, ``knobs`` turned
@@ -77,12 +79,7 @@ class Context:
         opts = {**self.opts, **(changes or {})}
 
         def predict(grads=True):
-            saved = self.dlse
-            self.dlse = saved if dlse == "same" else dlse
-            try:
-                return self.judged(self.dense(q, k, v, dout, opts, grads=grads, **knobs))
-            finally:
-                self.dlse = saved
+            return self.judged(self.dense(q, k, v, dout, opts, grads=grads, dlse=dlse, **knobs))
         return predict
 
     def changed(self, **arrays):

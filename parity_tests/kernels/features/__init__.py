@@ -44,7 +44,7 @@ from itertools import combinations
 from parity_tests.kernels import cases, inputs
 
 __all__ = ["Feature", "FEATURES", "REGISTRY", "parse_features", "require", "feature_cases", "label",
-           "ordered", "Plan", "takes_keyword", "help_line"]
+           "ordered", "Plan", "help_line"]
 
 
 def _nothing(*args):
@@ -127,11 +127,11 @@ def _parameters(fn):
         return None
 
 
-def takes_keyword(fn, keyword, default=True):
-    """Whether ``fn`` accepts ``keyword`` (``default`` when its signature cannot be read)."""
+def _accepts(fn, keyword):
+    """Whether ``fn`` accepts ``keyword`` (yes when its signature cannot be read)."""
     params = _parameters(fn)
     if params is None:
-        return default
+        return True
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return True
     p = params.get(keyword)
@@ -144,7 +144,7 @@ def require(target, features):
         raise ValueError(f"features: 'lse' needs a target that returns (out, lse), and {target.name} "
                          "returns out alone")
     for f in features:
-        missing = [kw for kw in REGISTRY[f].keywords if not takes_keyword(target.fn, kw)]
+        missing = [kw for kw in REGISTRY[f].keywords if not _accepts(target.fn, kw)]
         if missing:
             raise ValueError(f"features: {f!r} passes {', '.join(k + '=' for k in missing)} to the target, "
                              f"and {target.name}'s signature has no such keyword")

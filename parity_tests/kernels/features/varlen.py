@@ -108,4 +108,4 @@ def apply(case, rng):
 
 FEATURE = Feature("varlen", "with --layout thd, FlashAttention's packed varlen layout and cu_seqlens",
                   keywords=KEYWORDS, cases=cases, label=label, draw=draw, reference=reference, mistakes=mistakes, run_wide=True,
-                  apply=apply)
+                  apply=apply, widen=with_lengths)

@@ -12,30 +12,27 @@ def _empty_to_zero(out, lse):
     return torch.where(torch.isneginf(lse)[..., None], torch.zeros_like(out), out)
 
 
-def merge(out_a, lse_a, out_b, lse_b):
-    """Right: the online softmax's rescale, empty partials contribute nothing."""
+def _rescaled(out_a, lse_a, out_b, lse_b, exp, log):
+    """The online softmax's merge with ``exp``/``log`` of a base: m = max, α = exp(lse − m)."""
     m = torch.maximum(lse_a, lse_b).detach()
     m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)        # both empty: shift by 0
-    alpha_a, alpha_b = torch.exp(lse_a - m), torch.exp(lse_b - m)
+    alpha_a, alpha_b = exp(lse_a - m), exp(lse_b - m)
     total = alpha_a + alpha_b
     safe = torch.where(total == 0, torch.ones_like(total), total)
     out = (alpha_a[..., None] * _empty_to_zero(out_a, lse_a)
            + alpha_b[..., None] * _empty_to_zero(out_b, lse_b)) / safe[..., None]
-    lse = torch.where(total == 0, torch.full_like(total, -math.inf), m + torch.log(safe))
+    lse = torch.where(total == 0, torch.full_like(total, -math.inf), m + log(safe))
     return out.to(out_a.dtype), lse
+
+
+def merge(out_a, lse_a, out_b, lse_b):
+    """Right: the online softmax's rescale, empty partials contribute nothing."""
+    return _rescaled(out_a, lse_a, out_b, lse_b, torch.exp, torch.log)
 
 
 def merge_base2(out_a, lse_a, out_b, lse_b):
     """FlashAttention's exp2 trick without the conversion: every lse read and written in base 2."""
-    m = torch.maximum(lse_a, lse_b).detach()
-    m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
-    alpha_a, alpha_b = torch.exp2(lse_a - m), torch.exp2(lse_b - m)
-    total = alpha_a + alpha_b
-    safe = torch.where(total == 0, torch.ones_like(total), total)
-    out = (alpha_a[..., None] * _empty_to_zero(out_a, lse_a)
-           + alpha_b[..., None] * _empty_to_zero(out_b, lse_b)) / safe[..., None]
-    lse = torch.where(total == 0, torch.full_like(total, -math.inf), m + torch.log2(safe))
-    return out.to(out_a.dtype), lse
+    return _rescaled(out_a, lse_a, out_b, lse_b, torch.exp2, torch.log2)
 
 
 def merge_no_max(out_a, lse_a, out_b, lse_b):

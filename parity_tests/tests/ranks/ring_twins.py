@@ -59,15 +59,8 @@ def lse_base_2(q, k, v, *, causal, scale, group, q_positions, k_positions):
                               k_positions=k_positions), merge=_merge_base2)
 
 
-class _GatherKeepOwn(torch.autograd.Function):
-    """all_gather whose backward keeps the rank's own slice: no reduction across ranks."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
-        dist.all_gather(parts, x.contiguous(), group=group)
-        return torch.stack(parts)
+class _GatherKeepOwn(ring._Gather):
+    """The example's all_gather whose backward keeps the rank's own slice: no reduction across ranks."""
 
     @staticmethod
     def backward(ctx, grad):
