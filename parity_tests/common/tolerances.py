@@ -241,7 +241,7 @@ CHECK_ZERO_FLOOR = {"float64": 128 * 2.0 ** -53, "float32": 128 * 2.0 ** -24,
 
 
 # Large logits (the heavy-tailed inputs with outlier channels every check draws,
-# ``kernels/inputs.py``: scores up to ~2000): a relative rounding u of a score S is
+# ``kernels/inputs.py``: scores of 900 .. 2900): a relative rounding u of a score S is
 # an absolute error u |S| in the exponent, so the weights, and everything after
 # them, carry errors up to u max|S| -- and which kernel rounds its largest score
 # luckily is chance (measured, float64, scores ~900: SDPA's math backend, which

@@ -14,7 +14,7 @@ case                       what a kernel must get right
 ``scale 0.3``              a scale other than 1/√D: use the one given
 ``inputs outliers``        heavy-tailed inputs (Student's t, 4 degrees of freedom)
                            with two channels 20× the rest, as real activations
-                           have: logits in the hundreds, so a softmax without its
+                           have: logits of 900 to 2900, so a softmax without its
                            max subtracted overflows
 ``inputs integers``        small integers (−1, 0, 1) and D = 64: every score is a
                            multiple of 1/8 below 8 in magnitude, exact in every

@@ -41,9 +41,9 @@ def locate(n, a, ref, den, bound):
     elif len(rows) < R:
         where = f"confined to {kind} {ranges(list(map(int, rows)))} of {R}"
         r0 = int(rows[0])
-        tile = next((t for t in reversed(TILES) if r0 % t == 0 and R - r0 < t and r0), None)
+        tile = next((t for t in TILES if r0 % t == 0 and R - r0 < t and r0), None)
         if tile and len(rows) == R - r0:
-            where += f": the last partial tile of {tile}"
+            where += f": the last partial tile (tiles of {tile} or a larger power of two)"
         parts.append(where)
     if n not in ("lse", "dsinks", "dbias") and C > 1 and len(channels) < C:
         parts.append(f"only head-dim channels {ranges(list(map(int, channels)))} of {C}")

@@ -7,7 +7,7 @@ largest error -- a query row for out and dq, a key row for dk and dv.  Verdicts:
 gradient that never arrived, an input written into); ``not supported`` (the target
 refused the case: never counted as a pass).  Beside the verdict, never deciding it:
 ``err/SDPA``, out's error over PyTorch's SDPA's own on the same case in the same
-dtype (a kernel keeping its softmax in bfloat16 passes its bound but shows 6-8x),
+dtype (a kernel keeping its softmax in bfloat16 passes its bound but shows 2-4x, measured),
 and ``time/SDPA``, the target's forward time over SDPA's (``measure.YARDSTICK_CALLS``).
 
 After a run, failing rows that no catalogued mistake explains are looked at
