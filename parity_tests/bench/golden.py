@@ -12,15 +12,26 @@ FLOPs are counted as FlashAttention-2 counts them: 7 products of
 included), half that when causal.  The golden keeps each query tile's weights
 from its forward instead of recomputing them, so it performs 6 of the 7.
 
+Under load (``--under-load``, `under_load`): the same golden and PyTorch's
+SDPA on the same attention (float64, forward + backward, PyTorch's own thread
+count), interleaved, first on the machine as it is, then with ``busy`` Python
+processes spinning beside them, started and stopped here.  Each side's
+slowdown is its median time under load over its median time before; the
+golden is fair when its slowdown is not much more than PyTorch's (a thread that
+spins while it waits, or more threads than CPUs, shows as a much larger one).
+
 Figures are printed, never asserted; the load average is printed with them.
 """
 
 import os
+import statistics
+import subprocess
+import sys
 import time
 
 import numpy as np
 
-__all__ = ["golden_rates", "render_golden"]
+__all__ = ["golden_rates", "render_golden", "under_load", "render_under_load"]
 
 HEADS, HEAD_DIM, GEMM_N = 2, 64, 2048
 
@@ -99,4 +110,83 @@ def render_golden(result):
                      f"{r['dgemm_gflops']:.1f} GFLOP/s; share {r['share']:.2f}")
     lines.append("(FLOPs: FlashAttention-2's 7 products of 2·B·H·T²·D, the backward's "
                  "recompute included; the golden keeps its weights and performs 6)")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------
+# Under load: the golden's slowdown beside busy processes, and PyTorch's
+
+SPIN = "while True:\n    pass"          # one busy process: a CPU's worth of pure Python
+
+
+def _attention_pair(T, batch, seed):
+    """(golden, torch): zero-argument callables running float64 forward + backward of
+    the same attention (B × 2 heads, T × D 64, random upstream gradient)."""
+    import torch
+
+    from numpy_ref import reference_attention
+    rng = np.random.default_rng(seed)
+    q, k, v, dout = (rng.standard_normal((batch, HEADS, T, HEAD_DIM)) for _ in range(4))
+
+    def golden():
+        reference_attention(q, k, v, dout)
+
+    def sdpa():
+        qt, kt, vt = (torch.from_numpy(a).requires_grad_() for a in (q, k, v))
+        out = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt)
+        out.backward(torch.from_numpy(dout))
+    return golden, sdpa
+
+
+def _times(fns, repeats):
+    """{name: [seconds, ...]}: the callables interleaved, ``repeats`` rounds."""
+    times = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def under_load(T=4096, batch=1, repeats=5, busy=2, seed=0):
+    """The golden's and PyTorch's medians idle and beside ``busy`` spinning processes."""
+    import torch
+    golden, sdpa = _attention_pair(T, batch, seed)
+    fns = {"golden": golden, "torch": sdpa}
+    _times(fns, 1)                                                  # warm both
+    result = {"tokens": T, "batch": batch, "busy": busy, "repeats": repeats, "blas": blas_info(),
+              "torch_threads": torch.get_num_threads(), "load_start": _load()}
+    idle = _times(fns, repeats)
+    spinners = [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(busy)]
+    try:
+        time.sleep(0.5)                                             # let them take their CPUs
+        loaded = _times(fns, repeats)
+    finally:
+        for p in spinners:
+            p.kill()
+            p.wait()
+    result["load_end"] = _load()
+    for name in fns:
+        a, b = statistics.median(idle[name]), statistics.median(loaded[name])
+        result[name] = dict(idle_s=a, loaded_s=b, slowdown=b / a)
+    result["ratio"] = result["golden"]["slowdown"] / result["torch"]["slowdown"]
+    return result
+
+
+def render_under_load(r):
+    info = r["blas"].get("blas")
+    blas = (f"{info['internal_api']} {info['version']}, kernel {info['architecture']}"
+            if isinstance(info, dict) else info)
+    lines = [f"under load: float64 forward + backward, batch {r['batch']}, {HEADS} heads, T {r['tokens']}, "
+             f"D {HEAD_DIM}; golden numpy_ref.reference_attention vs torch SDPA "
+             f"({r['torch_threads']} threads); {r['busy']} busy processes beside them; "
+             f"medians of {r['repeats']}, interleaved",
+             f"BLAS: {blas}; load average (1, 5, 15 min): {r['load_start']} at start, "
+             f"{r['load_end']} at end (the busy processes' included)",
+             f"{'':8}{'idle s':>9}{'loaded s':>10}{'slowdown':>10}"]
+    for name in ("golden", "torch"):
+        x = r[name]
+        lines.append(f"{name:8}{x['idle_s']:9.2f}{x['loaded_s']:10.2f}{x['slowdown']:9.2f}x")
+    lines.append(f"golden's slowdown / torch's: {r['ratio']:.2f}")
     return "\n".join(lines)

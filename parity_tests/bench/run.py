@@ -75,9 +75,15 @@ def parse_args(argv):
                    help="instead: the float64 golden (numpy_ref.reference_attention, 2 heads of "
                         "D = 64, batch --batch) against a 2048^3 dgemm in the same process, best "
                         "of --repeats (parity_tests.bench.golden)")
+    p.add_argument("--under-load", action="store_true",
+                   help="instead: the golden's slowdown beside two busy processes (started and "
+                        "stopped here) against PyTorch SDPA's on the same float64 attention, medians "
+                        "of --repeats at each of --tokens (default 4096)")
     args = p.parse_args(argv)
+    if args.golden and args.under_load:
+        p.error("--golden and --under-load are two separate runs: give one")
     if args.tokens is None:
-        args.tokens = [8192] if args.golden else DEFAULT_TOKENS
+        args.tokens = [8192] if args.golden else [4096] if args.under_load else DEFAULT_TOKENS
     if args.d_model % args.heads:
         p.error(f"--d-model ({args.d_model}) must be divisible by --heads ({args.heads})")
     return args
@@ -407,7 +413,7 @@ def main(argv=None):
     args, status = parse_verb_args(parse_args, argv)    # --json PATH tried before the run
     if status is not None:
         return status
-    refused = [f"{name} at T = {T} {why}" for T in ([] if args.golden else args.tokens)
+    refused = [f"{name} at T = {T} {why}" for T in ([] if args.golden or args.under_load else args.tokens)
                for name in args.impl if (why := impls.too_large(name, T, args.batch, args.heads, args.d_model))]
     if refused:                                 # a size that cannot fit: said before any work
         print("attention-parity bench: error: " + "; ".join(refused) + " (ask for fewer tokens or other --impl)",
@@ -417,6 +423,10 @@ def main(argv=None):
         from parity_tests.bench import golden
         result = golden.golden_rates(args.tokens, args.batch, args.repeats, seed=args.seed)
         print(golden.render_golden(result))
+    elif args.under_load:
+        from parity_tests.bench import golden
+        result = [golden.under_load(T, args.batch, args.repeats, seed=args.seed) for T in args.tokens]
+        print("\n\n".join(golden.render_under_load(r) for r in result))
     else:
         result = run(args)
         print(render(result))

@@ -153,6 +153,40 @@ def test_golden_bench_prints_its_rate_the_dgemm_rate_the_share_and_the_blas(caps
     assert "BLAS:" in out and "OPENBLAS_CORETYPE" in out and "load average" in out
 
 
+def test_under_load_prints_both_slowdowns_and_leaves_no_busy_process(capsys):
+    """``bench --under-load`` on a tiny T: the golden and SDPA timed idle and beside the
+    busy processes, the ratio of their slowdowns printed, the busy processes gone after."""
+    from parity_tests.bench import golden
+    before = _children()
+    r = golden.under_load(T=64, repeats=1, busy=1)
+    assert _children() == before                                 # the spinner was stopped
+    for name in ("golden", "torch"):
+        assert r[name]["idle_s"] > 0 and r[name]["loaded_s"] > 0
+        assert r[name]["slowdown"] == r[name]["loaded_s"] / r[name]["idle_s"]
+    assert r["ratio"] == r["golden"]["slowdown"] / r["torch"]["slowdown"]
+    assert cli.main(["bench", "--under-load", "--tokens", "64", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "2 busy processes beside them" in out and "golden's slowdown / torch's:" in out
+    assert "BLAS:" in out and "load average" in out
+    assert bench.main(["--golden", "--under-load"]) == 2
+    assert "two separate runs" in capsys.readouterr().err
+
+
+def _children():
+    """This process's child processes (Linux /proc), as a set of pids."""
+    import os
+    me = str(os.getpid())
+    pids = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[1] == me:
+                    pids.add(pid)
+        except OSError:
+            pass
+    return pids
+
+
 def test_a_size_that_cannot_fit_exits_2_with_the_estimate_before_any_work(capsys):
     assert bench.main(["--tokens", "64,2000000", "--impl", "blockwise"]) == 2
     err = capsys.readouterr().err
