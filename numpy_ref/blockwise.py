@@ -260,7 +260,7 @@ def attention_forward(q, k, v, *, scale=None, causal=False, causal_offset=0,
     def head(idx):
         forward_head(q[idx], k[idx], v[idx], out[idx], lse[idx], scale, causal,
                      causal_offset, B_r, B_c)
-    _parallel.run_jobs(head, np.ndindex(lead))           # heads over the usable CPUs
+    _parallel.run_jobs(head, np.ndindex(lead), cost=_cost(q, k, v, 1))   # heads over the usable CPUs
     return out, lse
 
 
@@ -284,8 +284,14 @@ def attention_backward(dout, q, k, v, out, lse, *, scale=None, causal=False, cau
         D = _delta(dout[idx], out[idx])                          # (Tq,) = rowsum(dO ∘ O)
         backward_head(dout[idx], q[idx], k[idx], v[idx], D, lse[idx],
                       dq[idx], dk[idx], dv[idx], scale, causal, causal_offset, B_r, B_c)
-    _parallel.run_jobs(head, np.ndindex(lead))           # heads over the usable CPUs
+    _parallel.run_jobs(head, np.ndindex(lead), cost=_cost(q, k, v, 3))   # heads over the usable CPUs
     return dq, dk, dv
+
+
+def _cost(q, k, v, products):
+    """Multiply-adds of ``products`` passes of q kᵀ and P v over every head (for
+    `_parallel`: small work runs on the calling thread)."""
+    return int(np.prod(q.shape[:-1])) * k.shape[-2] * (q.shape[-1] + v.shape[-1]) * products
 
 
 # ----------------------------------------------------------------------------

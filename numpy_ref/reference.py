@@ -130,7 +130,8 @@ def reference_attention(q, k, v, dout=None, *, dlse=None, scale=None, causal=Fal
     jobs = [(b, g, r0, min(r0 + per_job, Tq))
             for b in range(B) for g in range(Hkv) for r0 in range(0, Tq, per_job)]
     work = _Job(q, k, v, dout, dlse, r, o)
-    for job, part in zip(jobs, _parallel.map_jobs(work, jobs)):
+    cost = B * Hq * Tq * k.shape[2] * (q.shape[3] + Dv) * (3 if dout is not None else 1)
+    for job, part in zip(jobs, _parallel.map_jobs(work, jobs, cost=cost)):
         work.reduce(job, part)                                       # in the jobs' order
     if dout is None:
         return r

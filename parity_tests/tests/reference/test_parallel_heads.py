@@ -10,7 +10,7 @@ from numpy_ref import _blas_threads, _parallel, blockwise as bw
 def _run(q, k, v, dout, monkeypatch, workers):
     run_jobs = _parallel.run_jobs
     monkeypatch.setattr(_parallel, "run_jobs",
-                        lambda work, jobs, w=None: run_jobs(work, jobs, workers))
+                        lambda work, jobs, w=None, cost=None: run_jobs(work, jobs, workers))
     out, lse = bw.attention_forward(q, k, v, causal=True, block_q=32, block_k=48)
     grads = bw.attention_backward(dout, q, k, v, out, lse, causal=True, block_q=32, block_k=48)
     return (out, lse) + grads
@@ -54,6 +54,7 @@ def test_workers_run_their_products_on_one_blas_thread():
 def _reference(monkeypatch, workers, bias_shape, rows_per_job=16):
     from numpy_ref import reference, reference_attention
     monkeypatch.setattr(_parallel, "usable_cpus", lambda: workers)
+    monkeypatch.setattr(_parallel, "INLINE_BELOW", 0)             # small as it is: on the pool
     monkeypatch.setattr(reference, "ROWS_PER_JOB", rows_per_job)  # long heads split too
     rng = np.random.default_rng(4)
     q = rng.standard_normal((2, 4, 53, 8))
@@ -74,6 +75,17 @@ def test_the_reference_is_bitwise_independent_of_the_worker_count(monkeypatch, b
         assert set(many) == set(one)
         for name in one:
             assert np.array_equal(one[name], many[name]), (workers, name)
+
+
+def test_small_work_runs_on_the_calling_thread_and_large_work_on_the_pool(monkeypatch):
+    import threading
+    monkeypatch.setattr(_parallel, "usable_cpus", lambda: 2)
+
+    def where(cost):                                  # the threads the jobs ran on
+        return set(_parallel.map_jobs(lambda job: threading.get_ident(), range(4), cost=cost))
+    assert where(_parallel.INLINE_BELOW - 1) == {threading.get_ident()}
+    assert threading.get_ident() not in where(_parallel.INLINE_BELOW)
+    assert threading.get_ident() not in where(None)
 
 
 def test_map_jobs_yields_in_the_jobs_order_whatever_order_they_finish_in():
