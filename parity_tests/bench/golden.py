@@ -14,8 +14,9 @@ from its forward instead of recomputing them, so it performs 6 of the 7.
 
 Under load (``--under-load``, `under_load`): the same golden and PyTorch's
 SDPA on the same attention (float64, forward + backward, PyTorch's own thread
-count), interleaved, first on the machine as it is, then with ``busy`` Python
-processes spinning beside them, started and stopped here.  Each side's
+count) and the 2048³ dgemm, interleaved, first on the machine as it is, then
+with ``busy`` Python processes spinning beside them, started and stopped here;
+the golden's share of the dgemm's rate is given for both.  Each side's
 slowdown is its median time under load over its median time before; the
 golden is fair when its slowdown is not much more than PyTorch's (a thread that
 spins while it waits, or more threads than CPUs, shows as a much larger one).
@@ -150,11 +151,13 @@ def _times(fns, repeats):
 
 
 def under_load(T=4096, batch=1, repeats=5, busy=2, seed=0):
-    """The golden's and PyTorch's medians idle and beside ``busy`` spinning processes."""
+    """The golden's, PyTorch's and a dgemm's medians idle and beside ``busy`` spinning
+    processes; the golden's GFLOP/s and share of the dgemm's rate in both."""
     import torch
     golden, sdpa = _attention_pair(T, batch, seed)
-    fns = {"golden": golden, "torch": sdpa}
-    _times(fns, 1)                                                  # warm both
+    a = np.random.default_rng(seed).standard_normal((GEMM_N, GEMM_N))
+    fns = {"golden": golden, "torch": sdpa, "dgemm": lambda: a @ a}
+    _times(fns, 1)                                                  # warm all three
     result = {"tokens": T, "batch": batch, "busy": busy, "repeats": repeats, "blas": blas_info(),
               "torch_threads": torch.get_num_threads(), "load_start": _load()}
     idle = _times(fns, repeats)
@@ -167,9 +170,14 @@ def under_load(T=4096, batch=1, repeats=5, busy=2, seed=0):
             p.kill()
             p.wait()
     result["load_end"] = _load()
+    flops = 7 * 2.0 * batch * HEADS * T * T * HEAD_DIM
     for name in fns:
-        a, b = statistics.median(idle[name]), statistics.median(loaded[name])
-        result[name] = dict(idle_s=a, loaded_s=b, slowdown=b / a)
+        x, y = statistics.median(idle[name]), statistics.median(loaded[name])
+        result[name] = dict(idle_s=x, loaded_s=y, slowdown=y / x)
+    for phase in ("idle", "loaded"):
+        gemm = 2.0 * GEMM_N ** 3 / result["dgemm"][phase + "_s"]
+        result["golden"][phase + "_gflops"] = flops / result["golden"][phase + "_s"] / 1e9
+        result["golden"][phase + "_share"] = flops / result["golden"][phase + "_s"] / gemm
     result["ratio"] = result["golden"]["slowdown"] / result["torch"]["slowdown"]
     return result
 
@@ -185,8 +193,11 @@ def render_under_load(r):
              f"BLAS: {blas}; load average (1, 5, 15 min): {r['load_start']} at start, "
              f"{r['load_end']} at end (the busy processes' included)",
              f"{'':8}{'idle s':>9}{'loaded s':>10}{'slowdown':>10}"]
-    for name in ("golden", "torch"):
+    for name in ("golden", "torch", "dgemm"):
         x = r[name]
         lines.append(f"{name:8}{x['idle_s']:9.2f}{x['loaded_s']:10.2f}{x['slowdown']:9.2f}x")
+    g = r["golden"]
+    lines.append(f"golden: {g['idle_gflops']:.1f} GFLOP/s idle, share {g['idle_share']:.2f} of the dgemm's "
+                 f"rate; {g['loaded_gflops']:.1f} GFLOP/s loaded, share {g['loaded_share']:.2f}")
     lines.append(f"golden's slowdown / torch's: {r['ratio']:.2f}")
     return "\n".join(lines)

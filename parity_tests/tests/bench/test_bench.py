@@ -164,9 +164,11 @@ def test_under_load_prints_both_slowdowns_and_leaves_no_busy_process(capsys):
         assert r[name]["idle_s"] > 0 and r[name]["loaded_s"] > 0
         assert r[name]["slowdown"] == r[name]["loaded_s"] / r[name]["idle_s"]
     assert r["ratio"] == r["golden"]["slowdown"] / r["torch"]["slowdown"]
+    assert r["golden"]["idle_share"] > 0 and r["golden"]["loaded_share"] > 0
     assert cli.main(["bench", "--under-load", "--tokens", "64", "--repeats", "1"]) == 0
     out = capsys.readouterr().out
     assert "2 busy processes beside them" in out and "golden's slowdown / torch's:" in out
+    assert "GFLOP/s idle, share" in out and "GFLOP/s loaded, share" in out
     assert "BLAS:" in out and "load average" in out
     assert bench.main(["--golden", "--under-load"]) == 2
     assert "two separate runs" in capsys.readouterr().err
