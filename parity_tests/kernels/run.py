@@ -10,6 +10,7 @@ passes; at least one row must pass), 1 some row fails, 2 bad arguments.
 """
 
 import argparse
+import contextlib
 import os
 import sys
 import textwrap
@@ -176,7 +177,8 @@ def _run(plan, align, seed, progress, timeout=measure.DEFAULT_TIMEOUT):
     for i, (case, d) in enumerate(work, 1):
         if show:
             show(i - 1, f"({d}, {case})")
-        rows += measure.run_case(tgt, case, d, device, align, seed, wanted, timeout)
+        with _one_thread_if_small(case, device):
+            rows += measure.run_case(tgt, case, d, device, align, seed, wanted, timeout)
     if show:
         show(len(work), "")
     find_growth(rows)
@@ -185,6 +187,30 @@ def _run(plan, align, seed, progress, timeout=measure.DEFAULT_TIMEOUT):
                   {"device": device, "dtypes": names, "align": _one_alignment(rows, align),
                    "layout": "thd" if "varlen" in wanted else tgt.layout, "features": wanted,
                    "factor": tol.CHECK_FACTOR, "floor_ulps": tol.CHECK_FLOOR_ULPS})
+
+
+# A case with fewer (query, key) pairs than this runs on one PyTorch thread on the CPU.
+# Its tensors are small enough that each op's parallel region costs more than it
+# saves, and on a busy machine much more: a woken thread waits for a CPU (measured,
+# default grid of sdpa-flash on 2 cores beside two busy processes: 49 s on PyTorch's
+# 2 threads, 15 s on one; 4.1 s and 4.9 s on an idle machine).
+ONE_THREAD_BELOW = 2 ** 22
+
+
+@contextlib.contextmanager
+def _one_thread_if_small(case, device):
+    """PyTorch on one thread (then as it was) while a small CPU case runs: the target,
+    the baseline and the diagnosis alike, so that time/SDPA stays like for like."""
+    before = torch.get_num_threads()
+    small = device == "cpu" and case.batch * case.heads * case.tq * case.tk < ONE_THREAD_BELOW
+    if not small or before == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _one_alignment(rows, align):

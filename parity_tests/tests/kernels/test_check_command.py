@@ -120,3 +120,24 @@ def test_tokens_parse():
     assert cases.parse_tokens("128x512") == (128, 512) and cases.parse_tokens("7") == (7, 7)
     with pytest.raises(ValueError, match="tokens"):
         cases.parse_tokens("0x4")
+
+
+def test_small_cases_run_on_one_torch_thread_and_the_count_is_restored(monkeypatch):
+    """Below run.ONE_THREAD_BELOW pairs the whole case (target included) runs on one
+    PyTorch thread; a larger case on the process's own count, restored afterwards."""
+    import parity_tests
+    from parity_tests.kernels import run
+    seen = {}
+
+    def fn(q, k, v, *, causal, scale):
+        seen.setdefault(q.shape[-2], set()).add(torch.get_num_threads())
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        monkeypatch.setattr(run, "ONE_THREAD_BELOW", 64 * 64)
+        assert parity_tests.check(fn, tokens=["17", "64"], head_dims=[16], heads=[1], dtypes=["float32"],
+                                  causal="yes").passed
+        assert seen[17] == {1} and seen[64] == {2} and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
