@@ -35,11 +35,21 @@ dropped: the weights differentiated with their normaliser held constant).
 
 import torch
 
-__all__ = ["attention", "run", "visible", "alibi_slopes", "offsets"]
+__all__ = ["attention", "run", "visible", "alibi_slopes", "offsets", "chunk_rows"]
 
 # Query rows per chunk of the baseline: the (rows, Tk) arrays of one chunk stay
-# near this many elements per (batch, head).
+# near CHUNK_ELEMENTS elements per (batch, head); past Tk = 16384 near
+# LONG_CHUNK_ELEMENTS (9 such arrays live at once: at Tk = 65536 in float32,
+# 256 rows of 64 MiB each instead of 512 rows of 128 MiB).
 CHUNK_ELEMENTS = 2 ** 25
+LONG_CHUNK_ELEMENTS = 2 ** 24
+LONG_FROM = 16384
+
+
+def chunk_rows(tk):
+    """Query rows per chunk of ``run`` at key length ``tk`` (at least 64)."""
+    elements = CHUNK_ELEMENTS if tk <= LONG_FROM else min(CHUNK_ELEMENTS, LONG_CHUNK_ELEMENTS)
+    return max(64, elements // max(tk, 1))
 
 
 def alibi_slopes(heads):
@@ -174,17 +184,20 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
     return out, lse
 
 
-def run(q, k, v, dout, opts, dtype=torch.float64, device="cpu", grads=True, dlse=None, **knobs):
+def run(q, k, v, dout, opts, dtype=torch.float64, device="cpu", grads=True, dlse=None, rows=None, **knobs):
     """``attention`` on NumPy inputs in ``dtype``: a dict of float64 NumPy arrays, ``out``
     and ``lse`` and, with ``grads`` and a ``dout``, ``dq``, ``dk``, ``dv`` (plus ``dbias``,
     ``dsinks`` when the options hold a bias or sinks), from autograd; ``dlse`` (B, Hq, Tq)
     is an upstream gradient on lse as well.  ``opts``: the reference's options (NumPy
     arrays for bias, sinks, alibi_slopes, seqlens).  Query rows go in chunks (`CHUNK_ELEMENTS`):
     dq and out row by row, dk, dv, dbias and dsinks summed over the chunks, in float32 for
-    a half dtype (as a single matmul accumulates them before its one final rounding)."""
+    a half dtype (as a single matmul accumulates them before its one final rounding).
+    ``rows``: (first, total) when q, dout and dlse hold query rows first .. of a case with
+    ``total`` query rows (a block of rows of a long case); dk, dv are then those rows' share."""
     grads = grads and dout is not None
     tq, tk = q.shape[-2], k.shape[-2]
-    chunk = max(64, CHUNK_ELEMENTS // max(tk, 1))
+    first, total = rows or (0, tq)
+    chunk = chunk_rows(tk)
     t = lambda a, dt=dtype: torch.as_tensor(a).to(device=device, dtype=dt)
     kw = {n: opts[n] for n in ("scale", "causal", "align", "window", "softcap", "seqlens_q", "seqlens_k")
           if n in opts}
@@ -202,7 +215,7 @@ def run(q, k, v, dout, opts, dtype=torch.float64, device="cpu", grads=True, dlse
         piece = None if piece is None else piece.detach().requires_grad_(grads)
         with torch.set_grad_enabled(grads):
             qc = Q[..., r0:r1, :].detach().requires_grad_(grads) if grads else Q[..., r0:r1, :]
-            out, lse = attention(qc, K, V, bias=piece, sinks=sinks, rows=(r0, tq), **kw, **knobs)
+            out, lse = attention(qc, K, V, bias=piece, sinks=sinks, rows=(first + r0, total), **kw, **knobs)
         _put(parts, "out", out.detach())
         _put(parts, "lse", lse.detach())
         if grads:

@@ -45,7 +45,7 @@ import numpy as np
 
 from parity_tests.common import tolerances as tol
 import parity_tests.kernels.mistakes as mistakes
-from parity_tests.kernels import poisoned
+from parity_tests.kernels import poisoned, row_block
 from parity_tests.kernels.location import locate, ranges
 
 __all__ = ["Diagnosis", "Evidence", "diagnose", "slice_errors", "DENSE_LIMIT"]
@@ -120,6 +120,7 @@ class Evidence:
     caller: object         # calls the target again
     logits: float = 0.0    # the case's largest |score| (its largest finite |lse|)
     baseline_in: object = None   # dtype -> the plain computation's tensors in that dtype
+    rows: tuple = None     # (first, total): the row-wise tensors hold a block of query rows (``row_block``)
 
 
 def judged(arrays):
@@ -198,17 +199,15 @@ def diagnose(failing, rows, ev):
 
 
 def _catalogue(rest, rows, ev):
-    """The catalogue's best match for each tensor, on the whole case or its worst slice."""
-    case = ev.case
-    sel, sub = (slice(None), slice(None)), ev
-    if not fits_densely(case):
-        sel, sub = _worst_slice(ev)
-        if sub is None:
-            why = (f"Tq x Tk = {case.tq * case.tk} is too large" if case.tq * case.tk > DENSE_LIMIT else
-                   "a case with features this large is too large")
-            return {n: Diagnosis("not-diagnosed", f"{n} not diagnosed: {why} for the dense float64 "
-                                 f"recomputation (limit {DENSE_LIMIT}); rerun with --tokens 4096 or less")
-                    for n in rest}
+    """The catalogue's best match for each tensor, on the whole case, its worst slice, or
+    a block of that slice's query rows (``row_block``)."""
+    sub, said = _recomputed_part(rest, ev)
+    if sub is None:
+        return {n: Diagnosis("not-diagnosed", f"{n} not diagnosed: {said} for the dense float64 "
+                             f"recomputation (limit {DENSE_LIMIT}); rerun with --tokens 4096 or less")
+                for n in rest}
+    sel = (slice(None), slice(None)) if sub is ev else tuple(int(i) for i in said[1])
+    said = said[0] if sub is not ev else ""
     unjudged = ~np.isfinite(judged({"lse": sub.gold_raw["lse"]})["lse"]) if "lse" in sub.gold else None
 
     def judge(raw):                         # a prediction, in the judged form, lse on the judged rows
@@ -218,7 +217,7 @@ def _catalogue(rest, rows, ev):
         return out
     r = sub.rounded
     ctx = mistakes.Context(sub.case, sub.align, (r["q"], r["k"], r["v"], r["dout"]), r.get("dlse"), sub.opts,
-                           sub.gold_raw, judge, ev.wanted)
+                           sub.gold_raw, judge, ev.wanted, rows=sub.rows)
     hyps = mistakes.catalogue(ctx)
     cache, result = {}, {}
     out_right = "out" in rows and rows["out"].passed
@@ -226,18 +225,62 @@ def _catalogue(rest, rows, ev):
     out_fits = {} if out_right or "out" not in sub.arrays or not np.isfinite(sub.arrays["out"]).all() else \
         _out_fits(hyps, cache, sub.arrays, sub.gold["out"], sub.den["out"], sub.bounds["out"])
     for n in rest:
+        if sub.rows is not None and n not in row_block.ROW_TENSORS:
+            result[n] = _summed_over_rows(n, hyps, cache, sub, sel)
+            continue
         tried = hyps if n in ("out", "lse") else backward_only if out_right else \
             [h for h in hyps if "out" not in h.tensors or out_fits.get(id(h), True)]
         result[n] = _diagnose_tensor(n, tried, cache, sub.arrays, sub.gold, sub.den[n], sub.bounds[n], sel)
-        if sel != (slice(None), slice(None)):
-            result[n].sentence += (f" (judged on (batch, head) {tuple(int(i) for i in sel)} alone, the one "
-                                   "with the largest error: the whole case is too large to recompute)")
+        result[n].sentence += said
     named = result.get("out")
     if named is not None and named.id not in ("none", "not-diagnosed"):
         for n in rest:                # a gradient no entry explains, of an output one does
-            if result[n].id == "none":
+            if result[n].id == "none" or (result[n].id == "not-diagnosed" and sub.rows is not None):
                 result[n].sentence += f" (out of this case: {named.id})"
     return result
+
+
+def _recomputed_part(rest, ev):
+    """(evidence, (words, (b, h))) of what the catalogue is recomputed on: ``ev`` itself when
+    the case fits densely, else its worst (batch, head) slice, else a block of that slice's
+    query rows; (None, why) when the case's features tie its heads or rows together."""
+    case = ev.case
+    if fits_densely(case):
+        return ev, ("", None)
+    if case.hkv != case.heads or any(n in ev.rounded for n in ("bias", "sinks", "alibi_slopes")) or case.seqlens:
+        return None, (f"Tq x Tk = {case.tq * case.tk} is too large" if case.tq * case.tk > DENSE_LIMIT else
+                      "a case with features this large is too large")
+    b, h = _worst_slice(ev)
+    if case.tq * case.tk <= DENSE_LIMIT:
+        pick = lambda d: {n: a[b:b + 1, h:h + 1] for n, a in d.items()}
+        sub = replace(ev, case=replace(case, batch=1, heads=1), rounded=pick(ev.rounded), gold=pick(ev.gold),
+                      gold_raw=pick(ev.gold_raw), arrays=pick(ev.arrays))
+        return sub, (f" (judged on (batch, head) {(b, h)} alone, the one with the largest error: the whole "
+                     "case is too large to recompute)", (b, h))
+    first, end = row_block.block_of_rows(case.tq, case.tk, row_block.worst_row(ev, b, h, rest))
+    skipped = list(mistakes.whole_case(case).values())
+    return row_block.on_rows(ev, b, h, first, end), (row_block.where_judged(b, h, first, end, case.tq, skipped),
+                                                     (b, h))
+
+
+def _summed_over_rows(n, hyps, cache, sub, sel):
+    """dk, dv (sums over every query row) on a block of rows: only the mistakes the reference
+    itself gives are judged, on the whole slice; the others are said not to be."""
+    tried = [h for h in hyps if getattr(h.predict, "from_reference", False)]
+    d = _diagnose_tensor(n, tried, cache, sub.arrays, sub.gold, sub.den[n], sub.bounds[n], sel)
+    b, h = sel
+    if d.id not in ("none", "zeros"):
+        d.sentence += f" (judged on (batch, head) ({b}, {h}), every row)"
+        return d
+    if d.id == "zeros":
+        return d
+    why = (f"{n} sums over every query row that sees a key, and this case is too large to recompute under "
+           "each mistake")
+    own = [h.says for h in tried if n in h.tensors]
+    if not own:
+        return Diagnosis("not-diagnosed", f"{n} not judged: {why}")
+    return Diagnosis("not-diagnosed", f"{n} not judged against the mistakes that change the forward: {why} "
+                     f"({'; '.join(own)}: given by the reference itself, does not match)")
 
 
 def fits_densely(case):
@@ -246,19 +289,11 @@ def fits_densely(case):
 
 
 def _worst_slice(ev):
-    """The (batch, head) slice with the largest error of out as a case of its own, or None
-    when even one slice is too large or the case's features tie heads together."""
+    """(b, h): the (batch, head) slice with the largest error of out."""
     case = ev.case
-    if case.tq * case.tk > DENSE_LIMIT or case.hkv != case.heads or \
-            any(n in ev.rounded for n in ("bias", "sinks", "alibi_slopes")) or case.seqlens:
-        return None, None
     worst = slice_errors(ev.arrays["out"], ev.gold["out"], 1.0) if "out" in ev.arrays else np.zeros((1, 1))
     b, h = (int(i) for i in np.unravel_index(np.argmax(worst), (case.batch, case.heads)))
-    pick = lambda a: a[b:b + 1, h:h + 1]
-    picked = lambda d: {n: pick(a) for n, a in d.items()}
-    sub = replace(ev, case=replace(case, batch=1, heads=1), rounded=picked(ev.rounded), gold=picked(ev.gold),
-                  gold_raw={n: a[b:b + 1, h:h + 1] for n, a in ev.gold_raw.items()}, arrays=picked(ev.arrays))
-    return (b, h), sub
+    return b, h
 
 
 # Rounding errors take either sign alike: their mean is a small share of their mean size

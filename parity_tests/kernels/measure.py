@@ -104,7 +104,7 @@ def case_memory(case, dtype, device):
     blockwise backward's own accumulators, float64; baseline -- its results, their
     float64 copies, and one chunk of its (rows, Tk) arrays (S, P, dP, dS and autograd's
     saved tensors: 9 at once, in the dtype; ``dense.run`` keeps a chunk near
-    ``CHUNK_ELEMENTS`` per (batch, head)); target -- its output and gradients, and their
+    ``chunk_rows`` per (batch, head)); target -- its output and gradients, and their
     float64 copies.  Not counted: the target's own workspace (a kernel that forms the
     (Tq, Tk) scores adds B H Tq Tk elements per array it keeps) and a failing case's
     diagnosis (bounded by ``diagnosis.DENSE_LIMIT``).
@@ -112,7 +112,7 @@ def case_memory(case, dtype, device):
     size = torch.empty((), dtype=DTYPES[dtype]).element_size()
     bh, d = case.batch * case.heads, max(case.head_dim, case.dv)
     one_set = bh * (2 * case.tq + 2 * case.tk) * d           # elements of q, k, v, dO
-    rows = min(case.tq, max(64, dense.CHUNK_ELEMENTS // max(case.tk, 1)))
+    rows = min(case.tq, dense.chunk_rows(case.tk))
     chunk = 9 * bh * rows * case.tk * size
     host = {"inputs": 2 * one_set * 8, "golden": 2 * one_set * 8, "baseline": one_set * 8, "target": one_set * 8}
     dev = {"inputs": 2 * one_set * size, "golden": 0, "baseline": one_set * size + chunk, "target": one_set * size}
