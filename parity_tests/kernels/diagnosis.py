@@ -382,18 +382,25 @@ def _out_fits(hyps, cache, got, golden_out, denom, bound):
     fits = {}
     for hyp in hyps:
         if "out" in hyp.tensors:
-            out = cache[id(hyp)]["out"] if id(hyp) in cache else hyp.predict(grads=False)["out"]
+            out = _predict(hyp, cache, grads=False)["out"]
             residual = slice_errors(got["out"], out, denom)
             error = slice_errors(got["out"], golden_out, denom)
             fits[id(hyp)] = bool(explains(residual, error, bound).any())
     return fits
 
 
-def _predict(hyp, cache):
+def _predict(hyp, cache, grads=True):
+    """``hyp``'s prediction, once: with gradients, or (``grads=False``) its forward alone
+    (no autograd), or the gradients' prediction where that was made first."""
     key = id(hyp)
-    if key not in cache:
+    if key in cache:
+        return cache[key]
+    if grads:
         cache[key] = hyp.predict()
-    return cache[key]
+        return cache[key]
+    if (key, "forward") not in cache:
+        cache[key, "forward"] = hyp.predict(grads=False)
+    return cache[key, "forward"]
 
 
 def _row_scaled(a, ref):
@@ -420,8 +427,11 @@ def _diagnose_tensor(t, hyps, cache, got, ref, denom, bound, sel):
     for hyp in hyps:
         # a mistake that predicts zeros everywhere (the shifted mask at T = 1) is matched by
         # any kernel returning zeros: it cannot be told apart, so it is not claimed
-        if t in hyp.tensors and t in _predict(hyp, cache) and np.any(_predict(hyp, cache)[t]):
-            candidates.append((slice_errors(a, _predict(hyp, cache)[t], denom), hyp.id, hyp.says))
+        if t not in hyp.tensors:
+            continue
+        pred = _predict(hyp, cache, grads=t not in ("out", "lse")).get(t)
+        if pred is not None and np.any(pred):
+            candidates.append((slice_errors(a, pred, denom), hyp.id, hyp.says))
     if t == "out":
         c, fitted = _row_scaled(a, r)
         residual = slice_errors(a, fitted, denom)

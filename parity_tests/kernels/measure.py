@@ -22,11 +22,15 @@ its features add (``features/<name>.py``).  For each case:
    SDPA expresses the case.
 6. ``deterministic``: the case runs twice, every tensor must be bitwise equal.
 7. Failing tensors go to ``diagnosis``.
+8. Each row carries where the case's wall time went (``split``: the target's calls, the
+   baseline, the golden, the diagnosis, the rest).
 
 Each call of the target has a time limit (``call.time_limit``).
 """
 
+import contextlib
 import math
+import time
 
 import numpy as np
 import torch
@@ -44,7 +48,7 @@ from parity_tests.kernels.report import Row
 
 # DTYPES, DEFAULT_TIMEOUT and time_limit are call's, named here for the command's options
 __all__ = ["run_case", "DTYPES", "DEFAULT_TIMEOUT", "time_limit", "case_memory", "draw", "judged",
-           "tensor_errors", "golden", "baseline"]
+           "tensor_errors", "golden", "baseline", "Split", "SPLIT_PARTS"]
 
 GRADS = diagnosis.GRADS
 
@@ -174,9 +178,45 @@ def _alibi_fa_form(gold_lse, case, align, slopes):
     return gold_lse + np.asarray(slopes)[None, :, None] * i
 
 
+class Split:
+    """Where one case's wall time goes: ``with split("golden"): ...`` adds that block's
+    seconds to its part; `done` gives each part, ``other`` (the rest: drawing, judging,
+    SDPA's yardstick) and ``wall``, the case's whole time."""
+
+    def __init__(self):
+        self.seconds, self.start = dict.fromkeys(SPLIT_PARTS, 0.0), time.perf_counter()
+
+    @contextlib.contextmanager
+    def __call__(self, part):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[part] += time.perf_counter() - start
+
+    def done(self):
+        wall = time.perf_counter() - self.start
+        return {**self.seconds, "other": max(0.0, wall - sum(self.seconds.values())), "wall": wall}
+
+
+# The parts of a case's time that `Split` measures (its calls of the target: the first, a
+# second on fresh inputs, the determinism repeat; the diagnosis's own call is the diagnosis's).
+SPLIT_PARTS = ("target", "baseline", "golden", "diagnosis")
+
+
 def run_case(target, case, dtype, device, align="top-left", seed=0, wanted=(), timeout=DEFAULT_TIMEOUT):
     """The rows of ``target`` on ``case`` in ``dtype`` on ``device`` (``wanted``: the run's
-    features), each call of the target limited to ``timeout`` seconds (`time_limit`)."""
+    features), each call of the target limited to ``timeout`` seconds (`time_limit`); each
+    row's ``split``: the case's seconds in the target, baseline, golden, diagnosis (`Split`)."""
+    split = Split()
+    rows = _run_case(split, target, case, dtype, device, align, seed, wanted, timeout)
+    seconds = split.done()
+    for r in rows:
+        r.split = seconds
+    return rows
+
+
+def _run_case(split, target, case, dtype, device, align, seed, wanted, timeout):
     for name in wanted:                       # a run-wide feature's form of every case (varlen, paged)
         if REGISTRY[name].widen is not None:
             case = REGISTRY[name].widen(case)
@@ -192,15 +232,18 @@ def run_case(target, case, dtype, device, align="top-left", seed=0, wanted=(), t
     if refused:
         return [row(n, verdict="not supported", note=refused) for n in names]
     caller = Caller(target, case, dtype, device, case_align, wanted, rounded, timeout)
-    got = caller()
+    with split("target"):
+        got = caller()
     if isinstance(got, str):
         return [row(n, verdict="not supported", note=got) for n in names]
     if isinstance(got, tuple):
         return [row(n, error=math.inf, verdict="FAIL", note=got[1], diagnosis=_named_failure(got[1]))
                 for n in names]
-    second = caller() if "deterministic" in wanted else None     # before any other call
+    with split("target"):
+        second = caller() if "deterministic" in wanted else None     # before any other call
     other = _rounded(draw(case, seed, wanted, fresh=True), dtype)
-    stale = caller.fresh(other, got["out"])
+    with split("target"):
+        stale = caller.fresh(other, got["out"])
     if stale and stale.startswith("returned") and _same_answer(case, case_align, rounded, other):
         stale = None                          # both inputs have one answer (a single key, say)
     if stale:
@@ -208,12 +251,14 @@ def run_case(target, case, dtype, device, align="top-left", seed=0, wanted=(), t
 
     opts = reference_options(case, case_align, rounded)
     grads = not case.forward_only
-    full = golden(rounded, opts, grads)
+    with split("golden"):
+        full = golden(rounded, opts, grads)
     finite_lse = full["lse"][np.isfinite(full["lse"])]
     logits = float(np.abs(finite_lse).max(initial=0.0))              # how large the scores run
     gold_raw = {n: a for n, a in full.items() if n in names}
     gold = judged(gold_raw)
-    base = judged({n: a for n, a in baseline(rounded, opts, dtype, device, grads).items() if n in names})
+    with split("baseline"):
+        base = judged({n: a for n, a in baseline(rounded, opts, dtype, device, grads).items() if n in names})
     unjudged = None
     if lse_judged:                        # rows that see no key: not judged (NaN there still FAILS)
         unjudged = ~np.isfinite(gold["lse"])
@@ -249,7 +294,8 @@ def run_case(target, case, dtype, device, align="top-left", seed=0, wanted=(), t
         evidence = diagnosis.Evidence(case, case_align, dtype, device, wanted, rounded, opts, gold, gold_raw,
                                       den, bounds, arrays, got, second, caller, logits,
                                       lambda low: baseline(rounded, opts, low, device, not case.forward_only))
-        diagnosis.diagnose(failing, rows, evidence)
+        with split("diagnosis"):
+            diagnosis.diagnose(failing, rows, evidence)
     return [rows[n] for n in names]
 
 
