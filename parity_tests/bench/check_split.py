@@ -42,7 +42,8 @@ def _load():
 
 
 def measure_split(tokens, head_dim=64):
-    """{"rows": [{T, kernel, verdict, diagnosis, seconds by part, wall}], load, blas}."""
+    """{"rows": [{T, kernel, verdict, named (the diagnosis's id), wall and seconds by part,
+    maxrss_gib}], load_start, load_end, blas}."""
     from parity_tests.bench.golden import blas_info
     from parity_tests.kernels import measure, targets
     from parity_tests.kernels.cases import Case
@@ -56,15 +57,15 @@ def measure_split(tokens, head_dim=64):
             failed = [r for r in rows if r.failed]
             named = next((r.diagnosis.id for r in failed if r.diagnosis is not None), "-")
             result["rows"].append({"T": T, "kernel": name, "verdict": "FAIL" if failed else "pass",
-                                   "diagnosis": named, "wall": wall, **{p: rows[0].split[p] for p in PARTS},
+                                   "named": named, "wall": wall, **{p: rows[0].split[p] for p in PARTS},
                                    "maxrss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20})
     result["load_end"] = _load()
     return result
 
 
 def render_split(result):
-    headers = ("T", "target kernel", "verdict", "diagnosis", "wall", *PARTS, "peak RSS so far")
-    body = [(str(r["T"]), r["kernel"], r["verdict"], r["diagnosis"], f"{r['wall']:.2f} s",
+    headers = ("T", "target kernel", "verdict", "named", "wall", *PARTS, "peak RSS so far")
+    body = [(str(r["T"]), r["kernel"], r["verdict"], r["named"], f"{r['wall']:.2f} s",
              *(f"{r[p]:.2f} s" for p in PARTS), f"{r['maxrss_gib']:.2f} GiB") for r in result["rows"]]
     load = lambda x: "unknown" if x is None else ", ".join(f"{v:.2f}" for v in x)
     return "\n".join([

@@ -35,6 +35,7 @@ import time
 import numpy as np
 import torch
 
+from parity_tests.common import heap
 from parity_tests.common import tolerances as tol
 import parity_tests.kernels.diagnosis as diagnosis
 from parity_tests.kernels.diagnosis import judged
@@ -251,6 +252,8 @@ def _run_case(split, target, case, dtype, device, align, seed, wanted, timeout):
 
     opts = reference_options(case, case_align, rounded)
     grads = not case.forward_only
+    if case.tk > dense.LONG_FROM:
+        heap.trim()                           # the target's freed arrays back to the OS (``heap``)
     with split("golden"):
         full = golden(rounded, opts, grads)
     finite_lse = full["lse"][np.isfinite(full["lse"])]

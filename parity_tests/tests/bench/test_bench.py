@@ -157,3 +157,19 @@ def test_a_size_that_cannot_fit_exits_2_with_the_estimate_before_any_work(capsys
     assert bench.main(["--tokens", "64,2000000", "--impl", "blockwise"]) == 2
     err = capsys.readouterr().err
     assert "blockwise at T = 2000000 needs ~" in err and "GiB (estimated)" in err
+
+
+def test_check_split_at_256_tokens_adds_up_to_each_case_s_wall_time(capsys):
+    from parity_tests.bench import check_split
+    assert cli.main(["bench", "--check-split", "256"]) == 0
+    out = capsys.readouterr().out
+    assert "load average (1, 5, 15 min) at start:" in out and "at end:" in out and "BLAS:" in out
+    result = check_split.measure_split([256])
+    sdpa, wrong = result["rows"]
+    assert (sdpa["kernel"], sdpa["verdict"], sdpa["named"], sdpa["diagnosis"]) == ("sdpa", "pass", "-", 0.0)
+    assert (wrong["kernel"], wrong["verdict"], wrong["named"]) == ("no-scale", "FAIL", "no-scale")
+    assert wrong["target"] > 0 and wrong["diagnosis"] > 0 and result["blas"]
+    for r in (sdpa, wrong):
+        parts = sum(r[p] for p in check_split.PARTS)
+        assert all(r[p] >= 0 for p in check_split.PARTS)
+        assert abs(parts - r["wall"]) <= 0.05 * r["wall"] + 0.05, (parts, r["wall"])

@@ -7,12 +7,13 @@ import math
 import resource
 import time
 
+import numpy as np
 import pytest
 import torch
 
 import parity_tests
 from parity_tests.bench import check_split
-from parity_tests.kernels import cases, diagnosis, measure, row_block, targets
+from parity_tests.kernels import cases, dense, diagnosis, measure, row_block, targets
 from check_gallery import GALLERY
 
 ONE = dict(tokens=["256"], heads=[1], batch=[1], head_dims=[64], dtypes=["float32"], causal="yes")
@@ -111,3 +112,18 @@ def test_at_16384_tokens_a_planted_mistake_is_named(kernel, expected):
     print(f"T = 16384: passing {timed['pass']:.1f} s, failing {timed['fail']:.1f} s "
           f"(diagnosis {rows['out'].split['diagnosis']:.1f} s), peak RSS "
           f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20:.2f} GiB")
+
+
+@pytest.mark.parametrize("tq, tk, align", [(200, 200, "top-left"), (150, 230, "bottom-right"),
+                                           (230, 150, "bottom-right"), (150, 230, "top-left")])
+def test_the_long_baseline_leaves_out_only_keys_no_row_of_a_chunk_sees(monkeypatch, tq, tk, align):
+    rng = np.random.default_rng(0)
+    q, dout = (rng.standard_normal((1, 2, tq, 16)) for _ in range(2))
+    k, v = (rng.standard_normal((1, 2, tk, 16)) for _ in range(2))
+    opts = dict(scale=0.25, causal=True, align=align)
+    whole = dense.run(q, k, v, dout, opts)
+    monkeypatch.setattr(dense, "LONG_FROM", 64)                      # "long" from 64 keys
+    monkeypatch.setattr(dense, "LONG_CHUNK_ELEMENTS", 64 * tk)        # chunks of 64 rows
+    cut = dense.run(q, k, v, dout, opts)
+    for n in ("out", "lse", "dq", "dk", "dv"):
+        np.testing.assert_allclose(cut[n], whole[n], rtol=0, atol=1e-12, err_msg=n)
