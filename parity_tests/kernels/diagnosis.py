@@ -25,7 +25,11 @@ For each failing tensor, in this order:
    head) slices that fail are compared on their own -- one head with a mistake
    and the others right reads "head 1 matches ... ; the other slices match the
    reference".
-5. Otherwise "matches none of the catalogued mistakes", with the closest one
+5. A case too large to recompute whole: on its worst (batch, head) slice, or,
+   when that is too large too, on a block of that slice's query rows
+   (``row_block``: out, lse and dq exactly; dk and dv only against the mistakes
+   the reference itself gives, else "not judged"); the sentence says which part.
+6. Otherwise "matches none of the catalogued mistakes", with the closest one
    when it comes closer than the reference; then, when the error is the size of
    a plain computation's in a lower precision, that is said instead.
 
@@ -52,7 +56,8 @@ __all__ = ["Diagnosis", "Evidence", "diagnose", "slice_errors", "DENSE_LIMIT"]
 
 # Dense float64 recomputation: at most this many (query, key) pairs in all
 # (2^25 x 8 bytes = 256 MiB per array).  Larger cases are diagnosed on the
-# (batch, head) slice holding the largest error, if that slice fits.
+# (batch, head) slice holding the largest error, if that slice fits; else on a
+# block of that slice's query rows around its worst row (``row_block``).
 DENSE_LIMIT = 2 ** 25
 
 GRADS = ("dq", "dk", "dv", "dbias", "dsinks")
@@ -201,13 +206,11 @@ def diagnose(failing, rows, ev):
 def _catalogue(rest, rows, ev):
     """The catalogue's best match for each tensor, on the whole case, its worst slice, or
     a block of that slice's query rows (``row_block``)."""
-    sub, said = _recomputed_part(rest, ev)
+    sub, sel, said = _recomputed_part(rest, ev)
     if sub is None:
         return {n: Diagnosis("not-diagnosed", f"{n} not diagnosed: {said} for the dense float64 "
                              f"recomputation (limit {DENSE_LIMIT}); rerun with --tokens 4096 or less")
                 for n in rest}
-    sel = (slice(None), slice(None)) if sub is ev else tuple(int(i) for i in said[1])
-    said = said[0] if sub is not ev else ""
     unjudged = ~np.isfinite(judged({"lse": sub.gold_raw["lse"]})["lse"]) if "lse" in sub.gold else None
 
     def judge(raw):                         # a prediction, in the judged form, lse on the judged rows
@@ -241,26 +244,27 @@ def _catalogue(rest, rows, ev):
 
 
 def _recomputed_part(rest, ev):
-    """(evidence, (words, (b, h))) of what the catalogue is recomputed on: ``ev`` itself when
-    the case fits densely, else its worst (batch, head) slice, else a block of that slice's
-    query rows; (None, why) when the case's features tie its heads or rows together."""
+    """(evidence, selection, words) of what the catalogue is recomputed on: ``ev`` itself when
+    the case fits densely, else its worst (batch, head) slice (b, h), else a block of that
+    slice's query rows; the words say which (appended to each sentence).  (None, None, why)
+    when the case's features tie its heads or rows together."""
     case = ev.case
     if fits_densely(case):
-        return ev, ("", None)
+        return ev, (slice(None), slice(None)), ""
     if case.hkv != case.heads or any(n in ev.rounded for n in ("bias", "sinks", "alibi_slopes")) or case.seqlens:
-        return None, (f"Tq x Tk = {case.tq * case.tk} is too large" if case.tq * case.tk > DENSE_LIMIT else
-                      "a case with features this large is too large")
+        return None, None, (f"Tq x Tk = {case.tq * case.tk} is too large" if case.tq * case.tk > DENSE_LIMIT
+                            else "a case with features this large is too large")
     b, h = _worst_slice(ev)
     if case.tq * case.tk <= DENSE_LIMIT:
         pick = lambda d: {n: a[b:b + 1, h:h + 1] for n, a in d.items()}
         sub = replace(ev, case=replace(case, batch=1, heads=1), rounded=pick(ev.rounded), gold=pick(ev.gold),
                       gold_raw=pick(ev.gold_raw), arrays=pick(ev.arrays))
-        return sub, (f" (judged on (batch, head) {(b, h)} alone, the one with the largest error: the whole "
-                     "case is too large to recompute)", (b, h))
+        return sub, (b, h), (f" (judged on (batch, head) {(b, h)} alone, the one with the largest error: "
+                              "the whole case is too large to recompute)")
     first, end = row_block.block_of_rows(case.tq, case.tk, row_block.worst_row(ev, b, h, rest))
     skipped = list(mistakes.whole_case(case).values())
-    return row_block.on_rows(ev, b, h, first, end), (row_block.where_judged(b, h, first, end, case.tq, skipped),
-                                                     (b, h))
+    return row_block.on_rows(ev, b, h, first, end), (b, h), \
+        row_block.where_judged(b, h, first, end, case.tq, skipped)
 
 
 def _summed_over_rows(n, hyps, cache, sub, sel):

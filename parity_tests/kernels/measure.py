@@ -112,7 +112,7 @@ def case_memory(case, dtype, device):
     ``chunk_rows`` per (batch, head)); target -- its output and gradients, and their
     float64 copies.  Not counted: the target's own workspace (a kernel that forms the
     (Tq, Tk) scores adds B H Tq Tk elements per array it keeps) and a failing case's
-    diagnosis (bounded by ``diagnosis.DENSE_LIMIT``).
+    diagnosis (bounded by ``diagnosis.DENSE_LIMIT``, or a block of rows: ``row_block``).
     """
     size = torch.empty((), dtype=DTYPES[dtype]).element_size()
     bh, d = case.batch * case.heads, max(case.head_dim, case.dv)

@@ -168,14 +168,15 @@ def _refuse_what_does_not_fit(grid, dtypes, device):
 
 
 # A case's seconds per (query, key) pair on the CPU, target SDPA, golden, baseline and
-# yardstick together (measured on a 2-core CPU, load 1 .. 4: T = 16384 causal in float32,
-# 15 .. 21 s; T = 65536 causal, 225 s: 5.5e-8 .. 7.8e-8 s per pair); a half dtype's
-# baseline takes longer (SLOWER).  A run estimated past ESTIMATE_FROM seconds says so first.
-SECONDS_PER_PAIR = {"cpu": 6e-8, "cuda": 2e-9}
-SLOWER = {"bfloat16": 2.0, "float16": 2.0}
+# yardstick together, a causal case past dense.LONG_FROM keys counting half its pairs (its
+# baseline skips the keys no row of a chunk sees).  Measured on a 2-core CPU at load 1 .. 2,
+# float32: T = 16384 causal 11.7 s, not causal 13.4 s (5e-8 s a pair), T = 65536 causal
+# 122.5 s (5.7e-8 s a counted pair); bfloat16 at 16384 causal 9.5 s.  A run estimated past
+# ESTIMATE_FROM seconds says so first.
+SECONDS_PER_PAIR = {"cpu": 5.5e-8, "cuda": 2e-9}
 ESTIMATE_FROM = 60.0
 # the process before any case: Python, NumPy, PyTorch (measured: 0.3 .. 0.5 GiB)
-BASE_BYTES = 0.5 * 2 ** 30
+BASE_BYTES = 0.4 * 2 ** 30
 
 
 def estimate(plan):
@@ -185,8 +186,9 @@ def estimate(plan):
     seconds, peak, longest = 0.0, 0.0, None
     for case in grid:
         pairs = case.batch * case.heads * case.tq * case.tk
+        pairs /= 2 if case.causal and case.tk > measure.dense.LONG_FROM else 1
         for d in names:
-            s = pairs * SECONDS_PER_PAIR[device] * SLOWER.get(d, 1.0)
+            s = pairs * SECONDS_PER_PAIR[device]
             seconds += s
             peak = max(peak, BASE_BYTES + sum(p[0] for p in measure.case_memory(case, d, device).values()))
             if longest is None or s > longest[0]:

@@ -127,3 +127,23 @@ def test_the_long_baseline_leaves_out_only_keys_no_row_of_a_chunk_sees(monkeypat
     cut = dense.run(q, k, v, dout, opts)
     for n in ("out", "lse", "dq", "dk", "dv"):
         np.testing.assert_allclose(cut[n], whole[n], rtol=0, atol=1e-12, err_msg=n)
+
+
+def test_long_adds_16384_both_ways_and_65536_causal_only_on_the_cpu():
+    added = lambda causal: [(c.tq, c.causal) for c in cases.build_grid(tokens=["8"], causal=causal, long=True)
+                            if c.tq > 8]
+    assert added((True, False)) == [(16384, True), (16384, False), (65536, True)]
+    assert added((False,)) == [(16384, False)]
+    assert [c.tq for c in cases.build_grid(tokens=["8"], causal=(True,), long=True, device="cuda")] == \
+        [8, 16384, 32768]
+
+
+def test_a_run_past_a_minute_says_its_estimate_first_and_a_short_one_does_not(capsys):
+    from parity_tests.kernels import run
+    long_run = run._plan("sdpa-math", "cpu", ["float32"], None, None, None, None, "both", "top-left", "bhtd", True)
+    line = run.estimate_line(long_run)
+    assert line.startswith("estimated ") and " GiB peak for 20 cases" in line and "T65536" in line, line
+    seconds, peak, _ = run.estimate(long_run)
+    assert seconds > run.ESTIMATE_FROM and peak > run.BASE_BYTES
+    short = run._plan("sdpa-math", "cpu", ["float32"], ["17"], None, None, None, "yes", "top-left", "bhtd", False)
+    assert run.estimate_line(short) is None
