@@ -12,8 +12,7 @@ import pytest
 import torch
 
 import parity_tests
-from parity_tests.bench import check_split
-from parity_tests.kernels import cases, dense, diagnosis, measure, row_block, targets
+from parity_tests.kernels import cases, check_split, dense, diagnosis, measure, row_block, targets
 from check_gallery import GALLERY
 
 ONE = dict(tokens=["256"], heads=[1], batch=[1], head_dims=[64], dtypes=["float32"], causal="yes")
