@@ -272,11 +272,9 @@ def _summed_over_rows(n, hyps, cache, sub, sel):
     itself gives are judged, on the whole slice; the others are said not to be."""
     tried = [h for h in hyps if getattr(h.predict, "from_reference", False)]
     d = _diagnose_tensor(n, tried, cache, sub.arrays, sub.gold, sub.den[n], sub.bounds[n], sel)
-    b, h = sel
-    if d.id not in ("none", "zeros"):
-        d.sentence += f" (judged on (batch, head) ({b}, {h}), every row)"
-        return d
-    if d.id == "zeros":
+    if d.id != "none":
+        if d.id != "zeros":
+            d.sentence += f" (judged on (batch, head) ({sel[0]}, {sel[1]}), every row)"
         return d
     why = (f"{n} sums over every query row that sees a key, and this case is too large to recompute under "
            "each mistake")
