@@ -79,9 +79,13 @@ def parse_args(argv):
                    help="instead: the golden's slowdown beside two busy processes (started and "
                         "stopped here) against PyTorch SDPA's on the same float64 attention, medians "
                         "of --repeats at each of --tokens (default 4096)")
+    p.add_argument("--check-split", type=_int_list, metavar="T,...",
+                   help="instead: where attention-parity check's time goes at these lengths (one causal "
+                        "case, H 1, D 64, float32; SDPA and SDPA without its scale): target, baseline, golden, "
+                        "diagnosis, other (parity_tests.bench.check_split)")
     args = p.parse_args(argv)
-    if args.golden and args.under_load:
-        p.error("--golden and --under-load are two separate runs: give one")
+    if sum(map(bool, (args.golden, args.under_load, args.check_split))) > 1:
+        p.error("--golden, --under-load and --check-split are separate runs: give one")
     if args.tokens is None:
         args.tokens = [8192] if args.golden else [4096] if args.under_load else DEFAULT_TOKENS
     if args.d_model % args.heads:
@@ -413,13 +417,18 @@ def main(argv=None):
     args, status = parse_verb_args(parse_args, argv)    # --json PATH tried before the run
     if status is not None:
         return status
-    refused = [f"{name} at T = {T} {why}" for T in ([] if args.golden or args.under_load else args.tokens)
+    refused = [f"{name} at T = {T} {why}"
+               for T in ([] if args.golden or args.under_load or args.check_split else args.tokens)
                for name in args.impl if (why := impls.too_large(name, T, args.batch, args.heads, args.d_model))]
     if refused:                                 # a size that cannot fit: said before any work
         print("attention-parity bench: error: " + "; ".join(refused) + " (ask for fewer tokens or other --impl)",
               file=sys.stderr)
         return 2
-    if args.golden:
+    if args.check_split:
+        from parity_tests.bench import check_split
+        result = check_split.measure_split(args.check_split)
+        print(check_split.render_split(result))
+    elif args.golden:
         from parity_tests.bench import golden
         result = golden.golden_rates(args.tokens, args.batch, args.repeats, seed=args.seed)
         print(golden.render_golden(result))

@@ -18,7 +18,8 @@ B     H    Tq x Tk      D     why
 1     2    2049 x 2049  64    a few thousand; one past a power of two
 ====  ===  ===========  ====  ==================================================
 
-each causal and not.  ``--long`` adds T = 16384 (and 32768 on a GPU).
+each causal and not.  ``--long`` adds T = 16384 (and 32768 on a GPU), causal and not, and on
+the CPU T = 65536, causal only (the non-causal case holds twice the pairs).
 
 Inputs: q, k, v and the upstream gradient dO are standard normal (as in
 FlashAttention's tests: scores q.k/sqrt(D) of unit spread), drawn in float64
@@ -46,7 +47,9 @@ DEFAULT_SHAPES = (
     (1, 2, 2049, 2049, 64),
 )
 # --long: one head of one sequence at these lengths (key = query length), D = 64
-LONG_LENGTHS = {"cpu": (16384,), "cuda": (16384, 32768)}
+LONG_LENGTHS = {"cpu": (16384, 65536), "cuda": (16384, 32768)}
+# lengths past this one run causal only (with --causal no they are not run)
+LONG_BOTH_UP_TO = 32768
 
 # When some of --tokens/--head-dim/--heads/--batch are given, the others take these.
 DEFAULT_TOKENS = ((1, 1), (17, 17), (113, 203), (1023, 1023), (2049, 2049))
@@ -168,6 +171,8 @@ def build_grid(*, tokens=None, head_dims=None, heads=None, batch=None, causal=(T
                   for h in _positive("heads", heads or [DEFAULT_HEADS])
                   for tq, tk in toks
                   for d in _positive("head_dim", head_dims or [DEFAULT_HEAD_DIM])]
+    grid = [Case(b, h, tq, tk, d, c) for (b, h, tq, tk, d) in shapes for c in causal]
     if long:
-        shapes += [(1, 1, t, t, 64) for t in LONG_LENGTHS.get(device, LONG_LENGTHS["cpu"])]
-    return [Case(b, h, tq, tk, d, c) for (b, h, tq, tk, d) in shapes for c in causal]
+        grid += [Case(1, 1, t, t, 64, c) for t in LONG_LENGTHS.get(device, LONG_LENGTHS["cpu"]) for c in causal
+                 if c or t <= LONG_BOTH_UP_TO]
+    return grid

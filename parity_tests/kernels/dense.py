@@ -35,11 +35,23 @@ dropped: the weights differentiated with their normaliser held constant).
 
 import torch
 
-__all__ = ["attention", "run", "visible", "alibi_slopes", "offsets"]
+from parity_tests.common import heap
+
+__all__ = ["attention", "run", "visible", "alibi_slopes", "offsets", "chunk_rows"]
 
 # Query rows per chunk of the baseline: the (rows, Tk) arrays of one chunk stay
-# near this many elements per (batch, head).
+# near CHUNK_ELEMENTS elements per (batch, head); past Tk = 16384 near
+# LONG_CHUNK_ELEMENTS (9 such arrays live at once: at Tk = 65536 in float32,
+# 256 rows of 64 MiB each instead of 512 rows of 128 MiB).
 CHUNK_ELEMENTS = 2 ** 25
+LONG_CHUNK_ELEMENTS = 2 ** 24
+LONG_FROM = 16384
+
+
+def chunk_rows(tk):
+    """Query rows per chunk of ``run`` at key length ``tk`` (at least 64)."""
+    elements = CHUNK_ELEMENTS if tk <= LONG_FROM else min(CHUNK_ELEMENTS, LONG_CHUNK_ELEMENTS)
+    return max(64, elements // max(tk, 1))
 
 
 def alibi_slopes(heads):
@@ -109,13 +121,16 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
               alibi_slopes=None, bias=None, sinks=None, seqlens_q=None, seqlens_k=None, rows=None,
               kv_map="interleave", softcap_first=False, softcap_no_grad=False, shift=0,
               window_align=None, alibi_no_offset=False, alibi_offset_sign=1, axis=-1, stale_block=None,
-              no_delta=False, finite_mask=False, with_max=False):
+              no_delta=False, finite_mask=False, with_max=False, keys=None):
     """(out, lse): out (B, Hq, Tq, Dv), lse (B, Hq, Tq), in q's dtype; torch tensors,
     differentiable.  ``rows``: (first, total) when q holds query rows first .. of a case
     with ``total`` query rows (the baseline's chunks); the bias then holds those rows too.
-    ``with_max``: (out, lse, m), m the row maximum of the scores."""
+    ``with_max``: (out, lse, m), m the row maximum of the scores.  ``keys``: the case's key
+    length when k and v hold only its first keys (those past every row's last visible key
+    left out)."""
     b, hq, tq, _ = q.shape
     hkv, tk = k.shape[1], k.shape[2]
+    tk_case = keys or tk
     first, total = rows or (0, tq)
     group = hq // hkv
     if group > 1:
@@ -133,10 +148,10 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
             S = S + (capped - S).detach() if softcap_no_grad else capped
     else:
         S = S * scale
-    offs = [o + shift for o in offsets(total, tk, seqlens_q, seqlens_k, align, b)]
-    w_offs = offs if window_align is None else offsets(total, tk, seqlens_q, seqlens_k, window_align, b)
+    offs = [o + shift for o in offsets(total, tk_case, seqlens_q, seqlens_k, align, b)]
+    w_offs = offs if window_align is None else offsets(total, tk_case, seqlens_q, seqlens_k, window_align, b)
     lq = [total] * b if seqlens_q is None else [int(x) for x in seqlens_q]
-    lk = [tk] * b if seqlens_k is None else [int(x) for x in seqlens_k]
+    lk = [tk_case] * b if seqlens_k is None else [int(x) for x in seqlens_k]
     i = torch.arange(first, first + tq, device=q.device)
     if alibi_slopes is not None:
         slopes = alibi_slopes.to(S.dtype)
@@ -174,17 +189,20 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
     return out, lse
 
 
-def run(q, k, v, dout, opts, dtype=torch.float64, device="cpu", grads=True, dlse=None, **knobs):
+def run(q, k, v, dout, opts, dtype=torch.float64, device="cpu", grads=True, dlse=None, rows=None, **knobs):
     """``attention`` on NumPy inputs in ``dtype``: a dict of float64 NumPy arrays, ``out``
     and ``lse`` and, with ``grads`` and a ``dout``, ``dq``, ``dk``, ``dv`` (plus ``dbias``,
     ``dsinks`` when the options hold a bias or sinks), from autograd; ``dlse`` (B, Hq, Tq)
     is an upstream gradient on lse as well.  ``opts``: the reference's options (NumPy
     arrays for bias, sinks, alibi_slopes, seqlens).  Query rows go in chunks (`CHUNK_ELEMENTS`):
     dq and out row by row, dk, dv, dbias and dsinks summed over the chunks, in float32 for
-    a half dtype (as a single matmul accumulates them before its one final rounding)."""
+    a half dtype (as a single matmul accumulates them before its one final rounding).
+    ``rows``: (first, total) when q, dout and dlse hold query rows first .. of a case with
+    ``total`` query rows (a block of rows of a long case); dk, dv are then those rows' share."""
     grads = grads and dout is not None
     tq, tk = q.shape[-2], k.shape[-2]
-    chunk = max(64, CHUNK_ELEMENTS // max(tk, 1))
+    first, total = rows or (0, tq)
+    chunk = chunk_rows(tk)
     t = lambda a, dt=dtype: torch.as_tensor(a).to(device=device, dtype=dt)
     kw = {n: opts[n] for n in ("scale", "causal", "align", "window", "softcap", "seqlens_q", "seqlens_k")
           if n in opts}
@@ -196,13 +214,20 @@ def run(q, k, v, dout, opts, dtype=torch.float64, device="cpu", grads=True, dlse
     acc = torch.float32 if chunk < tq and dtype in (torch.float16, torch.bfloat16) else dtype
     Q, K, V = t(q).requires_grad_(grads), t(k).requires_grad_(grads), t(v).requires_grad_(grads)
     parts, totals = {}, {}
+    last_key = _last_keys(opts, total, tk, q.shape[0], first) if tk > LONG_FROM and bias4 is None and not knobs \
+        else lambda r1: tk
     for r0 in range(0, max(tq, 1), chunk):
         r1 = min(tq, r0 + chunk)
+        if tk > LONG_FROM:
+            heap.trim()                   # the arrays of the last chunk (or call), freed, back to the OS
+        kend = last_key(r1)
+        Kc, Vc = (K, V) if kend == tk else (K[..., :kend, :], V[..., :kend, :])
         piece = bias4 if bias4 is None or bias4.shape[2] == 1 else bias4[:, :, r0:r1]
         piece = None if piece is None else piece.detach().requires_grad_(grads)
         with torch.set_grad_enabled(grads):
             qc = Q[..., r0:r1, :].detach().requires_grad_(grads) if grads else Q[..., r0:r1, :]
-            out, lse = attention(qc, K, V, bias=piece, sinks=sinks, rows=(r0, tq), **kw, **knobs)
+            out, lse = attention(qc, Kc, Vc, bias=piece, sinks=sinks, rows=(first + r0, total), keys=tk,
+                                 **kw, **knobs)
         _put(parts, "out", out.detach())
         _put(parts, "lse", lse.detach())
         if grads:
@@ -222,6 +247,16 @@ def run(q, k, v, dout, opts, dtype=torch.float64, device="cpu", grads=True, dlse
     if "dbias" in result:
         result["dbias"] = result["dbias"].reshape(bias.shape)
     return {n: x.detach().to("cpu", torch.float64).numpy() for n, x in result.items()}
+
+
+def _last_keys(opts, total, tk, batch, first):
+    """r1 -> the keys a causal chunk of rows .. first + r1 - 1 reads: up to the last one any of
+    its rows sees (the rest, hidden from every row of the chunk, left out: half the work of
+    a long causal case); every key when the case is not causal."""
+    if not opts.get("causal"):
+        return lambda r1: tk
+    offs = offsets(total, tk, opts.get("seqlens_q"), opts.get("seqlens_k"), opts.get("align", "top-left"), batch)
+    return lambda r1: int(min(tk, max(1, first + r1 + max(offs))))
 
 
 def _put(parts, name, x):

@@ -25,7 +25,11 @@ For each failing tensor, in this order:
    head) slices that fail are compared on their own -- one head with a mistake
    and the others right reads "head 1 matches ... ; the other slices match the
    reference".
-5. Otherwise "matches none of the catalogued mistakes", with the closest one
+5. A case too large to recompute whole: on its worst (batch, head) slice, or,
+   when that is too large too, on a block of that slice's query rows
+   (``row_block``: out, lse and dq exactly; dk and dv only against the mistakes
+   the reference itself gives, else "not judged"); the sentence says which part.
+6. Otherwise "matches none of the catalogued mistakes", with the closest one
    when it comes closer than the reference; then, when the error is the size of
    a plain computation's in a lower precision, that is said instead.
 
@@ -45,14 +49,15 @@ import numpy as np
 
 from parity_tests.common import tolerances as tol
 import parity_tests.kernels.mistakes as mistakes
-from parity_tests.kernels import poisoned
+from parity_tests.kernels import poisoned, row_block
 from parity_tests.kernels.location import locate, ranges
 
 __all__ = ["Diagnosis", "Evidence", "diagnose", "slice_errors", "DENSE_LIMIT"]
 
 # Dense float64 recomputation: at most this many (query, key) pairs in all
 # (2^25 x 8 bytes = 256 MiB per array).  Larger cases are diagnosed on the
-# (batch, head) slice holding the largest error, if that slice fits.
+# (batch, head) slice holding the largest error, if that slice fits; else on a
+# block of that slice's query rows around its worst row (``row_block``).
 DENSE_LIMIT = 2 ** 25
 
 GRADS = ("dq", "dk", "dv", "dbias", "dsinks")
@@ -120,6 +125,7 @@ class Evidence:
     caller: object         # calls the target again
     logits: float = 0.0    # the case's largest |score| (its largest finite |lse|)
     baseline_in: object = None   # dtype -> the plain computation's tensors in that dtype
+    rows: tuple = None     # (first, total): the row-wise tensors hold a block of query rows (``row_block``)
 
 
 def judged(arrays):
@@ -198,17 +204,13 @@ def diagnose(failing, rows, ev):
 
 
 def _catalogue(rest, rows, ev):
-    """The catalogue's best match for each tensor, on the whole case or its worst slice."""
-    case = ev.case
-    sel, sub = (slice(None), slice(None)), ev
-    if not fits_densely(case):
-        sel, sub = _worst_slice(ev)
-        if sub is None:
-            why = (f"Tq x Tk = {case.tq * case.tk} is too large" if case.tq * case.tk > DENSE_LIMIT else
-                   "a case with features this large is too large")
-            return {n: Diagnosis("not-diagnosed", f"{n} not diagnosed: {why} for the dense float64 "
-                                 f"recomputation (limit {DENSE_LIMIT}); rerun with --tokens 4096 or less")
-                    for n in rest}
+    """The catalogue's best match for each tensor, on the whole case, its worst slice, or
+    a block of that slice's query rows (``row_block``)."""
+    sub, sel, said = _recomputed_part(rest, ev)
+    if sub is None:
+        return {n: Diagnosis("not-diagnosed", f"{n} not diagnosed: {said} for the dense float64 "
+                             f"recomputation (limit {DENSE_LIMIT}); rerun with --tokens 4096 or less")
+                for n in rest}
     unjudged = ~np.isfinite(judged({"lse": sub.gold_raw["lse"]})["lse"]) if "lse" in sub.gold else None
 
     def judge(raw):                         # a prediction, in the judged form, lse on the judged rows
@@ -218,7 +220,7 @@ def _catalogue(rest, rows, ev):
         return out
     r = sub.rounded
     ctx = mistakes.Context(sub.case, sub.align, (r["q"], r["k"], r["v"], r["dout"]), r.get("dlse"), sub.opts,
-                           sub.gold_raw, judge, ev.wanted)
+                           sub.gold_raw, judge, ev.wanted, rows=sub.rows)
     hyps = mistakes.catalogue(ctx)
     cache, result = {}, {}
     out_right = "out" in rows and rows["out"].passed
@@ -226,18 +228,61 @@ def _catalogue(rest, rows, ev):
     out_fits = {} if out_right or "out" not in sub.arrays or not np.isfinite(sub.arrays["out"]).all() else \
         _out_fits(hyps, cache, sub.arrays, sub.gold["out"], sub.den["out"], sub.bounds["out"])
     for n in rest:
+        if sub.rows is not None and n not in row_block.ROW_TENSORS:
+            result[n] = _summed_over_rows(n, hyps, cache, sub, sel)
+            continue
         tried = hyps if n in ("out", "lse") else backward_only if out_right else \
             [h for h in hyps if "out" not in h.tensors or out_fits.get(id(h), True)]
         result[n] = _diagnose_tensor(n, tried, cache, sub.arrays, sub.gold, sub.den[n], sub.bounds[n], sel)
-        if sel != (slice(None), slice(None)):
-            result[n].sentence += (f" (judged on (batch, head) {tuple(int(i) for i in sel)} alone, the one "
-                                   "with the largest error: the whole case is too large to recompute)")
+        result[n].sentence += said
     named = result.get("out")
     if named is not None and named.id not in ("none", "not-diagnosed"):
         for n in rest:                # a gradient no entry explains, of an output one does
-            if result[n].id == "none":
+            if result[n].id == "none" or (result[n].id == "not-diagnosed" and sub.rows is not None):
                 result[n].sentence += f" (out of this case: {named.id})"
     return result
+
+
+def _recomputed_part(rest, ev):
+    """(evidence, selection, words) of what the catalogue is recomputed on: ``ev`` itself when
+    the case fits densely, else its worst (batch, head) slice (b, h), else a block of that
+    slice's query rows; the words say which (appended to each sentence).  (None, None, why)
+    when the case's features tie its heads or rows together."""
+    case = ev.case
+    if fits_densely(case):
+        return ev, (slice(None), slice(None)), ""
+    if case.hkv != case.heads or any(n in ev.rounded for n in ("bias", "sinks", "alibi_slopes")) or case.seqlens:
+        return None, None, (f"Tq x Tk = {case.tq * case.tk} is too large" if case.tq * case.tk > DENSE_LIMIT
+                            else "a case with features this large is too large")
+    b, h = _worst_slice(ev)
+    if case.tq * case.tk <= DENSE_LIMIT:
+        pick = lambda d: {n: a[b:b + 1, h:h + 1] for n, a in d.items()}
+        sub = replace(ev, case=replace(case, batch=1, heads=1), rounded=pick(ev.rounded), gold=pick(ev.gold),
+                      gold_raw=pick(ev.gold_raw), arrays=pick(ev.arrays))
+        return sub, (b, h), (f" (judged on (batch, head) {(b, h)} alone, the one with the largest error: "
+                              "the whole case is too large to recompute)")
+    first, end = row_block.block_of_rows(case.tq, case.tk, row_block.worst_row(ev, b, h, rest))
+    skipped = list(mistakes.whole_case(case).values())
+    return row_block.on_rows(ev, b, h, first, end), (b, h), \
+        row_block.where_judged(b, h, first, end, case.tq, skipped)
+
+
+def _summed_over_rows(n, hyps, cache, sub, sel):
+    """dk, dv (sums over every query row) on a block of rows: only the mistakes the reference
+    itself gives are judged, on the whole slice; the others are said not to be."""
+    tried = [h for h in hyps if getattr(h.predict, "from_reference", False)]
+    d = _diagnose_tensor(n, tried, cache, sub.arrays, sub.gold, sub.den[n], sub.bounds[n], sel)
+    if d.id != "none":
+        if d.id != "zeros":
+            d.sentence += f" (judged on (batch, head) ({sel[0]}, {sel[1]}), every row)"
+        return d
+    why = (f"{n} sums over every query row that sees a key, and this case is too large to recompute under "
+           "each mistake")
+    own = [h.says for h in tried if n in h.tensors]
+    if not own:
+        return Diagnosis("not-diagnosed", f"{n} not judged: {why}")
+    return Diagnosis("not-diagnosed", f"{n} not judged against the mistakes that change the forward: {why} "
+                     f"({'; '.join(own)}: given by the reference itself, does not match)")
 
 
 def fits_densely(case):
@@ -246,19 +291,11 @@ def fits_densely(case):
 
 
 def _worst_slice(ev):
-    """The (batch, head) slice with the largest error of out as a case of its own, or None
-    when even one slice is too large or the case's features tie heads together."""
+    """(b, h): the (batch, head) slice with the largest error of out."""
     case = ev.case
-    if case.tq * case.tk > DENSE_LIMIT or case.hkv != case.heads or \
-            any(n in ev.rounded for n in ("bias", "sinks", "alibi_slopes")) or case.seqlens:
-        return None, None
     worst = slice_errors(ev.arrays["out"], ev.gold["out"], 1.0) if "out" in ev.arrays else np.zeros((1, 1))
     b, h = (int(i) for i in np.unravel_index(np.argmax(worst), (case.batch, case.heads)))
-    pick = lambda a: a[b:b + 1, h:h + 1]
-    picked = lambda d: {n: pick(a) for n, a in d.items()}
-    sub = replace(ev, case=replace(case, batch=1, heads=1), rounded=picked(ev.rounded), gold=picked(ev.gold),
-                  gold_raw={n: a[b:b + 1, h:h + 1] for n, a in ev.gold_raw.items()}, arrays=picked(ev.arrays))
-    return (b, h), sub
+    return b, h
 
 
 # Rounding errors take either sign alike: their mean is a small share of their mean size
@@ -347,18 +384,25 @@ def _out_fits(hyps, cache, got, golden_out, denom, bound):
     fits = {}
     for hyp in hyps:
         if "out" in hyp.tensors:
-            out = cache[id(hyp)]["out"] if id(hyp) in cache else hyp.predict(grads=False)["out"]
+            out = _predict(hyp, cache, grads=False)["out"]
             residual = slice_errors(got["out"], out, denom)
             error = slice_errors(got["out"], golden_out, denom)
             fits[id(hyp)] = bool(explains(residual, error, bound).any())
     return fits
 
 
-def _predict(hyp, cache):
+def _predict(hyp, cache, grads=True):
+    """``hyp``'s prediction, once: with gradients, or (``grads=False``) its forward alone
+    (no autograd), or the gradients' prediction where that was made first."""
     key = id(hyp)
-    if key not in cache:
+    if key in cache:
+        return cache[key]
+    if grads:
         cache[key] = hyp.predict()
-    return cache[key]
+        return cache[key]
+    if (key, "forward") not in cache:
+        cache[key, "forward"] = hyp.predict(grads=False)
+    return cache[key, "forward"]
 
 
 def _row_scaled(a, ref):
@@ -385,8 +429,11 @@ def _diagnose_tensor(t, hyps, cache, got, ref, denom, bound, sel):
     for hyp in hyps:
         # a mistake that predicts zeros everywhere (the shifted mask at T = 1) is matched by
         # any kernel returning zeros: it cannot be told apart, so it is not claimed
-        if t in hyp.tensors and t in _predict(hyp, cache) and np.any(_predict(hyp, cache)[t]):
-            candidates.append((slice_errors(a, _predict(hyp, cache)[t], denom), hyp.id, hyp.says))
+        if t not in hyp.tensors:
+            continue
+        pred = _predict(hyp, cache, grads=t not in ("out", "lse")).get(t)
+        if pred is not None and np.any(pred):
+            candidates.append((slice_errors(a, pred, denom), hyp.id, hyp.says))
     if t == "out":
         c, fitted = _row_scaled(a, r)
         residual = slice_errors(a, fitted, denom)

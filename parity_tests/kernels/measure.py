@@ -22,15 +22,20 @@ its features add (``features/<name>.py``).  For each case:
    SDPA expresses the case.
 6. ``deterministic``: the case runs twice, every tensor must be bitwise equal.
 7. Failing tensors go to ``diagnosis``.
+8. Each row carries where the case's wall time went (``split``: the target's calls, the
+   baseline, the golden, the diagnosis, the rest).
 
 Each call of the target has a time limit (``call.time_limit``).
 """
 
+import contextlib
 import math
+import time
 
 import numpy as np
 import torch
 
+from parity_tests.common import heap
 from parity_tests.common import tolerances as tol
 import parity_tests.kernels.diagnosis as diagnosis
 from parity_tests.kernels.diagnosis import judged
@@ -44,7 +49,7 @@ from parity_tests.kernels.report import Row
 
 # DTYPES, DEFAULT_TIMEOUT and time_limit are call's, named here for the command's options
 __all__ = ["run_case", "DTYPES", "DEFAULT_TIMEOUT", "time_limit", "case_memory", "draw", "judged",
-           "tensor_errors", "golden", "baseline"]
+           "tensor_errors", "golden", "baseline", "Split", "SPLIT_PARTS"]
 
 GRADS = diagnosis.GRADS
 
@@ -104,15 +109,15 @@ def case_memory(case, dtype, device):
     blockwise backward's own accumulators, float64; baseline -- its results, their
     float64 copies, and one chunk of its (rows, Tk) arrays (S, P, dP, dS and autograd's
     saved tensors: 9 at once, in the dtype; ``dense.run`` keeps a chunk near
-    ``CHUNK_ELEMENTS`` per (batch, head)); target -- its output and gradients, and their
+    ``chunk_rows`` per (batch, head)); target -- its output and gradients, and their
     float64 copies.  Not counted: the target's own workspace (a kernel that forms the
     (Tq, Tk) scores adds B H Tq Tk elements per array it keeps) and a failing case's
-    diagnosis (bounded by ``diagnosis.DENSE_LIMIT``).
+    diagnosis (bounded by ``diagnosis.DENSE_LIMIT``, or a block of rows: ``row_block``).
     """
     size = torch.empty((), dtype=DTYPES[dtype]).element_size()
     bh, d = case.batch * case.heads, max(case.head_dim, case.dv)
     one_set = bh * (2 * case.tq + 2 * case.tk) * d           # elements of q, k, v, dO
-    rows = min(case.tq, max(64, dense.CHUNK_ELEMENTS // max(case.tk, 1)))
+    rows = min(case.tq, dense.chunk_rows(case.tk))
     chunk = 9 * bh * rows * case.tk * size
     host = {"inputs": 2 * one_set * 8, "golden": 2 * one_set * 8, "baseline": one_set * 8, "target": one_set * 8}
     dev = {"inputs": 2 * one_set * size, "golden": 0, "baseline": one_set * size + chunk, "target": one_set * size}
@@ -176,9 +181,45 @@ def _alibi_fa_form(gold_lse, case, align, slopes):
     return gold_lse + np.asarray(slopes)[None, :, None] * i
 
 
+class Split:
+    """Where one case's wall time goes: ``with split("golden"): ...`` adds that block's
+    seconds to its part; `done` gives each part, ``other`` (the rest: drawing, judging,
+    SDPA's yardstick) and ``wall``, the case's whole time."""
+
+    def __init__(self):
+        self.seconds, self.start = dict.fromkeys(SPLIT_PARTS, 0.0), time.perf_counter()
+
+    @contextlib.contextmanager
+    def __call__(self, part):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[part] += time.perf_counter() - start
+
+    def done(self):
+        wall = time.perf_counter() - self.start
+        return {**self.seconds, "other": max(0.0, wall - sum(self.seconds.values())), "wall": wall}
+
+
+# The parts of a case's time that `Split` measures (its calls of the target: the first, a
+# second on fresh inputs, the determinism repeat; the diagnosis's own call is the diagnosis's).
+SPLIT_PARTS = ("target", "baseline", "golden", "diagnosis")
+
+
 def run_case(target, case, dtype, device, align="top-left", seed=0, wanted=(), timeout=DEFAULT_TIMEOUT):
     """The rows of ``target`` on ``case`` in ``dtype`` on ``device`` (``wanted``: the run's
-    features), each call of the target limited to ``timeout`` seconds (`time_limit`)."""
+    features), each call of the target limited to ``timeout`` seconds (`time_limit`); each
+    row's ``split``: the case's seconds in the target, baseline, golden, diagnosis (`Split`)."""
+    split = Split()
+    rows = _run_case(split, target, case, dtype, device, align, seed, wanted, timeout)
+    seconds = split.done()
+    for r in rows:
+        r.split = seconds
+    return rows
+
+
+def _run_case(split, target, case, dtype, device, align, seed, wanted, timeout):
     for name in wanted:                       # a run-wide feature's form of every case (varlen, paged)
         if REGISTRY[name].widen is not None:
             case = REGISTRY[name].widen(case)
@@ -194,15 +235,18 @@ def run_case(target, case, dtype, device, align="top-left", seed=0, wanted=(), t
     if refused:
         return [row(n, verdict="not supported", note=refused) for n in names]
     caller = Caller(target, case, dtype, device, case_align, wanted, rounded, timeout)
-    got = caller()
+    with split("target"):
+        got = caller()
     if isinstance(got, str):
         return [row(n, verdict="not supported", note=got) for n in names]
     if isinstance(got, tuple):
         return [row(n, error=math.inf, verdict="FAIL", note=got[1], diagnosis=_named_failure(got[1]))
                 for n in names]
-    second = caller() if "deterministic" in wanted else None     # before any other call
+    with split("target"):
+        second = caller() if "deterministic" in wanted else None     # before any other call
     other = _rounded(draw(case, seed, wanted, fresh=True), dtype)
-    stale = caller.fresh(other, got["out"])
+    with split("target"):
+        stale = caller.fresh(other, got["out"])
     if stale and stale.startswith("returned") and _same_answer(case, case_align, rounded, other):
         stale = None                          # both inputs have one answer (a single key, say)
     if stale:
@@ -210,12 +254,16 @@ def run_case(target, case, dtype, device, align="top-left", seed=0, wanted=(), t
 
     opts = reference_options(case, case_align, rounded)
     grads = not case.forward_only
-    full = golden(rounded, opts, grads)
+    if case.tk > dense.LONG_FROM:
+        heap.trim()                           # the target's freed arrays back to the OS (``heap``)
+    with split("golden"):
+        full = golden(rounded, opts, grads)
     finite_lse = full["lse"][np.isfinite(full["lse"])]
     logits = float(np.abs(finite_lse).max(initial=0.0))              # how large the scores run
     gold_raw = {n: a for n, a in full.items() if n in names}
     gold = judged(gold_raw)
-    base = judged({n: a for n, a in baseline(rounded, opts, dtype, device, grads).items() if n in names})
+    with split("baseline"):
+        base = judged({n: a for n, a in baseline(rounded, opts, dtype, device, grads).items() if n in names})
     unjudged = None
     if lse_judged:                        # rows that see no key: not judged (NaN there still FAILS)
         unjudged = ~np.isfinite(gold["lse"])
@@ -251,7 +299,8 @@ def run_case(target, case, dtype, device, align="top-left", seed=0, wanted=(), t
         evidence = diagnosis.Evidence(case, case_align, dtype, device, wanted, rounded, opts, gold, gold_raw,
                                       den, bounds, arrays, got, second, caller, logits,
                                       lambda low: baseline(rounded, opts, low, device, not case.forward_only))
-        diagnosis.diagnose(failing, rows, evidence)
+        with split("diagnosis"):
+            diagnosis.diagnose(failing, rows, evidence)
     return [rows[n] for n in names]
 
 

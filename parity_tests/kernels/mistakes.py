@@ -38,7 +38,7 @@ import torch
 from parity_tests.kernels import dense
 from parity_tests.kernels.features import REGISTRY
 
-__all__ = ["Hypothesis", "Context", "catalogue", "STALE_BLOCKS"]
+__all__ = ["Hypothesis", "Context", "catalogue", "whole_case", "STALE_BLOCKS"]
 
 # Key-block sizes tried for the stale running maximum (a kernel's B_c is not known).
 STALE_BLOCKS = (16, 32, 64, 128, 256)
@@ -55,10 +55,13 @@ class Hypothesis:
 class Context:
     """What a mistake is recomputed from: the case, its alignment, the rounded inputs
     (q, k, v, dout) and upstream lse gradient, the reference's options and result
-    (``golden_raw``, its own shapes), and ``judged`` (raw dict -> judged form)."""
+    (``golden_raw``, its own shapes), and ``judged`` (raw dict -> judged form).  ``rows``:
+    (first, total) when q, dout, dlse and the row-wise results hold a block of query rows
+    of a long case (``row_block``; k, v, dk and dv whole)."""
 
-    def __init__(self, case, align, inputs, dlse, opts, golden_raw, judged, wanted):
+    def __init__(self, case, align, inputs, dlse, opts, golden_raw, judged, wanted, rows=None):
         self.case, self.align, self.inputs, self.dlse, self.opts = case, align, inputs, dlse, opts
+        self.rows = rows
         self.golden_raw, self.judged, self.wanted = golden_raw, judged, wanted
         self.present = tuple(n for n in ("out", "lse", "dq", "dk", "dv", "dbias", "dsinks") if n in golden_raw)
         self.other_align = "bottom-right" if align == "top-left" else "top-left"
@@ -69,7 +72,7 @@ class Context:
         """``dense.run`` in float64 with the case's upstream gradients (``dlse``: another, or None)."""
         dlse = self.dlse if dlse == "same" else dlse
         return dense.run(q, k, v, dout if grads else None, opts, grads=grads,
-                         dlse=dlse if grads and dout is not None else None, **knobs)
+                         dlse=dlse if grads and dout is not None else None, rows=self.rows, **knobs)
 
     def fwd(self, changes=None, dlse="same", inputs=None, **knobs):
         """A forward mistake: the dense formula with ``changes`` to the options, ``knobs`` turned
@@ -83,8 +86,11 @@ class Context:
         return predict
 
     def changed(self, **arrays):
-        """The reference with some tensors replaced."""
-        return lambda grads=True: self.judged({**self.golden_raw, **arrays})
+        """The reference with some tensors replaced (``from_reference``: no recomputation, so
+        judged on whole tensors even on a block of rows)."""
+        predict = lambda grads=True: self.judged({**self.golden_raw, **arrays})
+        predict.from_reference = True
+        return predict
 
     def H(self, hid, says, predict, tensors=None):
         return Hypothesis(hid, says, predict, self.present if tensors is None else tensors)
@@ -96,7 +102,7 @@ class Context:
         kw = {n: self.opts[n] for n in ("scale", "causal", "align", "window", "softcap", "seqlens_q", "seqlens_k")
               if n in self.opts}
         kw.update({n: t(self.opts[n]) for n in ("bias", "sinks", "alibi_slopes") if self.opts.get(n) is not None})
-        m = dense.attention(t(q), t(k), t(v), **kw, with_max=True)[2].numpy()
+        m = dense.attention(t(q), t(k), t(v), **kw, rows=self.rows, with_max=True)[2].numpy()
         return np.where(np.isfinite(m), m, 0.0)
 
 
@@ -140,10 +146,11 @@ def chapter(ctx):
         if not math.isclose(case.scale, default):
             out.append(H("scale-ignored", f"the scale argument ignored (1/sqrt(D) = {default:.4g} used instead "
                          f"of the {case.scale:.4g} given)", fwd({"scale": default})))
-    if case.tq > 1:
+    whole = whole_case(case) if ctx.rows is None else {}      # every query row at once: not on a block
+    if "softmax-over-queries" in whole:
         out.append(H("softmax-over-queries", "the softmax taken over the query axis instead of the "
                      "key axis", fwd(axis=-2)))
-    if case.tq == case.tk > 1 and not any(n in REGISTRY for n, _ in case.features):
+    if "layout-bthd-as-bhtd" in whole:
         out.append(H("layout-bthd-as-bhtd", "(B, T, H, D) read as (B, H, T, D): attention across the "
                      "heads instead of the tokens", _swapped(ctx)))
     if "out" in ctx.present:
@@ -156,6 +163,17 @@ def chapter(ctx):
                   ("dq", "dk")),
                 H("dq-missing-scale", "dq missing the scale", ctx.changed(dq=g["dq"] / s), ("dq",)),
                 H("dk-missing-scale", "dk missing the scale", ctx.changed(dk=g["dk"] / s), ("dk",))]
+    return out
+
+
+def whole_case(case):
+    """{id: words} of the chapter's mistakes on ``case`` that need every query row at once
+    (so are not tried on a block of rows, ``row_block``)."""
+    out = {}
+    if case.tq > 1:
+        out["softmax-over-queries"] = "the softmax over the query axis"
+    if case.tq == case.tk > 1 and not any(n in REGISTRY for n, _ in case.features):
+        out["layout-bthd-as-bhtd"] = "(B, T, H, D) read as (B, H, T, D)"
     return out
 
 
@@ -203,12 +221,14 @@ def _kernel_bugs(ctx):
     if case.causal and case.offset(ctx.align) < 0:
         out.append(H("finite-mask", "a finite mask value (finfo.min) in place of -inf: rows that see no key "
                      "return the mean of v instead of 0", fwd(finite_mask=True)))
-    g = ctx.golden_raw
+    g, first = ctx.golden_raw, (ctx.rows or (0,))[0]
     for n in ("out", "dq"):
         if n in g and case.tq > 1:
             for row in (0, case.tq - 1):
+                if not 0 <= row - first < g[n].shape[-2]:           # not in this block of rows
+                    continue
                 changed = g[n].copy()
-                changed[..., row, :] = 0.0
+                changed[..., row - first, :] = 0.0
                 out.append(H("row-not-stored", f"{n} of query row {row} never stored (left 0)",
                              ctx.changed(**{n: changed}), (n,)))
     return out

@@ -62,6 +62,7 @@ class Row:
     seconds: float = None             # the target's forward on the case (its second call)
     sdpa_seconds: float = None        # PyTorch's SDPA's best forward on the same case, where it expresses it
     sdpa_error: float = None          # SDPA's own error on out, in the same dtype (out's row only)
+    split: dict = None                # the case's wall seconds: target, baseline, golden, diagnosis, other, wall
 
     @property
     def passed(self):
@@ -94,7 +95,8 @@ class Row:
                 "where": None if self.where is None else list(self.where), "note": self.note,
                 "diagnosis": None if self.diagnosis is None else self.diagnosis.as_dict(),
                 "mean_error": num(self.mean_error), "cosine": num(self.cosine), "seconds": num(self.seconds),
-                "sdpa_seconds": num(self.sdpa_seconds), "sdpa_error": num(self.sdpa_error)}
+                "sdpa_seconds": num(self.sdpa_seconds), "sdpa_error": num(self.sdpa_error),
+                "split": None if self.split is None else {k: num(v) for k, v in self.split.items()}}
 
 
 def _sci(x):

@@ -168,6 +168,45 @@ def _refuse_what_does_not_fit(grid, dtypes, device):
                         "ask for fewer tokens, heads or batch")
 
 
+# A case's seconds per (query, key) pair on the CPU, target SDPA, golden, baseline and
+# yardstick together, a causal case past dense.LONG_FROM keys counting half its pairs (its
+# baseline skips the keys no row of a chunk sees).  Measured on a 2-core CPU at load 1 .. 2,
+# float32: T = 16384 causal 11.7 s, not causal 13.4 s (5e-8 s a pair), T = 65536 causal
+# 122.5 s (5.7e-8 s a counted pair); bfloat16 at 16384 causal 9.5 s.  A run estimated past
+# ESTIMATE_FROM seconds says so first.
+SECONDS_PER_PAIR = {"cpu": 5.5e-8, "cuda": 2e-9}
+ESTIMATE_FROM = 60.0
+# the process before any case: Python, NumPy, PyTorch (measured: 0.3 .. 0.5 GiB)
+BASE_BYTES = 0.4 * 2 ** 30
+
+
+def estimate(plan):
+    """(seconds, peak host bytes, the longest case) a run is expected to take: each case's
+    pairs at SECONDS_PER_PAIR, its memory by ``measure.case_memory`` over BASE_BYTES."""
+    tgt, device, names, grid, wanted = plan
+    seconds, peak, longest = 0.0, 0.0, None
+    for case in grid:
+        pairs = case.batch * case.heads * case.tq * case.tk
+        pairs /= 2 if case.causal and case.tk > measure.dense.LONG_FROM else 1
+        for d in names:
+            s = pairs * SECONDS_PER_PAIR[device]
+            seconds += s
+            peak = max(peak, BASE_BYTES + sum(p[0] for p in measure.case_memory(case, d, device).values()))
+            if longest is None or s > longest[0]:
+                longest = (s, case, d)
+    return seconds, peak, longest
+
+
+def estimate_line(plan):
+    """The one line a run past ESTIMATE_FROM seconds prints first, or None."""
+    seconds, peak, (_, case, dtype) = estimate(plan)
+    if seconds < ESTIMATE_FROM:
+        return None
+    when = f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"
+    return (f"estimated {when}, {peak / 2 ** 30:.1f} GiB peak for {len(plan[3]) * len(plan[2])} cases "
+            f"(the longest: {case} in {dtype})")
+
+
 def _run(plan, align, seed, progress, timeout=measure.DEFAULT_TIMEOUT):
     tgt, device, names, grid, wanted = plan
     work = [(case, d) for d in names for case in grid]
@@ -258,7 +297,10 @@ def build_parser():
     p.add_argument("--features", action="append", metavar="F,...",
                    help="add the cases of production features (comma-separate; the callable receives each "
                         "feature's keyword on its cases): " + feat.help_line())
-    p.add_argument("--long", action="store_true", help="add T = 16384 (and 32768 on cuda)")
+    p.add_argument("--long", action="store_true",
+                   help="add one head of D = 64 at T = 16384, causal and not, and T = 65536 causal only "
+                        "(on cuda: 16384 and 32768, causal and not); a run of over a minute prints its "
+                        "estimated time and peak memory first")
     p.add_argument("--seed", type=outputs.seed, default=0,
                    help="seed of the inputs drawn, 0 .. 2**32 - 1 (default: 0)")
     p.add_argument("--timeout", type=_seconds, default=measure.DEFAULT_TIMEOUT, metavar="SECONDS",
@@ -336,6 +378,9 @@ def main(argv=None):
     except (ValueError, TypeError) as e:
         print(f"attention-parity check: error: {e}", file=sys.stderr)
         return 2
+    line = estimate_line(plan)
+    if line:
+        print(line, file=sys.stderr, flush=True)
     report = _run(plan, args.align, args.seed, sys.stderr.isatty(), _timeout(args.timeout))
     print(report.render(args.quiet))
     if args.json:

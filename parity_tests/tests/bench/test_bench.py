@@ -171,7 +171,7 @@ def test_under_load_prints_both_slowdowns_and_leaves_no_busy_process(capsys):
     assert "GFLOP/s idle, share" in out and "GFLOP/s loaded, share" in out
     assert "BLAS:" in out and "load average" in out
     assert bench.main(["--golden", "--under-load"]) == 2
-    assert "two separate runs" in capsys.readouterr().err
+    assert "separate runs: give one" in capsys.readouterr().err
 
 
 def _children():
@@ -193,3 +193,23 @@ def test_a_size_that_cannot_fit_exits_2_with_the_estimate_before_any_work(capsys
     assert bench.main(["--tokens", "64,2000000", "--impl", "blockwise"]) == 2
     err = capsys.readouterr().err
     assert "blockwise at T = 2000000 needs ~" in err and "GiB (estimated)" in err
+
+
+def test_check_split_at_256_tokens_adds_up_to_each_case_s_wall_time(capsys, tmp_path):
+    from parity_tests.bench import check_split
+    path = tmp_path / "split.json"
+    assert cli.main(["bench", "--check-split", "256", "--json", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "load average (1, 5, 15 min) at start:" in out and "at end:" in out and "BLAS:" in out
+    table = [line.split()[:4] for line in out.splitlines()]
+    assert ["256", "sdpa", "pass", "-"] in table and ["256", "no-scale", "FAIL", "no-scale"] in table
+    result = json.loads(path.read_text())
+    sdpa, wrong = result["rows"]
+    assert (sdpa["kernel"], sdpa["verdict"], sdpa["named"], sdpa["diagnosis"]) == ("sdpa", "pass", "-", 0.0)
+    assert (wrong["kernel"], wrong["verdict"], wrong["named"]) == ("no-scale", "FAIL", "no-scale")
+    assert wrong["target"] > 0 and wrong["diagnosis"] > 0 and result["blas"]
+    for r in (sdpa, wrong):
+        parts = sum(r[p] for p in check_split.PARTS)
+        assert all(r[p] >= 0 for p in check_split.PARTS)
+        assert abs(parts - r["case_wall"]) <= 1e-6 * r["case_wall"]         # other: the rest, by definition
+        assert r["case_wall"] <= r["wall"] <= 1.1 * r["case_wall"] + 0.05, (r["case_wall"], r["wall"])

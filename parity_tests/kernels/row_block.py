@@ -1,0 +1,73 @@
+"""A long case's diagnosis on a block of its query rows.
+
+A case too large to recompute whole under each mistake (``diagnosis.DENSE_LIMIT``
+(query, key) pairs in one (batch, head) slice) is diagnosed where its error sits: the
+(batch, head) slice with the largest error, then a block of query rows around that
+slice's worst row, each row with every key (the keys a row does not see masked, as
+in the whole case: the dense formula places the mask by the rows' own indices).
+
+What a row block can judge, and what it cannot:
+
+- out, lse and dq of a query row depend on that row alone (its q, dO, dlse and every
+  k, v): the block's rows of the reference are the reference, and each mistake
+  recomputed on the block gives exactly the rows the whole case would.
+- dk and dv sum over every query row that sees a key: the block holds only its own
+  rows' share, so a mistake that changes the forward is not judged on them.  Those
+  the reference itself gives (dk missing the scale) are judged on the whole slice.
+- The softmax over the query axis needs every query row, and the (B, T, H, D) layout
+  mistake every head and token: neither is tried on a block (the sentence says so).
+  A stale running maximum and split-KV merges run over the keys of each row, so they
+  are tried on the block as on the whole case.
+"""
+
+from dataclasses import replace
+
+import numpy as np
+
+__all__ = ["ROW_BLOCK_ELEMENTS", "MAX_ROWS", "block_of_rows", "on_rows", "ROW_TENSORS", "worst_row", "where_judged"]
+
+# A block holds at most this many (query, key) pairs (float64: 32 MiB per array, some
+# ten arrays alive in one mistake's autograd) and at most MAX_ROWS rows: at Tk = 16384,
+# 256 rows; at 65536, 64.
+ROW_BLOCK_ELEMENTS = 2 ** 22
+MAX_ROWS = 256
+MIN_ROWS = 16
+
+# The tensors judged row by row; the others (dk, dv, dbias, dsinks) sum over the rows.
+ROW_TENSORS = ("out", "lse", "dq")
+def block_of_rows(tq, tk, worst):
+    """(first, end): the block of query rows centred on row ``worst``, within 0 .. tq."""
+    n = int(min(tq, MAX_ROWS, max(MIN_ROWS, ROW_BLOCK_ELEMENTS // max(tk, 1))))
+    first = int(min(max(0, worst - n // 2), tq - n))
+    return first, first + n
+
+
+def worst_row(ev, b, h, failing):
+    """The query row of slice (b, h) with the largest error of the first failing row-wise
+    tensor (of out when only dk, dv fail)."""
+    n = next((t for t in ROW_TENSORS if t in failing and t in ev.arrays), "out")
+    if n not in ev.arrays:
+        return 0
+    diff = np.abs(ev.arrays[n][b, h] - ev.gold[n][b, h]).max(axis=-1)
+    return int(np.argmax(np.where(np.isfinite(diff), diff, np.inf)))
+
+
+def on_rows(ev, b, h, first, end):
+    """The evidence of slice (b, h), its row-wise tensors and inputs cut to query rows
+    first .. end - 1 (k, v, dk, dv whole), as a case of one batch entry and one head."""
+    row_wise = ROW_TENSORS + ("q", "dout", "dlse")            # axis 2 is the query row
+
+    def cut(arrays):
+        return {n: a[b:b + 1, h:h + 1, first:end] if n in row_wise else a[b:b + 1, h:h + 1]
+                for n, a in arrays.items()}
+    return replace(ev, case=replace(ev.case, batch=1, heads=1), rounded=cut(ev.rounded), gold=cut(ev.gold),
+                   gold_raw=cut(ev.gold_raw), arrays=cut(ev.arrays), rows=(first, ev.case.tq))
+
+
+def where_judged(b, h, first, end, tq, skipped):
+    """The words appended to a sentence judged on a block."""
+    said = f" (judged on (batch, head) ({b}, {h}), query rows {first} .. {end - 1} of {tq} with every key " \
+           "they see: the whole case is too large to recompute"
+    if skipped:
+        said += "; not tried on a block of rows: " + ", ".join(skipped)
+    return said + ")"
