@@ -61,7 +61,7 @@ def render_split(result):
         "the check's wall time by part: one causal case, B 1, H 1, D 64, float32, cpu, each in its own "
         "process (target: PyTorch SDPA; and SDPA with scale=1.0, which fails and is diagnosed)",
         f"load average (1, 5, 15 min) at start: {load(result['load_start'])}",
-        f"BLAS: {result['blas']}; torch threads: {threads}",
+        f"BLAS: {result['blas']}; torch threads: {threads} (1 below 2^22 pairs, as the check runs them)",
         "",
         format_table(headers, body),
         "",

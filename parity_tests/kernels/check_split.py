@@ -41,9 +41,11 @@ def measure_one(T, kernel, head_dim=64):
     maxrss_gib (this process's peak so far)}."""
     from parity_tests.kernels import measure, targets
     from parity_tests.kernels.cases import Case
+    from parity_tests.kernels.run import one_thread_if_small
+    case = Case(1, 1, T, T, head_dim, True)
     start = time.perf_counter()
-    rows = measure.run_case(targets.resolve(KERNELS[kernel]), Case(1, 1, T, T, head_dim, True), "float32", "cpu",
-                            timeout=None)
+    with one_thread_if_small(case, "cpu"):                         # as the check runs it
+        rows = measure.run_case(targets.resolve(KERNELS[kernel]), case, "float32", "cpu", timeout=None)
     wall = time.perf_counter() - start
     failed = [r for r in rows if r.failed]
     named = next((r.diagnosis.id for r in failed if r.diagnosis is not None), "-")

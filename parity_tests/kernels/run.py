@@ -216,7 +216,7 @@ def _run(plan, align, seed, progress, timeout=measure.DEFAULT_TIMEOUT):
     for i, (case, d) in enumerate(work, 1):
         if show:
             show(i - 1, f"({d}, {case})")
-        with _one_thread_if_small(case, device):
+        with one_thread_if_small(case, device):
             rows += measure.run_case(tgt, case, d, device, align, seed, wanted, timeout)
     if show:
         show(len(work), "")
@@ -237,7 +237,7 @@ ONE_THREAD_BELOW = 2 ** 22
 
 
 @contextlib.contextmanager
-def _one_thread_if_small(case, device):
+def one_thread_if_small(case, device):
     """PyTorch on one thread (then as it was) while a small CPU case runs: the target,
     the baseline and the diagnosis alike, so that time/SDPA stays like for like."""
     before = torch.get_num_threads()
