@@ -211,17 +211,9 @@ def _catalogue(rest, rows, ev):
         return {n: Diagnosis("not-diagnosed", f"{n} not diagnosed: {said} for the dense float64 "
                              f"recomputation (limit {DENSE_LIMIT}); rerun with --tokens 4096 or less")
                 for n in rest}
-    unjudged = ~np.isfinite(judged({"lse": sub.gold_raw["lse"]})["lse"]) if "lse" in sub.gold else None
-
-    def judge(raw):                         # a prediction, in the judged form, lse on the judged rows
-        out = judged(raw)
-        if unjudged is not None and "lse" in out:
-            out["lse"] = np.where(unjudged, 0.0, out["lse"])
-        return out
-    r = sub.rounded
-    ctx = mistakes.Context(sub.case, sub.align, (r["q"], r["k"], r["v"], r["dout"]), r.get("dlse"), sub.opts,
-                           sub.gold_raw, judge, ev.wanted, rows=sub.rows)
-    hyps = mistakes.catalogue(ctx)
+    hyps = _catalogue_of(sub)
+    if sub is ev and _screened(rest, ev):                  # large: its out mistakes first on a block
+        hyps = row_block.screen(hyps, ev, _catalogue_of, explains, slice_errors)
     cache, result = {}, {}
     out_right = "out" in rows and rows["out"].passed
     backward_only = [h for h in hyps if "out" not in h.tensors]
@@ -241,6 +233,32 @@ def _catalogue(rest, rows, ev):
             if result[n].id == "none" or (result[n].id == "not-diagnosed" and sub.rows is not None):
                 result[n].sentence += f" (out of this case: {named.id})"
     return result
+
+
+def _catalogue_of(sub):
+    """The catalogue's mistakes, recomputed from the evidence ``sub`` (a case, a slice or a
+    block of rows), each predicting the judged form (lse on the rows the reference judges)."""
+    unjudged = ~np.isfinite(judged({"lse": sub.gold_raw["lse"]})["lse"]) if "lse" in sub.gold else None
+
+    def judge(raw):
+        out = judged(raw)
+        if unjudged is not None and "lse" in out:
+            out["lse"] = np.where(unjudged, 0.0, out["lse"])
+        return out
+    r = sub.rounded
+    return mistakes.catalogue(mistakes.Context(sub.case, sub.align, (r["q"], r["k"], r["v"], r["dout"]),
+                                               r.get("dlse"), sub.opts, sub.gold_raw, judge, sub.wanted,
+                                               rows=sub.rows))
+
+
+def _screened(rest, ev):
+    """Whether a case recomputed whole has its out mistakes screened on a block of rows first
+    (``row_block.screen``): a large slice, out failing with finite values, and none of the
+    features that tie rows, heads or batch entries together (as for the block path)."""
+    case = ev.case
+    return (case.tq * case.tk > row_block.SCREEN_FROM and "out" in rest and "out" in ev.arrays
+            and np.isfinite(ev.arrays["out"]).all() and case.hkv == case.heads and not case.seqlens
+            and not any(n in ev.rounded for n in ("bias", "sinks", "alibi_slopes")))
 
 
 def _recomputed_part(rest, ev):

@@ -18,13 +18,21 @@ What a row block can judge, and what it cannot:
   mistake every head and token: neither is tried on a block (the sentence says so).
   A stale running maximum and split-KV merges run over the keys of each row, so they
   are tried on the block as on the whole case.
+
+A case that does fit (up to ``DENSE_LIMIT`` pairs a slice) is still screened on a
+block when it is large (`screen`): each mistake that changes out is first recomputed on
+a block of query rows of every slice, and only those that could explain out there are
+recomputed on the whole case.  The block's rows are exact, so a mistake further from
+the target's out on the block than any explanation of the whole case's error allows is
+as far or further on the whole case: dropping it changes no verdict.
 """
 
 from dataclasses import replace
 
 import numpy as np
 
-__all__ = ["ROW_BLOCK_ELEMENTS", "MAX_ROWS", "block_of_rows", "on_rows", "ROW_TENSORS", "worst_row", "where_judged"]
+__all__ = ["ROW_BLOCK_ELEMENTS", "MAX_ROWS", "SCREEN_FROM", "block_of_rows", "on_rows", "ROW_TENSORS",
+           "worst_row", "where_judged", "screen"]
 
 # A block holds at most this many (query, key) pairs (float64: 32 MiB per array, some
 # ten arrays alive in one mistake's autograd) and at most MAX_ROWS rows: at Tk = 16384,
@@ -35,6 +43,11 @@ MIN_ROWS = 16
 
 # The tensors judged row by row; the others (dk, dv, dbias, dsinks) sum over the rows.
 ROW_TENSORS = ("out", "lse", "dq")
+# A case recomputed whole is screened on a block first past this many pairs a slice
+# (measured, T = 4096 causal, SDPA without its scale: the diagnosis took 10.7 s, 8.3 s
+# of it recomputing seventeen mistakes' out on the whole case).
+SCREEN_FROM = 2 ** 21
+
 def block_of_rows(tq, tk, worst):
     """(first, end): the block of query rows centred on row ``worst``, within 0 .. tq."""
     n = int(min(tq, MAX_ROWS, max(MIN_ROWS, ROW_BLOCK_ELEMENTS // max(tk, 1))))
@@ -54,14 +67,16 @@ def worst_row(ev, b, h, failing):
 
 def on_rows(ev, b, h, first, end):
     """The evidence of slice (b, h), its row-wise tensors and inputs cut to query rows
-    first .. end - 1 (k, v, dk, dv whole), as a case of one batch entry and one head."""
+    first .. end - 1 (k, v, dk, dv whole), as a case of one batch entry and one head;
+    (b, h) = (None, None): every slice, the case's batch and heads kept."""
     row_wise = ROW_TENSORS + ("q", "dout", "dlse")            # axis 2 is the query row
+    bs, hs = (slice(None), slice(None)) if b is None else (slice(b, b + 1), slice(h, h + 1))
 
     def cut(arrays):
-        return {n: a[b:b + 1, h:h + 1, first:end] if n in row_wise else a[b:b + 1, h:h + 1]
-                for n, a in arrays.items()}
-    return replace(ev, case=replace(ev.case, batch=1, heads=1), rounded=cut(ev.rounded), gold=cut(ev.gold),
-                   gold_raw=cut(ev.gold_raw), arrays=cut(ev.arrays), rows=(first, ev.case.tq))
+        return {n: a[bs, hs, first:end] if n in row_wise else a[bs, hs] for n, a in arrays.items()}
+    case = ev.case if b is None else replace(ev.case, batch=1, heads=1)
+    return replace(ev, case=case, rounded=cut(ev.rounded), gold=cut(ev.gold), gold_raw=cut(ev.gold_raw),
+                   arrays=cut(ev.arrays), rows=(first, ev.case.tq))
 
 
 def where_judged(b, h, first, end, tq, skipped):
@@ -71,3 +86,35 @@ def where_judged(b, h, first, end, tq, skipped):
     if skipped:
         said += "; not tried on a block of rows: " + ", ".join(skipped)
     return said + ")"
+
+
+def screen(hyps, ev, catalogue_of, explains, slice_errors):
+    """Of ``hyps`` (the whole case's catalogue), those that may explain out on the whole
+    case: each mistake that changes out is recomputed (forward only) on a block of query
+    rows of every slice, around out's worst row, and dropped when its residual there cannot
+    explain the whole case's error of out in any slice.  ``catalogue_of(block evidence)``
+    gives the block's catalogue; a mistake is paired with its namesake there (the n-th of
+    an id with the n-th), and one without a namesake (a mistake needing every row, or an id
+    whose count differs on the block) is kept untried."""
+    worst = slice_errors(ev.arrays["out"], ev.gold["out"], 1.0)
+    b, h = (int(i) for i in np.unravel_index(np.argmax(worst), worst.shape))
+    first, end = block_of_rows(ev.case.tq, ev.case.tk, worst_row(ev, b, h, ("out",)))
+    block = on_rows(ev, None, None, first, end)
+    namesakes = {}
+    for part in catalogue_of(block):
+        namesakes.setdefault(part.id, []).append(part)
+    counts = {}
+    for whole in hyps:
+        counts[whole.id] = counts.get(whole.id, 0) + 1
+    den, bound = ev.den["out"], ev.bounds["out"]
+    error = slice_errors(ev.arrays["out"], ev.gold["out"], den)                 # the whole case's
+    kept, seen = [], {}
+    for whole in hyps:
+        n = seen[whole.id] = seen.get(whole.id, -1) + 1
+        same = namesakes.get(whole.id, [])
+        if "out" in whole.tensors and len(same) == counts[whole.id]:
+            residual = slice_errors(block.arrays["out"], same[n].predict(grads=False)["out"], den)
+            if not explains(residual, error, bound).any():
+                continue
+        kept.append(whole)
+    return kept

@@ -146,3 +146,46 @@ def test_a_run_past_a_minute_says_its_estimate_first_and_a_short_one_does_not(ca
     assert seconds > run.ESTIMATE_FROM and peak > run.BASE_BYTES
     short = run._plan("sdpa-math", "cpu", ["float32"], ["17"], None, None, None, "yes", "top-left", "bhtd", False)
     assert run.estimate_line(short) is None
+
+
+SCREENED = dict(tokens=["64x96"], heads=[2], batch=[2], head_dims=[32], dtypes=["float32"], causal="yes")
+
+
+def _verdicts(kernel, monkeypatch, screen_from):
+    monkeypatch.setattr(row_block, "SCREEN_FROM", screen_from)
+    report = parity_tests.check(kernel, **SCREENED)
+    return [(r.case, r.tensor, r.verdict, r.diagnosis and r.diagnosis.id,
+             r.diagnosis and r.diagnosis.id != "none" and r.diagnosis.sentence) for r in report.rows]
+
+
+def _screening_changes_no_verdict(name, monkeypatch):
+    kernel, expected = GALLERY[name]
+    dropped = []
+    screen = row_block.screen
+
+    def counting(hyps, *args):
+        kept = screen(hyps, *args)
+        dropped.append(len(hyps) - len(kept))
+        return kept
+    monkeypatch.setattr(row_block, "screen", counting)
+    whole = _verdicts(kernel, monkeypatch, 10 ** 12)               # every mistake on the whole case
+    assert not dropped
+    screened = _verdicts(kernel, monkeypatch, 64 * 96 - 1)         # out's mistakes on a block first
+    assert dropped and max(dropped) > 0                             # the screen ran and dropped some
+    assert screened == whole
+    assert expected in {v[3] for v in screened}, screened
+
+
+@pytest.mark.parametrize("name", ["no_scale", "mask_one_future", "stale_max", "one_head_wrong"])
+def test_screening_a_large_case_on_a_block_changes_no_verdict(name, monkeypatch):
+    """A case recomputed whole has its out mistakes tried on a block of rows first: the
+    mistakes dropped there could not have explained the whole case, so every row's verdict
+    and diagnosis are those of the unscreened run."""
+    _screening_changes_no_verdict(name, monkeypatch)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["no_causal_mask", "mask_one_past", "bottom_right", "scale_one_over_d",
+                                  "softmax_over_queries", "bf16_denominator"])
+def test_screening_changes_no_verdict_for_the_rest_of_the_gallery(name, monkeypatch):
+    _screening_changes_no_verdict(name, monkeypatch)
