@@ -230,9 +230,9 @@ def _run(plan, align, seed, progress, timeout=measure.DEFAULT_TIMEOUT):
 
 # A case with fewer (query, key) pairs than this runs on one PyTorch thread on the CPU.
 # Its tensors are small enough that each op's parallel region costs more than it
-# saves, and on a busy machine much more: a woken thread waits for a CPU (measured,
-# default grid of sdpa-flash on 2 cores beside two busy processes: 49 s on PyTorch's
-# 2 threads, 15 s on one; 4.1 s and 4.9 s on an idle machine).
+# saves, and on a busy machine much more: a woken thread waits for a CPU.  Measured on
+# 2 cores, sdpa-flash's default grid beside two busy processes: 51 .. 56 s with every
+# case on PyTorch's 2 threads, 24 s with this (idle: 4.9 s and 4.0 s, the cosine's norms included).
 ONE_THREAD_BELOW = 2 ** 22
 
 
