@@ -255,10 +255,16 @@ def _screened(rest, ev):
     """Whether a case recomputed whole has its out mistakes screened on a block of rows first
     (``row_block.screen``): a large slice, out failing with finite values, and none of the
     features that tie rows, heads or batch entries together (as for the block path)."""
+    return (ev.case.tq * ev.case.tk > row_block.SCREEN_FROM and "out" in rest and "out" in ev.arrays
+            and np.isfinite(ev.arrays["out"]).all() and not _tied(ev))
+
+
+def _tied(ev):
+    """Whether the case's features tie its heads, batch entries or rows together (GQA, a
+    bias, sinks, ALiBi, per-sequence lengths): then no slice or block is recomputed alone."""
     case = ev.case
-    return (case.tq * case.tk > row_block.SCREEN_FROM and "out" in rest and "out" in ev.arrays
-            and np.isfinite(ev.arrays["out"]).all() and case.hkv == case.heads and not case.seqlens
-            and not any(n in ev.rounded for n in ("bias", "sinks", "alibi_slopes")))
+    return case.hkv != case.heads or bool(case.seqlens) or \
+        any(n in ev.rounded for n in ("bias", "sinks", "alibi_slopes"))
 
 
 def _recomputed_part(rest, ev):
@@ -269,7 +275,7 @@ def _recomputed_part(rest, ev):
     case = ev.case
     if fits_densely(case):
         return ev, (slice(None), slice(None)), ""
-    if case.hkv != case.heads or any(n in ev.rounded for n in ("bias", "sinks", "alibi_slopes")) or case.seqlens:
+    if _tied(ev):
         return None, None, (f"Tq x Tk = {case.tq * case.tk} is too large" if case.tq * case.tk > DENSE_LIMIT
                             else "a case with features this large is too large")
     b, h = _worst_slice(ev)
