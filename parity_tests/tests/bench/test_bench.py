@@ -157,9 +157,10 @@ def test_under_load_prints_both_slowdowns_and_leaves_no_busy_process(capsys):
     """``bench --under-load`` on a tiny T: the golden and SDPA timed idle and beside the
     busy processes, the ratio of their slowdowns printed, the busy processes gone after."""
     from parity_tests.bench import golden
-    before = _children()
+    from processes import children
+    before = children()
     r = golden.under_load(T=64, repeats=1, busy=1)
-    assert _children() == before                                 # the spinner was stopped
+    assert children() == before                                 # the spinner was stopped
     for name in ("golden", "torch"):
         assert r[name]["idle_s"] > 0 and r[name]["loaded_s"] > 0
         assert r[name]["slowdown"] == r[name]["loaded_s"] / r[name]["idle_s"]
@@ -172,21 +173,6 @@ def test_under_load_prints_both_slowdowns_and_leaves_no_busy_process(capsys):
     assert "BLAS:" in out and "load average" in out
     assert bench.main(["--golden", "--under-load"]) == 2
     assert "separate runs: give one" in capsys.readouterr().err
-
-
-def _children():
-    """This process's child processes (Linux /proc), as a set of pids."""
-    import os
-    me = str(os.getpid())
-    pids = set()
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[1] == me:
-                    pids.add(pid)
-        except OSError:
-            pass
-    return pids
 
 
 def test_a_size_that_cannot_fit_exits_2_with_the_estimate_before_any_work(capsys):

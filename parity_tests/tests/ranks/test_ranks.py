@@ -15,27 +15,9 @@ from parity_tests.kernels.cases import Case
 from parity_tests.kernels.ranks import check_ranks, shard_positions
 from examples import ring_attention
 import ring_twins
+from processes import children as _children
 
 SMALL = dict(dtypes=["float32"], tokens=[67], timeout=60)
-TRACKER = "multiprocessing.resource_tracker"      # Python's own helper, one per interpreter
-
-
-def _children():
-    """(pid, command line) of this process's live children, read from /proc."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if int(fields[1]) == os.getpid() and fields[0] != "Z":
-            found.append((int(entry), cmd))
-    return [(pid, cmd) for pid, cmd in found if TRACKER not in cmd]
 
 
 def _shared_memory_files():
