@@ -12,24 +12,16 @@ are printed with the table: figures of a shared machine are read with its load.
 """
 
 import json
-import os
 import subprocess
 import sys
 
-from parity_tests.bench.golden import blas_info
+from parity_tests.bench.golden import blas_info, blas_words, load_average
 from parity_tests.common.tables import format_table
 
 __all__ = ["PARTS", "KERNELS", "measure_split", "render_split"]
 
 PARTS = ("target", "baseline", "golden", "diagnosis", "other")
 KERNELS = ("sdpa", "no-scale")
-
-
-def _load():
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return None
 
 
 def _one(T, kernel):
@@ -43,11 +35,11 @@ def _one(T, kernel):
 def measure_split(tokens):
     """{"rows": [one row per T and kernel: verdict, named, wall and seconds by part,
     maxrss_gib], "load_start", "load_end", "blas"}."""
-    result = {"load_start": _load(), "blas": blas_info(), "rows": []}
+    result = {"load_start": load_average(), "blas": blas_info(), "rows": []}
     for T in tokens:
         for kernel in KERNELS:
             result["rows"].append(_one(T, kernel))
-    result["load_end"] = _load()
+    result["load_end"] = load_average()
     return result
 
 
@@ -61,7 +53,7 @@ def render_split(result):
         "the check's wall time by part: one causal case, B 1, H 1, D 64, float32, cpu, each in its own "
         "process (target: PyTorch SDPA; and SDPA with scale=1.0, which fails and is diagnosed)",
         f"load average (1, 5, 15 min) at start: {load(result['load_start'])}",
-        f"BLAS: {result['blas']}; torch threads: {threads} (1 below 2^22 pairs, as the check runs them)",
+        f"BLAS: {blas_words(result['blas'])}; torch threads: {threads} (1 below 2^22 pairs, as the check runs them)",
         "",
         format_table(headers, body),
         "",

@@ -32,7 +32,8 @@ import time
 
 import numpy as np
 
-__all__ = ["golden_rates", "render_golden", "under_load", "render_under_load"]
+__all__ = ["golden_rates", "render_golden", "under_load", "render_under_load", "blas_info", "blas_words",
+           "load_average"]
 
 HEADS, HEAD_DIM, GEMM_N = 2, 64, 2048
 
@@ -46,7 +47,8 @@ def _best(fn, repeats):
     return best
 
 
-def _load():
+def load_average():
+    """(1, 5, 15 min) load averages, rounded, or None where the platform has none."""
     try:
         return tuple(round(x, 2) for x in os.getloadavg())
     except OSError:                                     # not on every platform
@@ -67,13 +69,22 @@ def blas_info():
     return info
 
 
+def blas_words(info):
+    """`blas_info` as one phrase: library, version, kernel, threads; OPENBLAS_CORETYPE."""
+    blas, core = info.get("blas"), info["OPENBLAS_CORETYPE"]
+    if isinstance(blas, dict):
+        blas = (f"{blas['internal_api']} {blas['version']}, kernel {blas['architecture']}, "
+                f"{blas['num_threads']} threads")
+    return f"{blas}; OPENBLAS_CORETYPE {'= ' + core if core else 'not set'}"
+
+
 def golden_rates(tokens, batch=1, repeats=3, causal=False, seed=0):
     """{T: GFLOP/s of the golden, the dgemm's, the share, seconds} for each T."""
     from numpy_ref import _parallel, reference_attention
     rng = np.random.default_rng(seed)
     a, b = (rng.standard_normal((GEMM_N, GEMM_N)) for _ in range(2))
     a @ b                                                           # warm the BLAS
-    result = {"load_start": _load(), "blas": blas_info(), "workers": _parallel.usable_cpus(),
+    result = {"load_start": load_average(), "blas": blas_info(), "workers": _parallel.usable_cpus(),
               "shape": dict(batch=batch, heads=HEADS, head_dim=HEAD_DIM, causal=causal,
                             dtype="float64"), "rows": []}
     for T in tokens:
@@ -88,21 +99,16 @@ def golden_rates(tokens, batch=1, repeats=3, causal=False, seed=0):
         golden = flops / golden_s / 1e9
         result["rows"].append(dict(tokens=T, golden_s=golden_s, golden_gflops=golden,
                                    dgemm_gflops=gemm, share=golden / gemm))
-    result["load_end"] = _load()
+    result["load_end"] = load_average()
     return result
 
 
 def render_golden(result):
-    s, info = result["shape"], result["blas"]
-    blas = info.get("blas")
-    if isinstance(blas, dict):
-        blas = (f"{blas['internal_api']} {blas['version']}, kernel {blas['architecture']}, "
-                f"{blas['num_threads']} threads")
-    core = info["OPENBLAS_CORETYPE"]
+    s = result["shape"]
     lines = [f"golden: numpy_ref.reference_attention, float64 forward + backward, batch "
              f"{s['batch']}, {s['heads']} heads, D {s['head_dim']}, causal {s['causal']}; "
              f"{result['workers']} workers (usable CPUs), one BLAS thread each",
-             f"BLAS: {blas}; OPENBLAS_CORETYPE {'= ' + core if core else 'not set'}",
+             f"BLAS: {blas_words(result['blas'])}",
              f"load average (1, 5, 15 min): {result['load_start']} at start, "
              f"{result['load_end']} at end"]
     for r in result["rows"]:
@@ -159,7 +165,7 @@ def under_load(T=4096, batch=1, repeats=5, busy=2, seed=0):
     fns = {"golden": golden, "torch": sdpa, "dgemm": lambda: a @ a}
     _times(fns, 1)                                                  # warm all three
     result = {"tokens": T, "batch": batch, "busy": busy, "repeats": repeats, "blas": blas_info(),
-              "torch_threads": torch.get_num_threads(), "load_start": _load()}
+              "torch_threads": torch.get_num_threads(), "load_start": load_average()}
     idle = _times(fns, repeats)
     spinners = [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(busy)]
     try:
@@ -169,7 +175,7 @@ def under_load(T=4096, batch=1, repeats=5, busy=2, seed=0):
         for p in spinners:
             p.kill()
             p.wait()
-    result["load_end"] = _load()
+    result["load_end"] = load_average()
     flops = 7 * 2.0 * batch * HEADS * T * T * HEAD_DIM
     for name in fns:
         x, y = statistics.median(idle[name]), statistics.median(loaded[name])
@@ -183,14 +189,11 @@ def under_load(T=4096, batch=1, repeats=5, busy=2, seed=0):
 
 
 def render_under_load(r):
-    info = r["blas"].get("blas")
-    blas = (f"{info['internal_api']} {info['version']}, kernel {info['architecture']}"
-            if isinstance(info, dict) else info)
     lines = [f"under load: float64 forward + backward, batch {r['batch']}, {HEADS} heads, T {r['tokens']}, "
              f"D {HEAD_DIM}; golden numpy_ref.reference_attention vs torch SDPA "
              f"({r['torch_threads']} threads); {r['busy']} busy processes beside them; "
              f"medians of {r['repeats']}, interleaved",
-             f"BLAS: {blas}; load average (1, 5, 15 min): {r['load_start']} at start, "
+             f"BLAS: {blas_words(r['blas'])}; load average (1, 5, 15 min): {r['load_start']} at start, "
              f"{r['load_end']} at end (the busy processes' included)",
              f"{'':8}{'idle s':>9}{'loaded s':>10}{'slowdown':>10}"]
     for name in ("golden", "torch", "dgemm"):

@@ -27,5 +27,8 @@ _TRIM = _malloc_trim()
 
 
 def trim():
-    """Return the heap's free pages to the OS; True where glibc did it."""
-    return bool(_TRIM is not None and _TRIM(0) is not None)
+    """Return the heap's free pages to the OS; False where there is no glibc to ask."""
+    if _TRIM is None:
+        return False
+    _TRIM(0)
+    return True

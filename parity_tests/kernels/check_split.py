@@ -18,9 +18,11 @@ import time
 
 import torch
 
+from parity_tests.kernels.measure import SPLIT_PARTS
+
 __all__ = ["KERNELS", "measure_one", "main"]
 
-PARTS = ("target", "baseline", "golden", "diagnosis", "other")
+PARTS = SPLIT_PARTS + ("other",)
 
 
 def sdpa(q, k, v, *, causal, scale):

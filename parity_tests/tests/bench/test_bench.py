@@ -198,4 +198,4 @@ def test_check_split_at_256_tokens_adds_up_to_each_case_s_wall_time(capsys, tmp_
         parts = sum(r[p] for p in check_split.PARTS)
         assert all(r[p] >= 0 for p in check_split.PARTS)
         assert abs(parts - r["case_wall"]) <= 1e-6 * r["case_wall"]         # other: the rest, by definition
-        assert r["case_wall"] <= r["wall"] <= 1.1 * r["case_wall"] + 0.05, (r["case_wall"], r["wall"])
+        assert r["case_wall"] <= r["wall"], (r["case_wall"], r["wall"])     # the case within its process's timing
