@@ -1,8 +1,6 @@
 """The diagnosis's own limits and what it may claim."""
 
-import numpy as np
 import pytest
-import torch
 
 import parity_tests
 from parity_tests.kernels import cases, diagnosis
@@ -47,7 +45,6 @@ def test_at_one_token_no_mistake_is_claimed_that_cannot_be_told_apart(c):
 
 
 def test_a_backward_only_bug_is_said_so_first_and_given_no_forward_mistake():
-    from parity_tests.kernels import mistakes
     report = parity_tests.check(_dk_too_large, tokens=["17", "45x77"], causal="yes", **ONE)
     assert {r.tensor for r in report.failures} == {"dk"}
     forward = ["stale running maximum", "causal mask", "scale 1/D", "no scale", "alignment", "read as"]

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from numpy_ref import reference_attention
-from numpy_ref import reference as ref_mod
 from numpy_ref import reference_tiles as tiles_mod
 from parity_tests.common.finite_diff import eval_numerical_gradient_array
 from parity_tests.common.tolerances import FINITE_DIFF_BOUND
