@@ -121,13 +121,16 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
               alibi_slopes=None, bias=None, sinks=None, seqlens_q=None, seqlens_k=None, rows=None,
               kv_map="interleave", softcap_first=False, softcap_no_grad=False, shift=0,
               window_align=None, alibi_no_offset=False, alibi_offset_sign=1, axis=-1, stale_block=None,
-              no_delta=False, finite_mask=False, with_max=False, keys=None):
+              no_delta=False, finite_mask=False, with_max=False, keys=None, weights="softmax"):
     """(out, lse): out (B, Hq, Tq, Dv), lse (B, Hq, Tq), in q's dtype; torch tensors,
     differentiable.  ``rows``: (first, total) when q holds query rows first .. of a case
     with ``total`` query rows (the baseline's chunks); the bias then holds those rows too.
     ``with_max``: (out, lse, m), m the row maximum of the scores.  ``keys``: the case's key
     length when k and v hold only its first keys (those past every row's last visible key
-    left out)."""
+    left out).  ``weights``: how the right weights are formed, "softmax" (the row maximum
+    subtracted, divided by the sum) or "lse" (``P = exp(S − lse)``, lse kept in float32 or
+    wider, as FlashAttention's backward and every merge through the log-sum-exp form
+    them): the baseline's two formulations (``tolerances``, "the baseline")."""
     b, hq, tq, _ = q.shape
     hkv, tk = k.shape[1], k.shape[2]
     tk_case = keys or tk
@@ -179,6 +182,10 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
         return (out, lse, S.detach().amax(-1)) if with_max else (out, lse)
     if no_delta:                                # P = exp(S − lse) with lse held constant: dS = P ∘ dP
         P = torch.exp(S_safe - lse.detach().masked_fill(~row_seen, 0.0)[..., None]) * row_seen[..., None]
+    elif weights == "lse":                      # through the log-sum-exp, rounded where a kernel keeps it
+        wide = S_safe.to(torch.promote_types(S.dtype, torch.float32))
+        L = torch.logsumexp(wide, dim=-1).masked_fill(~row_seen, 0.0)[..., None]
+        P = (torch.exp(wide - L) * row_seen[..., None]).to(S.dtype)
     else:
         P = torch.softmax(S_safe, dim=axis) * torch.isfinite(S).any(axis, keepdim=True)
     if sinks is not None:
@@ -189,7 +196,8 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
     return out, lse
 
 
-def run(q, k, v, dout, opts, dtype=torch.float64, device="cpu", grads=True, dlse=None, rows=None, **knobs):
+def run(q, k, v, dout, opts, dtype=torch.float64, device="cpu", grads=True, dlse=None, rows=None,
+        weights="softmax", **knobs):
     """``attention`` on NumPy inputs in ``dtype``: a dict of float64 NumPy arrays, ``out``
     and ``lse`` and, with ``grads`` and a ``dout``, ``dq``, ``dk``, ``dv`` (plus ``dbias``,
     ``dsinks`` when the options hold a bias or sinks), from autograd; ``dlse`` (B, Hq, Tq)
@@ -227,7 +235,7 @@ def run(q, k, v, dout, opts, dtype=torch.float64, device="cpu", grads=True, dlse
         with torch.set_grad_enabled(grads):
             qc = Q[..., r0:r1, :].detach().requires_grad_(grads) if grads else Q[..., r0:r1, :]
             out, lse = attention(qc, Kc, Vc, bias=piece, sinks=sinks, rows=(first + r0, total), keys=tk,
-                                 **kw, **knobs)
+                                 weights=weights, **kw, **knobs)
         _put(parts, "out", out.detach())
         _put(parts, "lse", lse.detach())
         if grads:
