@@ -23,40 +23,70 @@ case                       what a kernel must get right
 Tq > Tk (77 x 45)          with ``--align bottom-right``, query rows that see no key
 =========================  =====================================================
 
-each with the mask it matters with (`VARIATIONS`).  Magnitudes are chosen so that a correct kernel in
+each with the mask it matters with (`CLASSES`), at its own small shape first and,
+when the kernel refuses that (a block kernel that needs T a multiple of 128, Tq = Tk),
+at the grid's shapes the kernel accepts (the user's ``--tokens`` and ``--head-dim``
+first): a class that no shape could carry is a *gap*, named in the report
+(``Report.gaps``) with the kernel's reasons.  Magnitudes are chosen so that a correct kernel in
 bfloat16 still passes: the bound is the baseline's own error times
 ``CHECK_FACTOR`` (``tolerances``), and the baseline meets the same large logits.
 """
+
+from dataclasses import dataclass
 
 import numpy as np
 
 from parity_tests.kernels.cases import Case
 
-__all__ = ["grid_cases", "label", "draw", "STRIDE_PAD"]
+__all__ = ["grid_cases", "label", "draw", "STRIDE_PAD", "CLASSES", "InputClass"]
 
 # Elements of padding past D in each row of a "strides padded" buffer.
 STRIDE_PAD = 8
 OUTLIER_CHANNELS, OUTLIER_FACTOR, OUTLIER_DF = (0, 1), 20.0, 4
 
 
-# (B, H, Tq, Tk, D, what the case varies, the masks it is drawn with): a variation that
-# matters with one mask only is drawn with that one when the run has it (the run's own
-# masks otherwise), which keeps a run's added cases to seven.
-VARIATIONS = (
-    (2, 2, 77, 77, 64, (("strides", "fused"),), (True,)),
-    (1, 2, 45, 77, 40, (("strides", "padded"),), (False,)),
-    (1, 2, 64, 64, 64, (("scale", 0.3),), (True,)),
-    (1, 2, 77, 77, 64, (("inputs", "outliers"),), (True, False)),
-    (1, 2, 45, 45, 64, (("inputs", "integers"),), (False,)),
-    (1, 2, 77, 45, 64, (), (True,)),                 # Tq > Tk: rows that see no key when causal
+@dataclass(frozen=True)
+class InputClass:
+    """One kind of input every run draws: its name in a report, the case's ``varies``
+    (feature-like (name, value) pairs), its own small shape (B, H, Tq, Tk, D), the masks it
+    matters with, and which of the grid's shapes can carry it (`fits`)."""
+    name: str
+    varies: tuple
+    shape: tuple
+    masks: tuple
+    fits: object = lambda tq, tk, d: True
+
+
+# A variation that matters with one mask only is drawn with that one when the run has it
+# (the run's own masks otherwise), which keeps a run's added cases to seven.
+CLASSES = (
+    InputClass("q, k, v views of a fused qkv buffer", (("strides", "fused"),), (2, 2, 77, 77, 64), (True,),
+               lambda tq, tk, d: tq == tk),
+    InputClass("q, k, v rows padded past D", (("strides", "padded"),), (1, 2, 45, 77, 40), (False,)),
+    InputClass("scale ≠ 1/√D", (("scale", 0.3),), (1, 2, 64, 64, 64), (True,)),
+    InputClass("large logits (heavy-tailed inputs with outlier channels)", (("inputs", "outliers"),),
+               (1, 2, 77, 77, 64), (True, False), lambda tq, tk, d: d > max(OUTLIER_CHANNELS)),
+    InputClass("small integers", (("inputs", "integers"),), (1, 2, 45, 45, 64), (False,)),
+    InputClass("Tq > Tk", (), (1, 2, 77, 45, 64), (True,), lambda tq, tk, d: tq > tk),
 )
+# VARIATIONS: the classes as (B, H, Tq, Tk, D, varies, masks), each at its own shape
+VARIATIONS = tuple(c.shape + (c.varies, c.masks) for c in CLASSES)
 
 
-def grid_cases(causal):
-    """The cases every run adds, for the run's masks ``causal`` (a tuple of bools)."""
+def grid_cases(causal, shapes=()):
+    """The cases every run adds, for the run's masks ``causal`` (a tuple of bools), as
+    ``[(class name, [case, fallback, ...])]``: each class at its own shape first, then at
+    each of the grid's ``shapes`` (B, H, Tq, Tk, D) that can carry it -- those a kernel
+    refusing the small shape may take (``run``: a class runs at the first it accepts).
+    Tq > Tk is also tried at (T, T/2) for each of the grid's T x T shapes."""
     out = []
-    for b, h, tq, tk, d, varies, masks in VARIATIONS:
-        out += [Case(b, h, tq, tk, d, c, varies) for c in (tuple(m for m in masks if m in causal) or causal)]
+    for c in CLASSES:
+        tried = [c.shape] + [s for s in shapes if c.fits(*s[2:])]
+        if not c.varies:                              # Tq > Tk: halve the keys of square shapes
+            tried += [(b, h, tq, tk // 2, d) for b, h, tq, tk, d in shapes if tq == tk >= 2]
+        tried = list(dict.fromkeys(tried))
+        for m in (tuple(m for m in c.masks if m in causal) or causal):
+            out.append((c.name, [Case(b, h, tq, tk, d, m, c.varies) for b, h, tq, tk, d in tried]))
     return out
 
 

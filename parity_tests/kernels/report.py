@@ -171,6 +171,8 @@ class Report:
     rows: list = field(default_factory=list)
     seconds: float = 0.0
     settings: dict = field(default_factory=dict)
+    # input classes (``inputs.CLASSES``) that never ran: every case of theirs refused, why
+    gaps: list = field(default_factory=list)
 
     @property
     def failures(self):
@@ -205,7 +207,13 @@ class Report:
         if self.settings:
             s = self.settings
             text += f" ({s.get('device')}; {', '.join(s.get('dtypes', []))}; causal {s.get('align')})"
+        if self.gaps:
+            text += "; never ran: " + "; ".join(self.gaps)
         return text
+
+    def refusals(self):
+        """``{reason: rows}`` of the rows not supported, each reason once."""
+        return Counter(r.note for r in self.unsupported)
 
     def table(self, rows=None):
         rows = self.rows if rows is None else rows
@@ -240,6 +248,8 @@ class Report:
             parts += ["failing rows:", self.table(self.failures), "", "diagnosis:"] + self.diagnosis_lines()
         if not any(r.passed or r.failed for r in self.rows):
             parts.append("no row passed: nothing was checked (every case was not supported)")
+        if self.unsupported:
+            parts += ["not supported, by reason:"] + [f"  {n} rows: {why}" for why, n in self.refusals().items()]
         parts.append(self.summary())
         return "\n".join(parts)
 
@@ -249,7 +259,7 @@ class Report:
                 "summary": {"target": self.target, "passed": self.passed, "rows": len(self.rows),
                             "pass": counts["pass"], "fail": counts["FAIL"],
                             "not_supported": counts["not supported"], "seconds": self.seconds,
-                            "diagnosis": self.diagnosis, **self.settings}}
+                            "diagnosis": self.diagnosis, "gaps": self.gaps, **self.settings}}
 
     def plot(self, directory):
         """A PNG per failing tensor with a located error: its error over the bound

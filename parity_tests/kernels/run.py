@@ -15,6 +15,7 @@ import os
 import sys
 import textwrap
 import time
+from typing import NamedTuple
 
 import torch
 
@@ -125,7 +126,10 @@ def _plan(target, device, dtypes, tokens, head_dims, heads, batch, causal, align
     elif "varlen" in wanted and layout != "bhtd":
         raise ValueError(f"layout: varlen runs every case in the thd layout, not {layout!r}")
     tgt = targets.resolve(target, device, layout)
-    added = inputs.grid_cases(CAUSAL[causal])              # inputs as kernels meet them, in every run
+    # inputs as kernels meet them, in every run: each class at its own shape, then at the grid's
+    shapes = list(dict.fromkeys((c.batch, c.heads, c.tq, c.tk, c.head_dim) for c in grid))
+    classes = inputs.grid_cases(CAUSAL[causal], shapes)
+    added = [tried[0] for _, tried in classes]
     if wanted:
         feat.require(tgt, wanted)                          # a usage error, before any case runs
         plan = feat.Plan(seed=seed, takes_align=tgt.takes_align,
@@ -133,7 +137,19 @@ def _plan(target, device, dtypes, tokens, head_dims, heads, batch, causal, align
         added += feat.feature_cases(wanted, CAUSAL[causal], plan)
     grid = grid + added
     _refuse_what_does_not_fit(grid, names, device)
-    return tgt, device, names, grid, wanted
+    return CheckPlan(tgt, device, names, grid, wanted, classes)
+
+
+class CheckPlan(NamedTuple):
+    """What a run does: the target, device, dtypes, the cases, the features asked for, and
+    the input classes as ``[(name, [case, fallback, ...])]`` (``inputs.grid_cases``; the
+    first of each is in ``grid``)."""
+    target: object
+    device: str
+    dtypes: list
+    grid: list
+    wanted: tuple
+    classes: list
 
 
 def available_memory(device):
@@ -183,7 +199,7 @@ BASE_BYTES = 0.4 * 2 ** 30
 def estimate(plan):
     """(seconds, peak host bytes, the longest case) a run is expected to take: each case's
     pairs at SECONDS_PER_PAIR, its memory by ``measure.case_memory`` over BASE_BYTES."""
-    tgt, device, names, grid, wanted = plan
+    tgt, device, names, grid = plan.target, plan.device, plan.dtypes, plan.grid
     seconds, peak, longest = 0.0, 0.0, None
     for case in grid:
         pairs = case.batch * case.heads * case.tq * case.tk
@@ -203,29 +219,65 @@ def estimate_line(plan):
     if seconds < ESTIMATE_FROM:
         return None
     when = f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"
-    return (f"estimated {when}, {peak / 2 ** 30:.1f} GiB peak for {len(plan[3]) * len(plan[2])} cases "
+    return (f"estimated {when}, {peak / 2 ** 30:.1f} GiB peak for {len(plan.grid) * len(plan.dtypes)} cases "
             f"(the longest: {case} in {dtype})")
 
 
 def _run(plan, align, seed, progress, timeout=measure.DEFAULT_TIMEOUT):
-    tgt, device, names, grid, wanted = plan
-    work = [(case, d) for d in names for case in grid]
+    tgt, device, names, wanted = plan.target, plan.device, plan.dtypes, plan.wanted
+    work = [(case, d) for d in names for case in plan.grid]
+    fallbacks = {tried[0]: (name, tried[1:]) for name, tried in plan.classes}
     start = time.perf_counter()
     show = _progress_line(tgt.name, len(work), start) if progress else None
-    rows = []
+    rows, classes_run, refusals = [], {}, {}
+    run_one = lambda case, d: _run_one(tgt, case, d, device, align, seed, wanted, timeout)
     for i, (case, d) in enumerate(work, 1):
         if show:
             show(i - 1, f"({d}, {case})")
-        with one_thread_if_small(case, device):
-            rows += measure.run_case(tgt, case, d, device, align, seed, wanted, timeout)
+        got = run_one(case, d)
+        if case in fallbacks:                 # an input class: at the first shape the kernel takes
+            name, rest = fallbacks[case]
+            got, ran, reasons = _first_accepted(case, d, got, rest, run_one)
+            classes_run[name] = classes_run.get(name, False) or ran
+            refusals.setdefault(name, []).extend(reasons)
+        rows += got
     if show:
         show(len(work), "")
     find_growth(rows)
     find_strides(rows)
+    gaps = [f"{name} (every case refused: {'; '.join(dict.fromkeys(refusals[name])) or 'no shape of the grid fits'})"
+            for name, ran in classes_run.items() if not ran]
     return Report(tgt.name, rows, time.perf_counter() - start,
                   {"device": device, "dtypes": names, "align": _one_alignment(rows, align),
                    "layout": "thd" if "varlen" in wanted else tgt.layout, "features": wanted,
-                   "factor": tol.CHECK_FACTOR, "floor_ulps": tol.CHECK_FLOOR_ULPS})
+                   "factor": tol.CHECK_FACTOR, "floor_ulps": tol.CHECK_FLOOR_ULPS}, gaps)
+
+
+def _run_one(tgt, case, dtype, device, align, seed, wanted, timeout):
+    with one_thread_if_small(case, device):
+        return measure.run_case(tgt, case, dtype, device, align, seed, wanted, timeout)
+
+
+def _refused(rows):
+    return all(r.verdict == "not supported" for r in rows)
+
+
+def _first_accepted(case, dtype, rows, rest, run_one):
+    """(rows, ran, refusals) of an input class: ``rows`` of its own ``case`` when the kernel
+    takes it, else those of the first of ``rest`` (the grid's shapes) it takes, noting the
+    refusal; the first case's rows when it takes none."""
+    if not _refused(rows):
+        return rows, True, []
+    reasons = [rows[0].note]
+    for fallback in rest:
+        moved = run_one(fallback, dtype)
+        if not _refused(moved):
+            note = f"at a shape the kernel takes ({case} refused: {reasons[0]})"
+            for r in moved:
+                r.note = "; ".join(x for x in (r.note, note) if x)
+            return moved, True, reasons
+        reasons.append(moved[0].note)
+    return rows, False, reasons
 
 
 # A case with fewer (query, key) pairs than this runs on one PyTorch thread on the CPU.

@@ -166,13 +166,24 @@ def both_alignments(cases, plan):
 def feature_cases(features, causal, plan):
     """The added cases of every requested feature, in the order of ``FEATURES``, for each
     value of ``causal`` (a tuple of bools); then the features meeting each other (every
-    pair, and all together), and each feature at the run's own lengths (``plan.grid``)."""
+    pair, and all together), and each feature at the run's own lengths (``plan.grid``, from
+    ``--tokens``) or, on the default grid, once at `LONG_T`."""
     own = [c for f in FEATURES if f in features for cz in causal for c in REGISTRY[f].cases(cz, plan)]
     meeting = [REGISTRY[f] for f in FEATURES if f in features and REGISTRY[f].apply is not None]
     groups = list(combinations(meeting, 2)) + ([tuple(meeting)] if len(meeting) > 2 else [])
     added = [_applied(cases.Case(2, 4, 61, 83, 64, cz), group, plan.seed) for cz in causal for group in groups]
     added += [_applied(c, (f,), plan.seed) for c in plan.grid for f in meeting]
+    # on the default grid, each feature at its long length too, where an error that grows
+    # with the distance shows (ALiBi's distances in bfloat16 are exact only up to 256)
+    long = cases.Case(1, 2, LONG_T, LONG_T, 64, True in causal)
+    added += [_applied(long, (f,), plan.seed) for f in meeting if not plan.grid
+              and not any(min(c.tq, c.tk) >= LONG_T and c.get(f.name) is not None for c in own + added if c)]
     return own + [c for c in dict.fromkeys(added) if c is not None]
+
+
+# The default grid's long length, at which every feature that can be added to a case
+# (``apply``) is drawn once.
+LONG_T = 1023
 
 
 def _applied(case, group, seed):
