@@ -475,8 +475,10 @@ def _diagnose_tensor(t, hyps, cache, got, ref, denom, bound, sel):
     if not candidates:
         return Diagnosis("none", f"{t} matches none of the catalogued mistakes")
     whole = [(res.max(), i, s) for res, i, s in candidates]
-    best = min(whole, key=lambda w: w[0])
     error = slice_errors(a, r, denom).max()
+    # a fitted row factor fits any row scaling; a catalogued mistake that explains it too says why
+    named = [w for w in whole if w[1] != "denominator" and explains(w[0], error, bound)]
+    best = min(named or whole, key=lambda w: w[0])
     if explains(best[0], error, bound):
         beyond = "" if best[0] <= bound else f", {best[0] / error:.0e} of its error {_fmt(error)}"
         return Diagnosis(best[1], f"{t} matches the reference with {best[2]} to {_fmt(best[0])} "
