@@ -30,7 +30,11 @@ offset's sign flipped), ``axis`` (the softmax over queries), ``finite_mask`` (hi
 scores set to finfo.min instead of −inf: a row that sees no key averages every v),
 ``stale_block`` (an online softmax over key blocks of that size that forgets to
 rescale by exp(m_old − m_new)), ``no_delta`` (the backward's D = rowsum(dO ∘ O)
-dropped: the weights differentiated with their normaliser held constant).
+dropped: the weights differentiated with their normaliser held constant),
+``online=(slip, block)`` (the online softmax's other slips, `_online`: the
+accumulator alone not rescaled, l started at 1, split-KV partials merged without
+their rescale), ``backward_causal`` (the backward's own causal flag, `_masked_backward`),
+``softcap_last`` (the cap applied after ALiBi and the bias: x-transformers' order).
 """
 
 import torch
@@ -117,11 +121,74 @@ def _stale_max(S, v, block):
     return acc / torch.where(l > 0, l, torch.ones_like(l))[..., None]
 
 
+def _online(S, v, block, slip):
+    """An online softmax over key blocks of ``block`` (from key 0) with one slip, in closed
+    form.  Right: per block b, m_b = max(m_{b-1}, max_j∈b S_j), l_b = l_{b-1} e^{m_{b-1}-m_b}
+    + Σ_j∈b e^{S_j-m_b}, acc_b likewise with e^{S_j-m_b} v_j, out = acc/l; every term ends
+    relative to the row's maximum m, and out = Σ e^{S-m} v / Σ e^{S-m}.  Each slip leaves the
+    terms of key j relative to another M_j (M_j = m gives the reference):
+
+    "acc":   acc never multiplied by e^{m_old-m_new}, l is:   out = Σ_j e^{S_j-M_j} v_j / Σ_j e^{S_j-m},
+             M_j = the running maximum when j's block was read (keys read before the maximum
+             moved weigh e^{m-M_j} ≥ 1 times too much);
+    "l-one": l started at 1 with m at −inf, its first rescale (m_old = −inf) taken as 1 so
+             that −inf − (−inf) gives no NaN: the 1 stays relative to m_1, the maximum of the
+             first block holding a visible key:  out = Σ e^{S-m} v / (e^{m_1-m} + Σ e^{S-m});
+             a block at least the row's length gives l = 1 + Σ e^{S-m};
+    "split": each block a split-KV partial (acc_s, l_s) relative to its own maximum m_s,
+             merged as Σ_s acc_s / Σ_s l_s (the weights e^{m_s-m} left out):
+             out = Σ_j e^{S_j-M_j} v_j / Σ_j e^{S_j-M_j}, M_j = m_s of j's split.
+
+    A row that sees no key gives 0.  The maxima are not detached: autograd differentiates
+    the kernel's forward as written (for the reference's form their share cancels)."""
+    tk = S.shape[-1]
+    nb = -(-tk // block)
+    pad = nb * block - tk
+    Sp = torch.nn.functional.pad(S, (0, pad), value=-torch.inf) if pad else S
+    blocks = Sp.reshape(S.shape[:-1] + (nb, block))
+    own = blocks.amax(-1)                                                # (..., nb): each block's max
+    finite0 = lambda x: torch.where(torch.isfinite(x), x, torch.zeros_like(x))
+    m = S.amax(-1)
+    if slip == "l-one":
+        e = torch.exp(S - finite0(m)[..., None])
+        seen = torch.isfinite(own)
+        first = torch.where(seen.any(-1), seen.float().argmax(-1), torch.zeros_like(m, dtype=torch.long))
+        m1 = own.gather(-1, first[..., None])[..., 0]
+        extra = torch.where(torch.isfinite(m1), torch.exp(finite0(m1) - finite0(m)), torch.ones_like(m))
+        return (e @ v) / (extra + e.sum(-1))[..., None]
+    M = own if slip == "split" else torch.cummax(own, dim=-1).values    # per block
+    M = M.repeat_interleave(block, dim=-1)[..., :tk]                     # per key
+    w = torch.exp(S - finite0(M))
+    if slip == "acc":
+        l = torch.exp(S - finite0(m)[..., None]).sum(-1)
+    else:
+        l = w.sum(-1)
+    return (w @ v) / torch.where(l > 0, l, torch.ones_like(l))[..., None]
+
+
+def _masked_backward(out, S_pre, lse, seen_b, v):
+    """``out`` forward; backward as a fused kernel's whose mask differs from its forward's:
+    P' = exp(S' − lse) with S' = S masked by ``seen_b`` and lse the forward's (not
+    renormalised), D = rowsum(dO ∘ O) from the forward's O:
+
+        dV = P'ᵀ dO,   dS = P' ∘ (dO Vᵀ − D),   dQ = scale dS K,   dK = scale dSᵀ Q.
+
+    As autograd: g = P' V − rowsum(P') O with O held constant has ∂g/∂S = P' ∘ (dO Vᵀ − D)
+    and ∂g/∂V = P'ᵀ dO; out + (g − g.detach()) has out's value and g's gradients."""
+    finite = torch.isfinite(lse)
+    P_b = torch.exp(S_pre.masked_fill(~seen_b, -torch.inf) - torch.where(finite, lse, 0.0).detach()[..., None])
+    P_b = P_b * finite[..., None]
+    O = out.detach()
+    g = P_b @ v.to(P_b.dtype) - P_b.sum(-1, keepdim=True) * O
+    return O + (g - g.detach())                      # g - g.detach() is 0 exactly
+
+
 def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, softcap=None,
               alibi_slopes=None, bias=None, sinks=None, seqlens_q=None, seqlens_k=None, rows=None,
               kv_map="interleave", softcap_first=False, softcap_no_grad=False, shift=0,
               window_align=None, alibi_no_offset=False, alibi_offset_sign=1, axis=-1, stale_block=None,
-              no_delta=False, finite_mask=False, with_max=False, keys=None, weights="softmax"):
+              no_delta=False, finite_mask=False, with_max=False, keys=None, online=None, backward_causal=None,
+              softcap_last=False, weights="softmax"):
     """(out, lse): out (B, Hq, Tq, Dv), lse (B, Hq, Tq), in q's dtype; torch tensors,
     differentiable.  ``rows``: (first, total) when q holds query rows first .. of a case
     with ``total`` query rows (the baseline's chunks); the bias then holds those rows too.
@@ -142,7 +209,9 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
         else:
             k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
     S = q @ k.transpose(-1, -2)                                        # (B, Hq, Tq, Tk)
-    if softcap is not None:
+    if softcap is not None and softcap_last:
+        S = S * scale                      # capped after ALiBi and the bias, below
+    elif softcap is not None:
         if softcap_first:
             S = softcap * torch.tanh(S / softcap) * scale
         else:
@@ -165,6 +234,9 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
         S = S - slopes[:, :, None, None] * dist[:, None]
     if bias is not None:
         S = S + bias.to(S.dtype)
+    if softcap is not None and softcap_last:
+        S = softcap * torch.tanh(S / softcap)
+    S_pre = S
     seen = torch.stack([visible(i, tk, causal=causal, offset=offs[n], window=window, nq=lq[n], nk=lk[n],
                                 window_offset=w_offs[n], device=q.device) for n in range(b)])[:, None]
     if finite_mask:                        # finfo.min for "hidden": a row that sees no key averages v
@@ -177,8 +249,9 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
     row_seen = torch.isfinite(S).any(-1)
     S_safe = S.masked_fill(~torch.isfinite(S).any(axis, keepdim=True), 0.0)
     lse = torch.logsumexp(S_safe, dim=-1).masked_fill(~row_seen, -torch.inf)
-    if stale_block is not None:
-        out = _stale_max(S[..., :tk], v.to(S.dtype), stale_block)
+    if stale_block is not None or online is not None:
+        out = _stale_max(S[..., :tk], v.to(S.dtype), stale_block) if online is None else \
+            _online(S[..., :tk], v.to(S.dtype), online[1], online[0])
         return (out, lse, S.detach().amax(-1)) if with_max else (out, lse)
     if no_delta:                                # P = exp(S − lse) with lse held constant: dS = P ∘ dP
         P = torch.exp(S_safe - lse.detach().masked_fill(~row_seen, 0.0)[..., None]) * row_seen[..., None]
@@ -191,6 +264,10 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
     if sinks is not None:
         P = P[..., :-1]
     out = P @ v.to(P.dtype)
+    if backward_causal is not None and sinks is None:
+        seen_b = torch.stack([visible(i, tk, causal=backward_causal, offset=offs[n], window=window, nq=lq[n],
+                                      nk=lk[n], window_offset=w_offs[n], device=q.device) for n in range(b)])[:, None]
+        out = _masked_backward(out, S_pre, lse, seen_b, v)
     if with_max:
         return out, lse, S.detach().amax(-1)
     return out, lse

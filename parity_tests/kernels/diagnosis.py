@@ -80,6 +80,23 @@ MATCH_SHARE = 1e-3
 LOWER_SHARE = 3.0
 LOWER = {"float64": ("float32", "bfloat16", "float16"), "float32": ("bfloat16", "float16")}
 
+# An error read as a precision's (a lower one, or an accumulator's growing with length) must
+# look like rounding, whatever its size says:
+# - at most ROUNDING_ULPS units of roundoff (eps) of the lowest precision in question,
+#   relative to the tensor (a plain bfloat16 computation errs 0.3 .. 1x bfloat16's eps;
+#   a maximum never rescaled errs 0.1 .. 2, ~10^5 x a float32 bound);
+# - not concentrated in the rows whose running maximum moved past the first FIRST_KEYS keys
+#   (rounding falls on every row alike; a rescale left out spares the rows whose maximum
+#   never moved): those rows must hold at least MOVED_SHARE of the others' median error;
+# - not the same gap again when the target runs in float64 (a float64 run that computes in
+#   float64, its values off the float32 grid, within SAME_GAP of the error is a formula or
+#   a convention, not a precision).
+ROUNDING_ULPS = 4.0
+EPS = {"float64": 2.0 ** -52, "float32": 2.0 ** -23, "float16": 2.0 ** -10, "bfloat16": 2.0 ** -7}
+FIRST_KEYS = 16
+MOVED_SHARE = 0.1
+SAME_GAP = 0.5
+
 
 def explains(residual, error, bound):
     """A hypothesis at ``residual`` from the target explains a tensor that is at
@@ -97,6 +114,7 @@ class Diagnosis:
     where: str = ""          # the location signature: where the error sits, whatever its cause
     spread: bool = False     # the error over most rows alike: no place of its own
     unbiased: bool = False   # and of either sign alike, as rounding is (a constant offset is not)
+    rounding: bool = False   # unnamed, and its size, rows and float64 run all fit rounding (`_rounding_like`)
     error_map: object = None  # (rows, batch x head) error over the bound, for report.plot
 
     def as_dict(self):
@@ -126,6 +144,7 @@ class Evidence:
     logits: float = 0.0    # the case's largest |score| (its largest finite |lse|)
     baseline_in: object = None   # dtype -> the plain computation's tensors in that dtype
     rows: tuple = None     # (first, total): the row-wise tensors hold a block of query rows (``row_block``)
+    in_float64: object = None    # the target's answer on the same inputs in float64 (`_float64_run`), once
 
 
 def judged(arrays):
@@ -194,6 +213,11 @@ def diagnose(failing, rows, ev):
             d.where, d.spread, d.error_map = locate(n, ev.arrays[n], ev.gold[n], ev.den[n], ev.bounds[n])
             diff = ev.arrays[n] - ev.gold[n]
             d.unbiased = bool(np.isfinite(diff).all() and abs(diff.mean()) <= UNBIASED * np.abs(diff).mean())
+    for n, d in result.items():
+        if d.id == "none" and d.spread and n in ev.arrays:
+            d.rounding, why = _rounding_like(n, rows, ev)
+            if why.startswith("a float64 run"):
+                d.sentence += f"; not rounding: {why}"
     _lower_precision(result, rows, ev)
     _summaries(result, rows, ev)
     for n, d in result.items():
@@ -475,8 +499,10 @@ def _diagnose_tensor(t, hyps, cache, got, ref, denom, bound, sel):
     if not candidates:
         return Diagnosis("none", f"{t} matches none of the catalogued mistakes")
     whole = [(res.max(), i, s) for res, i, s in candidates]
-    best = min(whole, key=lambda w: w[0])
     error = slice_errors(a, r, denom).max()
+    # a fitted row factor fits any row scaling; a catalogued mistake that explains it too says why
+    named = [w for w in whole if w[1] != "denominator" and explains(w[0], error, bound)]
+    best = min(named or whole, key=lambda w: w[0])
     if explains(best[0], error, bound):
         beyond = "" if best[0] <= bound else f", {best[0] / error:.0e} of its error {_fmt(error)}"
         return Diagnosis(best[1], f"{t} matches the reference with {best[2]} to {_fmt(best[0])} "
@@ -513,7 +539,7 @@ def _by_slice(t, candidates, a, r, denom, bound, sel):
 def _lower_precision(result, rows, ev):
     """Tensors that no mistake explains whose error is the size of a lower precision's say so."""
     named_out = "out" in result and result["out"].id not in ("none", "not-diagnosed")
-    unnamed = [n for n, d in result.items() if d.id == "none" and d.spread and d.unbiased]   # rounding-like
+    unnamed = [n for n, d in result.items() if d.id == "none" and d.rounding and d.unbiased]   # rounding-like
     # a gradient of a named output keeps that name; past LOGIT_SCALE the lower precisions'
     # own errors scatter too widely (one-hot weights) to be told apart
     if named_out or ev.dtype not in LOWER or not unnamed or ev.logits > tol.LOGIT_SCALE:
@@ -533,6 +559,69 @@ def _lower_precision(result, rows, ev):
             result[n] = Diagnosis("lower-precision", f"{n}'s error {rows[n].error:.1e} is the size of {low}'s (a "
                                   f"plain {low} computation: {low_err:.1e}): the kernel appears to compute in {low} "
                                   f"inside this {ev.dtype} check", rows[n].error, rows[n].bound)
+
+
+def _rounding_like(n, rows, ev):
+    """(whether tensor ``n``'s error can be rounding, why not): its size within ROUNDING_ULPS of
+    the lowest precision in question, not concentrated in the rows whose maximum moved, and
+    gone when the target computes in float64 (see ROUNDING_ULPS)."""
+    lowest = max((ev.dtype,) + LOWER.get(ev.dtype, ()), key=lambda d: EPS.get(d, 0.0))
+    error = rows[n].error
+    if error is None or not np.isfinite(error):
+        return False, "not finite"
+    ceiling = ROUNDING_ULPS * EPS.get(lowest, 0.0)
+    if error > ceiling:
+        return False, f"its error {_fmt(error)} is over {ROUNDING_ULPS:g} units of {lowest}'s roundoff ({_fmt(ceiling)})"
+    if n in ("out", "lse", "dq") and ev.rows is None and fits_densely(ev.case):
+        still, moved = _max_moved(ev)
+        if still.sum() >= 4 and moved.sum() >= 4:
+            per_row = (np.abs(ev.arrays[n] - ev.gold[n]) / ev.den[n]).max(-1)           # (B, H, Tq)
+            if np.median(per_row[moved]) > ev.bounds[n] and per_row[still].max() < MOVED_SHARE * np.median(per_row[moved]):
+                return False, "its error sits in the rows whose running maximum moved (the rows whose maximum lies in " \
+                              f"the first {FIRST_KEYS} keys are right)"
+    if ev.dtype != "float64" and n != "lse" and fits_densely(ev.case):
+        got = _float64_run(ev)
+        a64 = got.get(n) if isinstance(got, dict) else None
+        if isinstance(a64, np.ndarray) and np.isfinite(a64).all():
+            a64 = judged({n: a64})[n]
+            off_grid = bool(np.any(a64.astype(np.float32).astype(np.float64) != a64))
+            gap = float(slice_errors(a64, ev.gold[n], ev.den[n]).max())
+            if off_grid and gap >= SAME_GAP * error:
+                return False, (f"a float64 run of the target shows the same gap ({_fmt(gap)} against {_fmt(error)} in "
+                               f"{ev.dtype}): a difference of formula or convention, not of precision")
+    return True, ""
+
+
+def _max_moved(ev):
+    """(still, moved): (B, H, Tq) bool, the query rows whose maximum score lies in the first
+    FIRST_KEYS keys (a running maximum that never moves after them) and the others that see a key."""
+    import torch
+    from parity_tests.kernels import dense
+    r, opts = ev.rounded, ev.opts
+    t = lambda a: torch.as_tensor(np.asarray(a)).double()
+    kw = {k: opts[k] for k in ("scale", "causal", "align", "window", "softcap", "seqlens_q", "seqlens_k") if k in opts}
+    kw.update({k: t(opts[k]) for k in ("sinks", "alibi_slopes") if opts.get(k) is not None})
+    bias = t(opts["bias"]) if opts.get("bias") is not None else torch.zeros((), dtype=torch.float64)
+    tk = r["k"].shape[2]
+    first = torch.zeros(tk, dtype=torch.float64).masked_fill(torch.arange(tk) >= FIRST_KEYS, -np.inf)
+    with torch.no_grad():
+        m = dense.attention(t(r["q"]), t(r["k"]), t(r["v"]), bias=bias, with_max=True, **kw)[2].numpy()
+        m1 = dense.attention(t(r["q"]), t(r["k"]), t(r["v"]), bias=bias + first, with_max=True, **kw)[2].numpy()
+    seen = np.isfinite(m)
+    still = seen & (m1 == m)
+    return still, seen & ~still
+
+
+def _float64_run(ev):
+    """The target called once more on the same (rounded) inputs, in float64: a dict of its
+    arrays, or what the call gave instead (a refusal, a failure)."""
+    if ev.in_float64 is None:
+        import copy
+        import torch
+        caller = copy.copy(ev.caller)
+        caller.dtype = torch.float64
+        ev.in_float64 = caller()
+    return ev.in_float64
 
 
 def _summaries(result, rows, ev):

@@ -154,9 +154,26 @@ def chapter(ctx):
         out.append(H("layout-bthd-as-bhtd", "(B, T, H, D) read as (B, H, T, D): attention across the "
                      "heads instead of the tokens", _swapped(ctx)))
     if "out" in ctx.present:
+        blocks = [block for block in STALE_BLOCKS if case.tk > block]
         out += [H("stale-max", f"a stale running maximum (key blocks of {block} not rescaled when the "
-                  "maximum moves)", fwd(stale_block=block)) for block in STALE_BLOCKS if case.tk > block]
+                  "maximum moves)", fwd(stale_block=block)) for block in blocks]
+        out += [H("acc-not-rescaled", f"the output accumulator not rescaled by exp(m_old - m_new) when the "
+                  f"maximum moves while the running sum l is (key blocks of {block})", fwd(online=("acc", block)))
+                for block in blocks]
+        out += [H("l-starts-at-one", "the running sum l started at 1 instead of 0 (" +
+                  (f"key blocks of {block}: the 1 stays in the denominator as exp(m_first - m), m_first the "
+                   "first block's maximum)" if block < case.tk else "one pass: l = 1 + sum exp(S - m))"),
+                  fwd(online=("l-one", block))) for block in blocks + [case.tk]]
     out += _kernel_bugs(ctx)
+    if "dq" in ctx.present and case.tk > 1 and ctx.opts.get("sinks") is None:
+        grads = tuple(n for n in ctx.present if n in ("dq", "dk", "dv", "dbias"))
+        if case.causal:
+            out.append(H("backward-unmasked", "a backward without the causal mask its forward applies (P = "
+                         "exp(S - lse) recomputed over every key)", fwd(backward_causal=False), grads))
+        else:
+            out.append(H("backward-masked", "a backward that applies a causal mask its forward does not (P = "
+                         "exp(S - lse) recomputed under the causal mask: a backward written for causal "
+                         "attention only)", fwd(backward_causal=True), grads))
     if "dq" in ctx.present and case.tk > 1:
         g, s = ctx.golden_raw, case.scale
         out += [H("backward-no-D", "the backward's D = rowsum(dO ∘ O) term dropped", fwd(no_delta=True),
@@ -213,11 +230,15 @@ def _kernel_bugs(ctx):
     if case.tk > case.tq > 1 and not case.seqlens:
         out.append(H("keys-bounded-at-tq", f"the key loop stopping at Tq = {case.tq} (keys {case.tq} .. "
                      f"{case.tk - 1} never visited)", fwd(_keys_cut(ctx, case.tq))))
+    widths = {}                                  # keys per split: by a count of splits, or fixed
     for splits in (2, 3, 4):
-        block = -(-case.tk // splits)
-        if block not in STALE_BLOCKS and case.tk > block:
-            out.append(H("split-no-rescale", f"{splits} split-KV partials merged without their rescale "
-                         "exp(m_s - m)", fwd(stale_block=block)))
+        widths.setdefault(-(-case.tk // splits), f"{splits} split-KV partials")
+    for width in STALE_BLOCKS:
+        widths.setdefault(width, f"split-KV partials of {width} keys")
+    for width, what in widths.items():
+        if case.tk > width:
+            out.append(H("split-no-rescale", f"{what} merged without their rescale exp(m_s - m) (each "
+                         "partial relative to its own maximum)", fwd(online=("split", width))))
     if case.causal and case.offset(ctx.align) < 0:
         out.append(H("finite-mask", "a finite mask value (finfo.min) in place of -inf: rows that see no key "
                      "return the mean of v instead of 0", fwd(finite_mask=True)))

@@ -13,7 +13,8 @@ and ``time/SDPA``, the target's forward time over SDPA's (``measure.YARDSTICK_CA
 After a run, failing rows that no catalogued mistake explains are looked at
 together: when a tensor passes at every shorter key length and fails at every
 longer one, the error grows with the sequence length -- the signature of an
-accumulator kept in a low precision -- and the rows say so.
+accumulator kept in a low precision -- and the rows say so, when the error also looks
+like rounding (its size, its rows, a float64 run: ``diagnosis._rounding_like``).
 """
 
 import json
@@ -127,8 +128,10 @@ def find_growth(rows):
             same = (r.target, r.dtype, r.device, r.tensor, r.dims["head_dim"], tuple(r.dims["features"]))
             groups.setdefault(same, []).append(r)
     for group in groups.values():
+        # an error with a place of its own, or too large, or concentrated in the rows whose maximum
+        # moved, or there again in float64, is not a drift (``diagnosis._rounding_like``)
         unexplained = [r for r in group if r.failed and r.diagnosis is not None and r.diagnosis.id == "none"
-                       and r.diagnosis.spread]            # an error with a place of its own is not a drift
+                       and r.diagnosis.spread and r.diagnosis.rounding]
         passing = [r for r in group if r.passed]
         if not unexplained or len({r.dims["tk"] for r in passing}) < 2:
             continue

@@ -1,6 +1,7 @@
 """``softcap``: ``S ← c · tanh(S / c)`` on the scaled scores, before any bias: 50, and 1
 on scores of spread ~4 (q drawn 4× larger), where tanh saturates.  Invited mistakes:
-the cap applied before the scale, its derivative 1 − tanh² left out of the backward."""
+the cap applied before the scale, its derivative 1 − tanh² left out of the backward; and
+the convention of applying it after ALiBi and the bias instead of before."""
 
 from parity_tests.kernels.cases import Case
 from parity_tests.kernels.features import Feature
@@ -22,7 +23,18 @@ def mistakes(ctx, cap):
     return [ctx.H("softcap-before-scale", f"the softcap applied before the scale (c tanh(q.k / c) x scale, "
                   f"c = {cap:g})", ctx.fwd(softcap_first=True)),
             ctx.H("softcap-no-derivative", "the softcap's derivative 1 - tanh^2 left out of the backward",
-                  ctx.fwd(softcap_no_grad=True), grads)]
+                  ctx.fwd(softcap_no_grad=True), grads)] + after_bias(ctx, cap)
+
+
+def after_bias(ctx, cap):
+    """A convention rather than a slip: the cap applied after ALiBi and the bias, c tanh((S - slope |i + o - j|
+    + bias) / c) (x-transformers' Attend adds its attention bias, ALiBi's included, before its softclamp),
+    where the contract caps the scaled scores first.  Told apart only where ALiBi or a bias meets the cap."""
+    added = [n for n, key in (("ALiBi", "alibi_slopes"), ("the bias", "bias")) if ctx.opts.get(key) is not None]
+    if not added:
+        return []
+    return [ctx.H("softcap-after-bias", f"the softcap applied after {' and '.join(added)} (c tanh((S + biases) "
+                  f"/ c), c = {cap:g}; x-transformers' order) instead of before them", ctx.fwd(softcap_last=True))]
 
 
 FEATURE = Feature("softcap", "softcap=float, c·tanh(S/c) on the scaled scores", keywords=("softcap",),

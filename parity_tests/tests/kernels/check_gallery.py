@@ -170,6 +170,94 @@ def low_precision_accumulator(q, k, v, *, causal, scale, block=2):
     return (acc.double() / e.sum(-1, keepdim=True)).to(dt)
 
 
+
+class _MaskedAsTold(torch.autograd.Function):
+    """The forward with its own causal flag; the backward recomputing P = exp(S - lse) from
+    the forward's lse under another mask (``bwd_causal``), D from the forward's output, as
+    a fused kernel's backward does when it masks whatever it was written for."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, bwd_causal, scale):
+        S = (q @ k.transpose(-1, -2)) * scale
+        tq, tk = S.shape[-2:]
+        hidden = _mask(tq, tk, 0, q.device)
+        lse = torch.logsumexp(S.masked_fill(hidden, -torch.inf) if causal else S, dim=-1, keepdim=True)
+        P = torch.exp((S.masked_fill(hidden, -torch.inf) if causal else S) - lse)
+        out = P @ v
+        P_bwd = torch.exp((S.masked_fill(hidden, -torch.inf) if bwd_causal else S) - lse)
+        ctx.save_for_backward(q, k, v, P_bwd, out)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, P, out = ctx.saved_tensors
+        dS = P * (dout @ v.transpose(-1, -2) - (dout * out).sum(-1, keepdim=True))
+        return dS @ k * ctx.scale, dS.transpose(-1, -2) @ q * ctx.scale, P.transpose(-1, -2) @ dout, None, None, None
+
+
+def backward_masked(q, k, v, *, causal, scale):
+    """A backward written for causal attention only: it masks even when the forward did not."""
+    dt = q.dtype
+    return _MaskedAsTold.apply(q.double(), k.double(), v.double(), causal, True, scale).to(dt)
+
+
+def backward_unmasked(q, k, v, *, causal, scale):
+    """The reverse: the forward masks as told, the backward never does."""
+    dt = q.dtype
+    return _MaskedAsTold.apply(q.double(), k.double(), v.double(), causal, False, scale).to(dt)
+
+
+def _scores(q, k, *, causal, scale):
+    S = (q @ k.transpose(-1, -2)) * scale
+    if causal:
+        S = S.masked_fill(_mask(q.shape[-2], k.shape[-2], 0, q.device), -torch.inf)
+    return S
+
+
+def _online(q, k, v, *, causal, scale, block, acc_rescaled=True, l_rescaled=True, l_start=0.0):
+    """FlashAttention's loop over key blocks, with m starting at -inf and the rescale
+    exp(m_old - m_new) taken as 1 while m_old is still -inf (nothing to rescale yet)."""
+    dt = q.dtype
+    q, k, v = (t.double() for t in (q, k, v))
+    S = _scores(q, k, causal=causal, scale=scale)
+    m = torch.full(S.shape[:-1], -torch.inf, dtype=S.dtype)
+    l = torch.full(S.shape[:-1], l_start, dtype=S.dtype)
+    acc = torch.zeros(S.shape[:-1] + (v.shape[-1],), dtype=S.dtype)
+    for j0 in range(0, S.shape[-1], block):
+        Sb, vb = S[..., j0:j0 + block], v[..., j0:j0 + block, :]
+        m_new = torch.maximum(m, Sb.amax(-1))
+        alpha = torch.where(torch.isfinite(m), torch.exp(m - m_new), 1.0)
+        p = torch.exp(Sb - torch.where(torch.isfinite(m_new), m_new, 0.0)[..., None])
+        l = (l * alpha if l_rescaled else l) + p.sum(-1)
+        acc = (acc * alpha[..., None] if acc_rescaled else acc) + p @ vb
+        m = m_new
+    return (acc / torch.where(l > 0, l, 1.0)[..., None]).to(dt)
+
+
+def acc_not_rescaled(q, k, v, *, causal, scale):
+    """Blocks of 32 keys: l is rescaled when the maximum moves, the output accumulator is not."""
+    return _online(q, k, v, causal=causal, scale=scale, block=32, acc_rescaled=False)
+
+
+def l_starts_at_one(q, k, v, *, causal, scale):
+    """Blocks of 32 keys, the running sum l started at 1 instead of 0."""
+    return _online(q, k, v, causal=causal, scale=scale, block=32, l_start=1.0)
+
+
+def split_merge_no_rescale(q, k, v, *, causal, scale, width=64):
+    """Split-KV over ranges of 64 keys, each partial (acc_s, l_s) relative to its own maximum
+    m_s, merged as sum acc_s / sum l_s: the rescale exp(m_s - m) left out."""
+    dt = q.dtype
+    q, k, v = (t.double() for t in (q, k, v))
+    S = _scores(q, k, causal=causal, scale=scale)
+    acc, l = 0.0, 0.0
+    for Sb, vb in zip(S.split(width, dim=-1), v.split(width, dim=-2)):
+        m_s = Sb.amax(-1, keepdim=True)
+        p = torch.exp(Sb - torch.where(torch.isfinite(m_s), m_s, 0.0))
+        acc, l = acc + p @ vb, l + p.sum(-1, keepdim=True)
+    return (acc / torch.where(l > 0, l, 1.0)).to(dt)
+
 # name -> (kernel, the diagnosis id it must get first)
 GALLERY = {
     "no_causal_mask": (no_causal_mask, "no-causal-mask"),
@@ -188,4 +276,9 @@ GALLERY = {
     "one_head_wrong": (one_head_wrong, "no-causal-mask"),
     "bf16_denominator": (bf16_denominator, "denominator"),
     "low_precision_accumulator": (low_precision_accumulator, "grows-with-length"),
+    "backward_masked": (backward_masked, "backward-masked"),
+    "backward_unmasked": (backward_unmasked, "backward-unmasked"),
+    "acc_not_rescaled": (acc_not_rescaled, "acc-not-rescaled"),
+    "l_starts_at_one": (l_starts_at_one, "l-starts-at-one"),
+    "split_merge_no_rescale": (split_merge_no_rescale, "split-no-rescale"),
 }

@@ -71,7 +71,9 @@ def attend(q, k, v, *, causal, scale, align="top-left", window=None, softcap=Non
     if mistake == "decode-top-left" and tq < 16:
         off = 0
     S = q @ k.transpose(-1, -2)
-    if softcap is not None:
+    if softcap is not None and mistake == "softcap-after-bias":
+        S = S * scale                                       # capped below, after ALiBi and the bias
+    elif softcap is not None:
         if mistake == "softcap-before-scale":
             S = softcap * torch.tanh(S / softcap) * scale
         elif mistake == "softcap-no-derivative":
@@ -93,6 +95,8 @@ def attend(q, k, v, *, causal, scale, align="top-left", window=None, softcap=Non
         S = S - sign * slopes[:, None, None] * dist
     if bias is not None:
         S = S + (bias.detach() if mistake == "bias-no-grad" else bias).to(work)
+    if softcap is not None and mistake == "softcap-after-bias":
+        S = softcap * torch.tanh(S / softcap)
     seen = torch.ones(tq, tk, dtype=torch.bool)
     if causal:
         seen &= j <= i + off
@@ -193,6 +197,7 @@ FEATURE_GALLERY = {
     "window-other-alignment": ["window"],
     "softcap-before-scale": ["softcap"],
     "softcap-no-derivative": ["softcap"],
+    "softcap-after-bias": ["softcap", "alibi"],
     "alibi-sign": ["alibi"],
     "alibi-reversed": ["alibi"],
     "alibi-no-offset": ["alibi"],

@@ -1,6 +1,7 @@
 """The diagnosis's own limits and what it may claim."""
 
 import pytest
+import torch
 
 import parity_tests
 from parity_tests.kernels import cases, diagnosis
@@ -62,3 +63,82 @@ def test_errors_the_size_of_a_lower_precision_are_named():
         assert d.id == "lower-precision" or (d.id == "none" and "outliers" in row.case), d.sentence
         if d.id == "lower-precision":
             assert "is the size of bfloat16's" in d.sentence and "inside this float32 check" in d.sentence
+
+
+# ----------------------------------------------------------------------------
+# A precision is read only from an error that looks like rounding
+
+GROWTH = dict(tokens=["8", "32", "128", "512"], head_dims=[16], heads=[1], batch=[1], dtypes=["float32"],
+              causal="no")
+PRECISION = {"lower-precision", "grows-with-length"}
+
+
+def _without(monkeypatch, *ids):
+    """The chapter's catalogue without the entries ``ids``: what a kernel matching none reads as."""
+    from parity_tests.kernels import mistakes
+    chapter = mistakes.chapter
+    monkeypatch.setattr(mistakes, "chapter", lambda ctx: [h for h in chapter(ctx) if h.id not in ids])
+
+
+@pytest.mark.parametrize("name, expected", [("acc_not_rescaled", "acc-not-rescaled"),
+                                            ("split_merge_no_rescale", "split-no-rescale")])
+def test_a_rescale_left_out_is_never_read_as_a_precision(name, expected, monkeypatch):
+    from check_gallery import GALLERY
+    kernel = GALLERY[name][0]
+    report = parity_tests.check(kernel, **GROWTH)
+    assert report.diagnosis == expected, str(report)
+    # its errors, 10^5 x the bound, pass short and fail long: a drift by that pattern alone
+    _without(monkeypatch, expected, "stale-max", "acc-not-rescaled", "split-no-rescale")
+    for float64 in ("runs", "refused"):      # refused: its size alone must tell (and its rows, for out)
+        if float64 == "refused":
+            monkeypatch.setattr(diagnosis, "_float64_run", lambda ev: "not supported: float64")
+        report = parity_tests.check(kernel, **GROWTH)
+        assert report.failures
+        for row, d in report.diagnoses:
+            assert d.id not in PRECISION, (float64, d.sentence)
+            assert d.rounding is False or d.id != "none", (float64, d.sentence)
+
+
+def _xt_attend(q, k, v, *, causal, scale, softcap=None, alibi_slopes=None):
+    """x-transformers' Attend's order, in the input's dtype: the scaled scores, plus ALiBi,
+    then the softclamp, then the causal mask."""
+    S = (q @ k.transpose(-1, -2)) * scale
+    i = torch.arange(S.shape[-2], dtype=q.dtype)[:, None]
+    j = torch.arange(S.shape[-1], dtype=q.dtype)[None, :]
+    if alibi_slopes is not None:
+        S = S - alibi_slopes.to(q.dtype)[:, None, None] * (i - j).abs()
+    if softcap is not None:
+        S = softcap * torch.tanh(S / softcap)
+    if causal:
+        S = S.masked_fill(j > i, -torch.inf)
+    return torch.softmax(S, dim=-1) @ v
+
+
+XT = dict(features=["softcap", "alibi"], tokens=["17"], head_dims=[16], heads=[2], batch=[1], dtypes=["float32"],
+          causal="both")
+
+
+def test_the_softcap_after_alibi_is_named_a_convention():
+    report = parity_tests.check(_xt_attend, **XT)
+    assert report.failures and report.diagnosis == "softcap-after-bias", str(report)
+    for row, d in report.diagnoses:
+        assert d.id == "softcap-after-bias", d.sentence
+        assert "softcap applied after ALiBi" in d.sentence
+
+
+def test_a_gap_a_float64_run_shows_again_is_not_a_precision(monkeypatch):
+    from parity_tests.kernels.features import softcap
+    monkeypatch.setattr(softcap, "after_bias", lambda ctx, cap: [])
+    report = parity_tests.check(_xt_attend, **XT)
+    assert report.failures
+    for row, d in report.diagnoses:            # its error is the size of bfloat16's: only float64 tells
+        assert d.id not in PRECISION, d.sentence
+        if d.id == "none" and d.spread:
+            assert "not rounding: a float64 run of the target shows the same gap" in d.sentence, d.sentence
+
+
+def test_a_kernel_in_bfloat16_whatever_its_input_is_still_read_as_bfloat16():
+    # in float64 it returns bfloat16's values again (on the float32 grid): its float64 run says nothing
+    report = parity_tests.check(_in_bfloat16, tokens=["17", "45x77"], causal="yes", **ONE)
+    named = [d for r, d in report.diagnoses if "outliers" not in r.case]
+    assert named and all(d.id == "lower-precision" for d in named), [d.sentence for d in named]
