@@ -52,7 +52,8 @@ def test_backward_mistakes_leave_out_passing():
 
 def test_an_error_growing_with_length_is_named():
     kernel, expected = GALLERY["low_precision_accumulator"]
-    report = parity_tests.check(kernel, tokens=["8", "32", "128", "512"], head_dims=[16], heads=[1],
+    # Tk = 128 left out: its ratio to the bound (0.2 .. 0.95) depends on the machine's BLAS
+    report = parity_tests.check(kernel, tokens=["8", "32", "512"], head_dims=[16], heads=[1],
                                 batch=[1], dtypes=["float32"], causal="no")
     assert not report.passed
     assert report.diagnosis == expected
