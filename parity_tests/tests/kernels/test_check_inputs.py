@@ -1,10 +1,12 @@
 """Inputs as kernels meet them (``kernels/inputs.py``), and what a kernel must not do:
 each kernel here is right but for one thing the grid's plain cases never show."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 
 import parity_tests
+from parity_tests.kernels.targets import Unsupported
 from feature_gallery import attend
 
 SMALL = dict(tokens=["17"], head_dims=[16], heads=[2], batch=[1], dtypes=["float32"], causal="yes")
@@ -136,3 +138,55 @@ def test_a_packed_kernel_reading_past_its_sequence_is_told_so():
     report = parity_tests.check(one_key_too_many, features=["varlen"], layout="thd", **{**SMALL, "causal": "no"})
     assert report.diagnosis == "non-finite"
     assert "read past a sequence's end (cu_seqlens)" in report.failures[0].diagnosis.sentence
+
+
+def _block_kernel(ignores="nothing"):
+    """A block kernel as Triton's tutorial writes one: T a multiple of 128, Tq = Tk, D a
+    power of two from 32; right but for what ``ignores`` names."""
+    def kernel(q, k, v, *, causal, scale):
+        t, d = q.shape[-2], q.shape[-1]
+        if t % 128 or k.shape[-2] != t:
+            raise Unsupported("T must be a multiple of 128 (and Tq = Tk)")
+        if d not in (32, 64, 128, 256):
+            raise Unsupported("D must be 32, 64, 128 or 256")
+        if ignores == "strides":
+            q, k, v = (torch.as_strided(x, x.shape, torch.empty(x.shape).stride(), x.storage_offset())
+                       for x in (q, k, v))
+        if ignores == "max":
+            S = (q @ k.transpose(-1, -2)) * scale
+            S = S.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), -torch.inf) if causal else S
+            P = torch.exp(S)
+            return (P / P.sum(-1, keepdim=True)) @ v
+        return sdpa(q, k, v, causal=causal, scale=None if ignores == "scale" else scale)
+    return kernel
+
+
+BLOCK = dict(tokens=["128"], head_dims=[64], heads=[1], batch=[1], dtypes=["float32"], causal="yes")
+
+
+def test_a_block_kernel_meets_every_input_class_at_a_shape_it_takes():
+    report = parity_tests.check(_block_kernel(), **BLOCK)
+    assert report.passed, str(report)
+    ran = {r.case for r in report.rows if r.verdict == "pass"}
+    for words in ("strides fused", "strides padded", "scale 0.3", "inputs outliers", "inputs integers"):
+        assert any(words in c and "T128" in c for c in ran), (words, ran)
+    # Tq > Tk cannot run on a kernel that needs Tq = Tk: a gap, named with the kernel's reason
+    assert report.gaps == ["Tq > Tk (every case refused: T must be a multiple of 128 (and Tq = Tk))"]
+    assert "never ran: Tq > Tk (every case refused: T must be a multiple of 128" in report.summary()
+    assert "not supported, by reason:" in str(report) and str(report).count("T must be a multiple of 128") == 2   # once listed, once in the gap
+
+
+@pytest.mark.parametrize("ignores, diagnosis", [("scale", "scale-ignored"), ("strides", "ignores-strides"),
+                                                ("max", "non-finite")])
+def test_a_block_kernel_ignoring_an_input_class_fails_named(ignores, diagnosis):
+    report = parity_tests.check(_block_kernel(ignores), **BLOCK)
+    assert not report.passed and report.diagnosis == diagnosis, str(report)
+    assert all("T128" in r.case and "at a shape the kernel takes" in r.note for r in report.failures)
+
+
+def test_an_input_class_no_shape_carries_is_a_gap_not_a_pass():
+    report = parity_tests.check(_block_kernel("scale"), **{**BLOCK, "tokens": ["100"]})
+    assert not report.passed and "nothing was checked" in str(report)
+    assert len(report.gaps) == 6 and all("every case refused" in g for g in report.gaps)
+    assert "scale ≠ 1/√D (every case refused: T must be a multiple of 128" in report.summary()
+    assert report.as_dict()["summary"]["gaps"] == report.gaps
