@@ -47,6 +47,8 @@ def test_each_place_is_said_in_its_own_words():
         "only batch entries 0 of 2; confined to bias rows 10 .. 19 of 100"
     # a bias's columns are keys, not head-dim channels
     assert _where("dbias", (0, 0, 5, 3)) == "only batch entries 0 of 2; only heads 0 of 3; only bias row 5 of 100"
+    assert _where("out", (0, 0, 0, 0), (2, 3, 1, 8)) == \
+        "only batch entries 0 of 2; only heads 0 of 3; only head-dim channels 0 of 8"     # one row: nothing to confine
     assert _where("out", np.zeros((2, 3, 100, 8), dtype=bool)) == ""
 
 
@@ -64,3 +66,4 @@ def test_a_kernel_wrong_in_its_last_partial_tile_is_told_so():
     for n in ("out", "dq"):
         assert where[n].where == phrase and where[n].sentence.endswith("; where: " + phrase), where[n].sentence
     assert where["dv"].where == "spread over every batch, head and key row"
+    assert not where["dq"].sentence.startswith("the output is right")           # it is not
