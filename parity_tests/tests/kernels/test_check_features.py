@@ -2,6 +2,7 @@
 feature gallery's teeth, and the built-in targets with the features they express."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -237,7 +238,10 @@ def test_a_gradient_pointing_the_wrong_way_is_named_so():
         return attend(with_backward(q, lambda g: -g), k, v, causal=causal, scale=scale)[0]
     report = parity_tests.check(negated_dq, features=["gqa"], **SMALL, causal="yes")
     dq = [d for r, d in report.diagnoses if r.tensor == "dq"]
-    assert dq and all("dq points the wrong way (cosine -1.00" in d.sentence for d in dq)
+    # said after what the catalogue found, not instead of it
+    assert dq and all(d.id == "wrong-direction" and re.search(
+        r"only the backward is wrong: dq matches none of the catalogued mistakes.*; dq points the wrong way "
+        r"\(cosine -1\.00 with the reference\); where: ", d.sentence) for d in dq), [d.sentence for d in dq]
 
 
 def test_flash_attention_targets_are_skipped_with_the_reason_off_cuda():

@@ -91,6 +91,16 @@ def test_a_change_of_the_global_rng_state_is_reported_not_judged():
     assert all("changed torch's global RNG state" in r.note for r in report.rows)
 
 
+def test_the_rng_note_is_added_to_a_rows_own_note():
+    def draws(q, k, v, *, causal, scale, alibi_slopes=None):
+        torch.rand(1)
+        return attend(q, k, v, causal=causal, scale=scale, alibi_slopes=alibi_slopes)
+    report = parity_tests.check(draws, features=["alibi", "lse"], **SMALL)
+    assert report.passed, str(report)
+    notes = {r.note for r in report.rows if r.tensor == "lse" and "alibi" in r.case}
+    assert notes == {"lse in the reference's ALiBi form; changed torch's global RNG state"}
+
+
 def test_lse_nan_fails_wherever_it_appears():
     def nan_where_nothing_is_seen(q, k, v, *, causal, scale, align="top-left"):
         out, lse = attend(q, k, v, causal=causal, scale=scale, align=align)

@@ -92,6 +92,18 @@ def test_a_case_carries_its_time_split_and_the_parts_add_up():
     assert rows[0].as_dict()["split"]["diagnosis"] == split["diagnosis"]
 
 
+def test_a_parts_time_is_the_sum_of_its_blocks(monkeypatch):
+    # the target is called up to three times a case (first, determinism repeat, fresh inputs)
+    ticks = iter([0.0, 1.0, 3.0, 10.0, 14.0, 20.0, 25.0, 30.0])
+    monkeypatch.setattr(measure, "time", type("Clock", (), {"perf_counter": staticmethod(lambda: next(ticks))}))
+    split = measure.Split()
+    for part in ("target", "target", "golden"):
+        with split(part):
+            pass
+    assert split.done() == {"target": 6.0, "baseline": 0.0, "golden": 5.0, "diagnosis": 0.0, "other": 19.0,
+                            "wall": 30.0}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kernel, expected", [(no_scale, "no-scale"), (mask_one_future, "mask-one-future")],
                          ids=["no-scale", "mask-one-future"])

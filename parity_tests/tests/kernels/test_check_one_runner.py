@@ -145,6 +145,18 @@ def test_lse_grad_backpropagates_through_lse():
     assert parity_tests.check(kernel("lse-grad-dropped"), features=["lse"], **SMALL, causal="yes").passed
 
 
+def test_lse_grad_backpropagates_through_the_packed_layout():
+    # with varlen, lse is (H, total_q): the upstream gradient on it is packed and transposed to match
+    right = parity_tests.check(kernel(packed=True), features=["varlen", "lse_grad"], **SMALL, causal="yes")
+    assert right.passed, str(right)
+    assert right.settings["layout"] == "thd"
+    assert {r.tensor for r in right.rows} == {"out", "lse", "dq", "dk", "dv"}
+    wrong = parity_tests.check(kernel("lse-grad-dropped", packed=True), features=["varlen", "lse_grad"], **SMALL,
+                               causal="yes")
+    assert {r.tensor for r in wrong.failures} == {"dq", "dk"}, str(wrong)
+    assert wrong.diagnosis == "lse-grad-dropped", str(wrong)
+
+
 def test_requested_features_meet_and_run_at_the_users_lengths():
     plan = Plan(seed=0, grid=(Case(1, 2, 4096, 4096, 64, True),))
     from parity_tests.kernels.features import feature_cases

@@ -1,0 +1,159 @@
+"""``dense.attention``'s knobs, each the formula of one catalogued mistake, held to a
+witness written here in NumPy with plain loops (no code shared with ``dense``): a knob
+whose formula drifted would name a kernel's mistake wrongly, or fail to name it.  Each
+knob is also shown to change the result, so that a knob ignored is caught as well."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from parity_tests.kernels import dense
+
+B, H, D = 1, 4, 4
+
+
+def _inputs(tq, tk, hkv, seed=0):
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((B, H, tq, D)) * 1.5
+    k, v = rng.standard_normal((B, hkv, tk, D)) * 1.5, rng.standard_normal((B, hkv, tk, D))
+    return q, k, v, rng.standard_normal((B, H, tq, D))
+
+
+def witness(q, k, v, dout, *, scale, causal=False, align="top-left", window=None, window_align=None,
+            softcap=None, cap_first=False, cap_grad=True, slopes=None, alibi_offset=None, kv=None,
+            shift=0, axis=-1, finite_mask=False, stale_block=None, delta=True):
+    """(out, lse, dq, dk, dv) of one mistake's attention, entry by entry."""
+    tq, tk, hkv = q.shape[2], k.shape[2], k.shape[1]
+    kv = kv or (lambda h: h // (H // hkv))
+    o = (0 if align == "top-left" else tk - tq) + shift
+    w = o if window_align is None else (0 if window_align == "top-left" else tk - tq)
+    a_off = o if alibi_offset is None else alibi_offset
+    out, lse = np.zeros(q.shape[:3] + (v.shape[-1],)), np.full(q.shape[:3], -np.inf)
+    dq, dk, dv = np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape)
+    for b in range(B):
+        for h in range(H):
+            g = kv(h)
+            Q, K, V, dO = q[b, h], k[b, g], v[b, g], dout[b, h]
+            raw = Q @ K.T
+            if softcap is None:
+                S, dS_draw = raw * scale, np.full(raw.shape, scale)
+            elif cap_first:
+                t = np.tanh(raw / softcap)
+                S, dS_draw = softcap * t * scale, scale * (1 - t * t)
+            else:
+                t = np.tanh(raw * scale / softcap)
+                S, dS_draw = softcap * t, scale * ((1 - t * t) if cap_grad else 1.0)
+            seen = np.ones((tq, tk), dtype=bool)
+            for i in range(tq):
+                for j in range(tk):
+                    if slopes is not None:
+                        S[i, j] -= slopes[h] * abs(i + a_off - j)
+                    if causal and j > i + o:
+                        seen[i, j] = False
+                    if window is not None and window[0] >= 0 and j < i + w - window[0]:
+                        seen[i, j] = False
+                    if window is not None and window[1] >= 0 and not causal and j > i + w + window[1]:
+                        seen[i, j] = False
+            P = np.zeros((tq, tk))
+            if axis == -2:                       # each key's weights over the queries that see it
+                for j in range(tk):
+                    rows = seen[:, j]
+                    if rows.any():
+                        e = np.exp(S[rows, j] - S[rows, j].max())
+                        P[rows, j] = e / e.sum()
+            for i in range(tq):
+                keys = seen[i]
+                if keys.any():
+                    m = S[i, keys].max()
+                    lse[b, h, i] = m + math.log(np.exp(S[i, keys] - m).sum())
+                if axis == -2:
+                    continue
+                if not keys.any():
+                    if finite_mask:              # every score the same finite minimum: a uniform average
+                        P[i] = 1.0 / tk
+                    continue
+                if stale_block:                  # running max, l and acc never rescaled
+                    m, l, acc = -np.inf, 0.0, np.zeros(V.shape[-1])
+                    for j0 in range(0, tk, stale_block):
+                        blk = [j for j in range(j0, min(tk, j0 + stale_block)) if keys[j]]
+                        if blk:
+                            m = max(m, S[i, blk].max())
+                        for j in blk:
+                            p = math.exp(S[i, j] - m)
+                            l, acc = l + p, acc + p * V[j]
+                    out[b, h, i] = acc / l
+                    continue
+                P[i, keys] = np.exp(S[i, keys] - lse[b, h, i])
+            if not stale_block:
+                out[b, h] = P @ V
+            dP = dO @ V.T
+            if axis == -2:                       # each column's own normaliser
+                Dr = (P * dP).sum(0, keepdims=True)
+            else:
+                Dr = (dO * out[b, h]).sum(-1, keepdims=True) if delta else 0.0
+            dS = P * (dP - Dr) * dS_draw
+            dq[b, h] = dS @ K
+            dk[b, g] += dS.T @ Q
+            dv[b, g] += P.T @ dO
+    return {"out": out, "lse": lse, "dq": dq, "dk": dk, "dv": dv}
+
+
+def dense_run(q, k, v, dout, *, slopes=None, **kw):
+    Q, K, V = (torch.tensor(x, requires_grad=True) for x in (q, k, v))
+    if slopes is not None:
+        kw["alibi_slopes"] = torch.tensor(slopes)
+    out, lse = dense.attention(Q, K, V, **kw)
+    dq, dk, dv = torch.autograd.grad(out, (Q, K, V), torch.tensor(dout))
+    return {n: x.detach().numpy() for n, x in zip(("out", "lse", "dq", "dk", "dv"), (out, lse, dq, dk, dv))}
+
+
+SLOPES = [0.5, 0.25, 0.125, 0.0625]
+
+# knob: (Tq, Tk, kv heads, the options both take, the knob for dense, the witness's words for it,
+#        the tensors the knob changes)
+KNOBS = {
+    "kv_map repeat": (6, 6, 2, dict(causal=True), dict(kv_map="repeat"), dict(kv=lambda h: h % 2),
+                      ("out", "dq", "dk", "dv")),
+    "softcap_first": (6, 9, 4, dict(causal=True, softcap=2.0), dict(softcap_first=True), dict(cap_first=True),
+                      ("out", "lse", "dq", "dk")),
+    "softcap_no_grad": (6, 9, 4, dict(causal=True, softcap=2.0), dict(softcap_no_grad=True),
+                        dict(cap_grad=False), ("dq", "dk")),
+    "shift +1": (7, 7, 4, dict(causal=True), dict(shift=1), dict(shift=1), ("out", "lse", "dq", "dk", "dv")),
+    "shift -1": (7, 7, 4, dict(causal=True), dict(shift=-1), dict(shift=-1), ("out", "lse", "dq", "dk", "dv")),
+    "window_align": (5, 9, 4, dict(window=(2, 1)), dict(window_align="bottom-right"),
+                     dict(window_align="bottom-right"), ("out", "lse", "dq", "dk", "dv")),
+    "alibi_no_offset": (5, 9, 4, dict(causal=True, align="bottom-right", slopes=SLOPES), dict(alibi_no_offset=True),
+                        dict(alibi_offset=0), ("out", "lse", "dq", "dk", "dv")),
+    "alibi_offset_sign": (5, 9, 4, dict(causal=True, align="bottom-right", slopes=SLOPES),
+                          dict(alibi_offset_sign=-1), dict(alibi_offset=-4), ("out", "lse", "dq", "dk", "dv")),
+    "axis": (7, 7, 4, dict(causal=True), dict(axis=-2), dict(axis=-2), ("out", "dq", "dk", "dv")),
+    "finite_mask": (9, 5, 4, dict(causal=True, align="bottom-right"), dict(finite_mask=True),
+                    dict(finite_mask=True), ("out",)),
+    "stale_block": (6, 9, 4, dict(window=(4, -1)), dict(stale_block=3), dict(stale_block=3), ("out",)),
+    "no_delta": (6, 9, 4, dict(causal=True, align="bottom-right"), dict(no_delta=True), dict(delta=False),
+                 ("dq", "dk")),
+}
+
+
+def _close(a, b):
+    return np.allclose(a, b, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("knob", list(KNOBS))
+def test_each_knob_is_its_mistakes_formula(knob):
+    tq, tk, hkv, both, turned, says, changed = KNOBS[knob]
+    q, k, v, dout = _inputs(tq, tk, hkv)
+    scale = 1 / math.sqrt(D)
+    mine = {n: both[n] for n in ("causal", "align", "window", "softcap", "slopes") if n in both}
+    right = witness(q, k, v, dout, scale=scale, **mine)
+    assert {n: _close(a, right[n]) for n, a in dense_run(q, k, v, dout, scale=scale, **mine).items()} == \
+        dict.fromkeys(right, True), "dense without the knob is not the witness's right attention"
+    wrong = witness(q, k, v, dout, scale=scale, **mine, **says)
+    got = dense_run(q, k, v, dout, scale=scale, **mine, **turned)
+    # the stale online softmax and the finite mask: judged on out, where their mistake shows
+    judged = ("out",) if knob in ("stale_block", "finite_mask") else tuple(got)
+    for n in judged:
+        assert _close(got[n], wrong[n]), f"{knob}: {n} is not the witness's"
+    assert all(not _close(wrong[n], right[n]) for n in changed), f"{knob} changes nothing here"
