@@ -138,20 +138,23 @@ def _read(ctx, value, hid, says, positions):
     lens = np.array([len(s) for s in read])
     opts = {**ctx.opts, "seqlens_k": lens}
     offs = dense.offsets(ctx.case.tq, longest, opts["seqlens_q"], lens, ctx.align, ctx.case.batch)
-    sure = np.stack([(dense.visible(torch.arange(ctx.case.tq), longest, causal=opts["causal"], offset=offs[b],
+    # the query rows q holds: every row, or a block of them (``row_block``), numbered in the whole case
+    first = (ctx.rows or (0,))[0]
+    query = torch.arange(first, first + q.shape[2])
+    sure = np.stack([(dense.visible(query, longest, causal=opts["causal"], offset=offs[b],
                                     window=opts.get("window"), nk=int(lens[b])).numpy()
-                      & nan_key[b][None, :]).any(-1) for b in range(ctx.case.batch)])        # (B, Tq)
-    heads = ctx.case.heads
+                      & nan_key[b][None, :]).any(-1) for b in range(ctx.case.batch)])        # (B, rows)
+    shape = (ctx.case.batch, ctx.case.heads, len(query))
 
     def predict(grads=True):
         r = ctx.dense(q, np.nan_to_num(got["k"]), np.nan_to_num(got["v"]), None, opts, grads=False)
-        rows = np.broadcast_to(sure[:, None, :], (ctx.case.batch, heads, ctx.case.tq))
+        rows = np.broadcast_to(sure[:, None, :], shape)
         r["out"][rows] = np.nan
         r["lse"][rows] = np.nan
         return ctx.judged({n: r[n] for n in ("out", "lse")})
 
     def maybe():
-        return np.broadcast_to(nan_key.any(-1)[:, None, None], (ctx.case.batch, heads, ctx.case.tq))
+        return np.broadcast_to(nan_key.any(-1)[:, None, None], shape)
     tensors = tuple(n for n in ("out", "lse") if n in ctx.present)
     return Poisoned(hid, says, predict, tensors, maybe)
 
