@@ -62,3 +62,21 @@ def test_errors_the_size_of_a_lower_precision_are_named():
         assert d.id == "lower-precision" or (d.id == "none" and "outliers" in row.case), d.sentence
         if d.id == "lower-precision":
             assert "is the size of bfloat16's" in d.sentence and "inside this float32 check" in d.sentence
+
+
+def test_a_diagnosis_that_raises_leaves_the_fail_and_says_it_could_not_diagnose(monkeypatch):
+    from parity_tests.kernels import measure, mistakes
+
+    def broken(ctx):
+        raise IndexError("planted in the catalogue")
+    monkeypatch.setattr(mistakes, "catalogue", broken)
+    monkeypatch.delenv(measure.DIAGNOSIS_RAISES, raising=False)
+    report = parity_tests.check(_times(1.5), tokens=["17"], causal="yes", **ONE)
+    assert not report.passed and report.failures
+    assert all(r.verdict == "FAIL" for r in report.rows if r.tensor == "out")
+    assert {d.sentence for _, d in report.diagnoses} == {"could not diagnose: IndexError: planted in the catalogue"}
+    assert len(report.diagnoses) == len(report.failures) and report.diagnosis is None
+    assert "could not diagnose: IndexError" in str(report)
+    monkeypatch.setenv(measure.DIAGNOSIS_RAISES, "1")            # the suite's own setting: the defect raises
+    with pytest.raises(IndexError, match="planted in the catalogue"):
+        parity_tests.check(_times(1.5), tokens=["17"], causal="yes", **ONE)
