@@ -137,6 +137,9 @@ def _read(ctx, value, hid, says, positions):
     nan_key = np.isnan(got["k"]).any(axis=(1, 3)) | np.isnan(got["v"]).any(axis=(1, 3))     # (B, L)
     lens = np.array([len(s) for s in read])
     opts = {**ctx.opts, "seqlens_k": lens}
+    if opts.get("bias") is not None:          # the bias over the keys read: 0 past the case's, cut short before
+        bias = np.asarray(opts["bias"])[..., :longest]
+        opts["bias"] = np.pad(bias, [(0, 0)] * (bias.ndim - 1) + [(0, longest - bias.shape[-1])])
     offs = dense.offsets(ctx.case.tq, longest, opts["seqlens_q"], lens, ctx.align, ctx.case.batch)
     # the query rows q holds: every row, or a block of them (``row_block``), numbered in the whole case
     first = (ctx.rows or (0,))[0]

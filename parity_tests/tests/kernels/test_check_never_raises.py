@@ -95,6 +95,17 @@ def test_no_planted_mistake_makes_the_check_raise_on_a_feature(feature, monkeypa
     assert any(r.failed and r.diagnosis is not None for _, r in rows)      # the diagnosis ran
 
 
+@pytest.mark.parametrize("mistake, features, size", [
+    ("no_scale", ["paged"], "rows"),                          # a paged case sliced to one sequence
+    ("no_scale", ["bias", "paged"], "whole"),                 # more keys read than the bias covers
+    ("varlen-neighbours", ["varlen", "lse_grad"], "whole"),   # dlse packed as q is
+], ids=["paged-rows", "bias+paged", "varlen+lse_grad"])
+def test_the_crashes_the_pairs_found_stay_fixed(mistake, features, size, monkeypatch):
+    as_if(size, monkeypatch)
+    rows = check_mistakes([mistake], features)
+    assert any(r.failed and r.diagnosis is not None for _, r in rows)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("feature", FEATURES)
