@@ -299,7 +299,8 @@ def _recomputed_part(rest, ev):
     case = ev.case
     if fits_densely(case):
         return ev, (slice(None), slice(None)), ""
-    if _tied(ev):
+    # paged: each batch entry its own length, and a page table drawn for the whole case
+    if _tied(ev) or ev.opts.get("seqlens_k") is not None:
         return None, None, (f"Tq x Tk = {case.tq * case.tk} is too large" if case.tq * case.tk > DENSE_LIMIT
                             else "a case with features this large is too large")
     b, h = _worst_slice(ev)

@@ -70,7 +70,7 @@ class Context:
 
     def dense(self, q, k, v, dout, opts, grads=True, dlse="same", **knobs):
         """``dense.run`` in float64 with the case's upstream gradients (``dlse``: another, or None)."""
-        dlse = self.dlse if dlse == "same" else dlse
+        dlse = self.dlse if isinstance(dlse, str) and dlse == "same" else dlse
         return dense.run(q, k, v, dout if grads else None, opts, grads=grads,
                          dlse=dlse if grads and dout is not None else None, rows=self.rows, **knobs)
 

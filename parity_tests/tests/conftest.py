@@ -7,9 +7,13 @@
   derandomized, so CI runs the same examples every time.  The property tests
   scale their example counts with the profile's ``max_examples``:
   ``PARITY_HYPOTHESIS_PROFILE=thorough pytest`` runs ten times more.
+- A diagnosis that raises raises (``PARITY_DIAGNOSIS_RAISES``, ``measure.DIAGNOSIS_RAISES``):
+  outside the tests the row says "could not diagnose", which a test would pass over.
 """
 
 import os
+
+os.environ.setdefault("PARITY_DIAGNOSIS_RAISES", "1")       # here too for the CLI's subprocesses
 
 try:
     import torch

@@ -137,21 +137,27 @@ def _read(ctx, value, hid, says, positions):
     nan_key = np.isnan(got["k"]).any(axis=(1, 3)) | np.isnan(got["v"]).any(axis=(1, 3))     # (B, L)
     lens = np.array([len(s) for s in read])
     opts = {**ctx.opts, "seqlens_k": lens}
+    if opts.get("bias") is not None:          # the bias over the keys read: 0 past the case's, cut short before
+        bias = np.asarray(opts["bias"])[..., :longest]
+        opts["bias"] = np.pad(bias, [(0, 0)] * (bias.ndim - 1) + [(0, longest - bias.shape[-1])])
     offs = dense.offsets(ctx.case.tq, longest, opts["seqlens_q"], lens, ctx.align, ctx.case.batch)
-    sure = np.stack([(dense.visible(torch.arange(ctx.case.tq), longest, causal=opts["causal"], offset=offs[b],
+    # the query rows q holds: every row, or a block of them (``row_block``), numbered in the whole case
+    first = (ctx.rows or (0,))[0]
+    query = torch.arange(first, first + q.shape[2])
+    sure = np.stack([(dense.visible(query, longest, causal=opts["causal"], offset=offs[b],
                                     window=opts.get("window"), nk=int(lens[b])).numpy()
-                      & nan_key[b][None, :]).any(-1) for b in range(ctx.case.batch)])        # (B, Tq)
-    heads = ctx.case.heads
+                      & nan_key[b][None, :]).any(-1) for b in range(ctx.case.batch)])        # (B, rows)
+    shape = (ctx.case.batch, ctx.case.heads, len(query))
 
     def predict(grads=True):
         r = ctx.dense(q, np.nan_to_num(got["k"]), np.nan_to_num(got["v"]), None, opts, grads=False)
-        rows = np.broadcast_to(sure[:, None, :], (ctx.case.batch, heads, ctx.case.tq))
+        rows = np.broadcast_to(sure[:, None, :], shape)
         r["out"][rows] = np.nan
         r["lse"][rows] = np.nan
         return ctx.judged({n: r[n] for n in ("out", "lse")})
 
     def maybe():
-        return np.broadcast_to(nan_key.any(-1)[:, None, None], (ctx.case.batch, heads, ctx.case.tq))
+        return np.broadcast_to(nan_key.any(-1)[:, None, None], shape)
     tensors = tuple(n for n in ("out", "lse") if n in ctx.present)
     return Poisoned(hid, says, predict, tensors, maybe)
 

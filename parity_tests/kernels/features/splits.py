@@ -34,7 +34,8 @@ def cases(causal, plan):
 
 def partials(ctx, splits):
     """(out_s (S, B, H, Tq, Dv), lse_s (S, B, H, Tq), m_s (S, B, H, Tq)) in float64: the
-    reference's options with the keys outside each range masked by a −inf bias."""
+    reference's options with the keys outside each range masked by a −inf bias (Tq: the
+    rows q holds, a block of them numbered as in the whole case with ``ctx.rows``)."""
     q, k, v, _ = ctx.inputs
     t = lambda a: torch.as_tensor(np.asarray(a)).double()
     kw = {n: ctx.opts[n] for n in ("scale", "causal", "align", "window", "softcap", "seqlens_q", "seqlens_k")
@@ -48,7 +49,7 @@ def partials(ctx, splits):
     for s in range(splits):
         inside = (j >= s * width) & (j < (s + 1) * width)
         mask = torch.zeros(tk, dtype=torch.float64).masked_fill(~inside, -math.inf)
-        parts.append(dense.attention(t(q), t(k), t(v), bias=bias + mask, with_max=True, **kw))
+        parts.append(dense.attention(t(q), t(k), t(v), bias=bias + mask, with_max=True, rows=ctx.rows, **kw))
     return tuple(torch.stack([p[i] for p in parts]).numpy() for i in range(3))
 
 

@@ -65,7 +65,9 @@ def _packed_as_one(ctx, lengths):
         return out
 
     def predict(grads=True):
-        r = ctx.dense(cat(q, lq), cat(k, lk), cat(v, lk), cat(dout, lq) if grads else None, one, grads=grads)
+        dlse = None if ctx.dlse is None else cat(ctx.dlse, lq)          # (B, H, Tq) packed as q is
+        r = ctx.dense(cat(q, lq), cat(k, lk), cat(v, lk), cat(dout, lq) if grads else None, one, grads=grads,
+                      dlse=dlse)
         got = {"out": split(r["out"], lq, ctx.case.tq), "lse": split(r["lse"][..., None], lq, ctx.case.tq)[..., 0]}
         if grads:
             got.update(dq=split(r["dq"], lq, ctx.case.tq), dk=split(r["dk"], lk, ctx.case.tk),

@@ -70,3 +70,57 @@ def exits(q, k, v, *, causal, scale):
 def hangs(q, k, v, *, causal, scale):
     while True:                          # a pure-Python loop: only a signal stops it
         pass
+
+
+# Kernels that return garbage: not the tensor the case expects, or not a tensor at all.
+
+def returns_a_tuple(q, k, v, *, causal, scale):
+    """(out, lse) where out alone is expected."""
+    out = sdpa(q, k, v, causal=causal, scale=scale)
+    return out, out.sum(-1)
+
+
+def returns_none(q, k, v, *, causal, scale):
+    sdpa(q, k, v, causal=causal, scale=scale)
+
+
+def returns_numpy(q, k, v, *, causal, scale):
+    return sdpa(q, k, v, causal=causal, scale=scale).detach().numpy()
+
+
+def returns_a_scalar(q, k, v, *, causal, scale):
+    return sdpa(q, k, v, causal=causal, scale=scale).sum()
+
+
+def returns_infinity(q, k, v, *, causal, scale):
+    return sdpa(q, k, v, causal=causal, scale=scale) * torch.inf
+
+
+def returns_out_alone(q, k, v, *, causal, scale):
+    """out where (out, lse) is expected."""
+    return sdpa(q, k, v, causal=causal, scale=scale)
+
+
+def returns_lse_of_the_wrong_shape(q, k, v, *, causal, scale):
+    out = sdpa(q, k, v, causal=causal, scale=scale)
+    return out, out.sum(-1).transpose(1, 2)
+
+
+def returns_lse_as_a_list(q, k, v, *, causal, scale):
+    out = sdpa(q, k, v, causal=causal, scale=scale)
+    return out, out.sum(-1).tolist()
+
+
+def returns_lse_in_integers(q, k, v, *, causal, scale):
+    out = sdpa(q, k, v, causal=causal, scale=scale)
+    return out, out.sum(-1).int()
+
+
+def returns_three(q, k, v, *, causal, scale):
+    out = sdpa(q, k, v, causal=causal, scale=scale)
+    return out, out.sum(-1), None
+
+
+def nan_gradients(q, k, v, *, causal, scale):
+    return with_backward(sdpa(q, k, v, causal=causal, scale=scale), lambda g: g * torch.nan)
+

@@ -144,8 +144,11 @@ def _stale(S, v, block):
     return acc / torch.where(l > 0, l, 1.0)[..., None]
 
 
-def varlen(q, k, v, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, mistake=None, **options):
-    """The packed layout (total, H, D): one sequence at a time, as FlashAttention's varlen."""
+def varlen(q, k, v, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, mistake=None, core=None,
+           **options):
+    """The packed layout (total, H, D): one sequence at a time, as FlashAttention's varlen;
+    ``core``: the (out, lse) of one sequence, (1, H, t, D) (default `attend`)."""
+    core = core or attend
     cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
     if mistake == "varlen-neighbours":                 # the whole pack as one sequence
         cq, ck = [0, cq[-1]], [0, ck[-1]]
@@ -153,7 +156,7 @@ def varlen(q, k, v, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, m
     count = len(cq) - 1 - (mistake == "varlen-dropped-last")
     for n in range(count):
         seq = lambda x, c: x[c[n]:c[n + 1]].transpose(0, 1)[None]      # (1, H, t, D)
-        out, lse = attend(seq(q, cq), seq(k, ck), seq(v, ck), mistake=mistake, **options)
+        out, lse = core(seq(q, cq), seq(k, ck), seq(v, ck), mistake=mistake, **options)
         outs.append(out[0].transpose(0, 1))
         lses.append(lse[0])
     total = cq[-1]

@@ -26,8 +26,10 @@ def _attend(q, k, v, *, causal, scale, offset):
     return torch.einsum("hij,jhd->ihd", weights, v), torch.logsumexp(scores, dim=-1)    # lse (Hq, Tq)
 
 
-def _paged(q, k_cache, v_cache, block_table, cache_seqlens, causal, scale, mistake=None, lse=False):
-    """Each sequence's keys gathered from its pages, then plain attention, bottom-right."""
+def _paged(q, k_cache, v_cache, block_table, cache_seqlens, causal, scale, mistake=None, lse=False, attend=None):
+    """Each sequence's keys gathered from its pages, then plain attention, bottom-right
+    (``attend``: in place of `_attend`, with its arguments)."""
+    attend = attend or _attend
     page = k_cache.shape[1]
     flat_k = k_cache.double().reshape(-1, *k_cache.shape[2:])           # (num_pages · page, Hkv, D)
     flat_v = v_cache.double().reshape(-1, *v_cache.shape[2:])
@@ -45,8 +47,8 @@ def _paged(q, k_cache, v_cache, block_table, cache_seqlens, causal, scale, mista
             slot = block_table.reshape(-1).long()[b * (block_table.shape[1] - 1) + column] * page + pos % cut
         else:
             slot = block_table[b].long()[column] * page + pos % cut
-        outs.append(_attend(q[b].double(), flat_k[slot], flat_v[slot], causal=causal, scale=scale,
-                            offset=n - q.shape[1]))
+        outs.append(attend(q[b].double(), flat_k[slot], flat_v[slot], causal=causal, scale=scale,
+                           offset=n - q.shape[1]))
     out = torch.stack([o for o, _ in outs]).to(q.dtype)
     return (out, torch.stack([l for _, l in outs]).float()) if lse else out
 

@@ -142,3 +142,21 @@ def test_a_kernel_in_bfloat16_whatever_its_input_is_still_read_as_bfloat16():
     report = parity_tests.check(_in_bfloat16, tokens=["17", "45x77"], causal="yes", **ONE)
     named = [d for r, d in report.diagnoses if "outliers" not in r.case]
     assert named and all(d.id == "lower-precision" for d in named), [d.sentence for d in named]
+
+
+def test_a_diagnosis_that_raises_leaves_the_fail_and_says_it_could_not_diagnose(monkeypatch):
+    from parity_tests.kernels import measure, mistakes
+
+    def broken(ctx):
+        raise IndexError("planted in the catalogue")
+    monkeypatch.setattr(mistakes, "catalogue", broken)
+    monkeypatch.delenv(measure.DIAGNOSIS_RAISES, raising=False)
+    report = parity_tests.check(_times(1.5), tokens=["17"], causal="yes", **ONE)
+    assert not report.passed and report.failures
+    assert all(r.verdict == "FAIL" for r in report.rows if r.tensor == "out")
+    assert {d.sentence for _, d in report.diagnoses} == {"could not diagnose: IndexError: planted in the catalogue"}
+    assert len(report.diagnoses) == len(report.failures) and report.diagnosis is None
+    assert "could not diagnose: IndexError" in str(report)
+    monkeypatch.setenv(measure.DIAGNOSIS_RAISES, "1")            # the suite's own setting: the defect raises
+    with pytest.raises(IndexError, match="planted in the catalogue"):
+        parity_tests.check(_times(1.5), tokens=["17"], causal="yes", **ONE)

@@ -177,3 +177,30 @@ def test_rows_that_see_no_key_are_said_to_expect_zeros():
     assert ("query rows 0 .. 24 see no key (bottom-right causal mask with Tq = 45 > Tk = 20): the check "
             "expects zeros there, as SDPA and FlashAttention return") in sentence
     assert "dropout" not in str(report)
+
+
+@pytest.mark.parametrize("kernel, features, note", [
+    (bad.returns_a_tuple, [], "returned tuple, expected a tensor"),
+    (bad.returns_none, [], "returned NoneType, expected a tensor"),
+    (bad.returns_numpy, [], "returned ndarray, expected a tensor"),
+    (bad.returns_a_scalar, [], "wrong shape: output ()"),
+    (bad.returns_out_alone, ["lse"], "with lse the target must return (out, lse), got Tensor"),
+    (bad.returns_three, ["lse"], "with lse the target must return (out, lse), got tuple"),
+    (bad.returns_lse_of_the_wrong_shape, ["lse"], "wrong lse: ("),          # (B, T, H) for (B, H, T)
+    (bad.returns_lse_as_a_list, ["lse"], "wrong lse: list, expected shape ("),
+    (bad.returns_lse_in_integers, ["lse"], "wrong lse dtype: torch.int32"),
+], ids=lambda x: x.__name__ if callable(x) else None)
+def test_a_kernel_returning_garbage_fails_every_row_with_what_it_returned(kernel, features, note):
+    report = parity_tests.check(kernel, tokens=["17"], features=features, **ONE)
+    assert {r.verdict for r in report.rows} == {"FAIL"} and not report.passed
+    assert all(r.note.startswith(note) for r in report.rows), report.rows[0].note
+
+
+@pytest.mark.parametrize("kernel, tensor", [(bad.returns_infinity, "out"), (bad.nan_gradients, "dq")],
+                         ids=["infinite-out", "nan-gradients"])
+def test_a_kernel_returning_non_finite_values_fails_them_named(kernel, tensor):
+    report = parity_tests.check(kernel, tokens=["17"], **ONE)
+    row = next(r for r in report.rows if r.tensor == tensor)
+    assert row.verdict == "FAIL" and row.diagnosis.id == "non-finite", row.diagnosis
+    assert not report.passed
+

@@ -201,3 +201,41 @@ def test_screening_a_large_case_on_a_block_changes_no_verdict(name, monkeypatch)
                                   "softmax_over_queries", "bf16_denominator"])
 def test_screening_changes_no_verdict_for_the_rest_of_the_gallery(name, monkeypatch):
     _screening_changes_no_verdict(name, monkeypatch)
+
+
+def _forward_predictions(case, wanted, rows=None):
+    """{(id, n-th of that id): out} of each catalogued mistake on ``case``, recomputed on the
+    whole case or (``rows`` = (first, end)) on that block of query rows alone, as
+    ``row_block.on_rows`` hands it to the catalogue."""
+    from parity_tests.kernels import mistakes
+    align = case.align or "top-left"
+    inputs = measure._rounded(measure.draw(case, 0, wanted), "float32")
+    opts = measure.reference_options(case, align, inputs)
+    gold = measure.golden(inputs, opts, grads=False)
+    first, end = rows or (0, case.tq)
+    cut = lambda a: a[:, :, first:end]
+    q, k, v, dout = inputs["q"], inputs["k"], inputs["v"], inputs["dout"]
+    ctx = mistakes.Context(case, align, (cut(q), k, v, cut(dout)), None, opts, {n: cut(a) for n, a in gold.items()},
+                           diagnosis.judged, wanted, rows=None if rows is None else (first, case.tq))
+    seen, out = {}, {}
+    for hyp in mistakes.catalogue(ctx):
+        if "out" in hyp.tensors and hyp.id not in mistakes.whole_case(case):
+            seen[hyp.id] = seen.get(hyp.id, -1) + 1
+            out[hyp.id, seen[hyp.id]] = hyp.predict(grads=False)["out"]
+    return out
+
+
+@pytest.mark.parametrize("feature, case", [
+    ("paged", cases.Case(1, 2, 97, 97, 16, True, (("paged", (16, (97,))),), "bottom-right")),
+    ("paged", cases.Case(3, 2, 30, 129, 16, True, (("paged", (16, (30, 3, 129))),), "bottom-right")),
+    ("splits", cases.Case(1, 2, 30, 45, 16, True, (("splits", 7),), "bottom-right")),
+], ids=["paged-prefill", "paged-lengths", "splits"])
+def test_every_mistake_predicted_on_a_block_of_rows_is_those_rows_of_the_whole_case(feature, case):
+    """The row block's premise (``row_block``): out of a query row depends on that row alone,
+    so each mistake recomputed on a block gives exactly the whole case's rows there."""
+    whole = _forward_predictions(case, (feature,))
+    first, end = 8, 24
+    block = _forward_predictions(case, (feature,), (first, end))
+    assert any(h.startswith(feature) for h, _ in block) and block.keys() <= whole.keys()
+    for key, out in block.items():
+        np.testing.assert_allclose(out, whole[key][:, :, first:end], rtol=0, atol=1e-12, err_msg=str(key))

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import parity_tests
-from parity_tests.kernels import measure, targets
+from parity_tests.kernels import cases, measure, row_block, targets
 from parity_tests.kernels.features import REGISTRY, Plan
 import serving_examples as ex
 
@@ -116,6 +116,25 @@ def test_every_wrong_paged_kernel_is_named_on_the_cases_that_tell(mistake):
     # where every row is NaN the readings cannot be told apart: each sentence names this one too
     assert all(WORDS[mistake] in d.sentence for _, d in report.diagnoses), \
         [d.sentence for _, d in report.diagnoses if WORDS[mistake] not in d.sentence][:2]
+
+
+def test_a_paged_kernel_dropping_its_last_page_is_named_when_screened_on_a_block_of_rows(monkeypatch):
+    """A large case has its out mistakes screened on a block of query rows first
+    (``row_block.screen``): each paged mistake is predicted on the block's rows alone (its
+    NaN rows once raised IndexError, a mask of the whole case's rows on the block's)."""
+    case = cases.Case(1, 2, 97, 97, 16, True, (("paged", (16, (97,))),), "bottom-right")
+    fn = ex.paged_decode_last_page_dropped
+    whole = _run(fn, case, "paged")[0]
+    monkeypatch.setattr(row_block, "SCREEN_FROM", 97 * 97 - 1)        # screened, on blocks of 16 rows
+    monkeypatch.setattr(row_block, "MAX_ROWS", 16)
+    monkeypatch.setattr(row_block, "MIN_ROWS", 16)
+    screened = []
+    screen = row_block.screen
+    monkeypatch.setattr(row_block, "screen", lambda hyps, *a: screened.append(hyps) or screen(hyps, *a))
+    row = _run(fn, case, "paged")[0]
+    assert screened and row.verdict == "FAIL" and row.diagnosis.id == "paged-last-page-dropped", \
+        row.diagnosis.sentence
+    assert row.diagnosis.sentence == whole.diagnosis.sentence
 
 
 def test_flex_paged_is_right_but_lets_the_unused_slots_nan_reach_every_row():
