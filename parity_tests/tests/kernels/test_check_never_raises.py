@@ -54,9 +54,9 @@ def check_mistakes(names, features):
     rows = []
     for name in names:
         fn = every_mistake.kernel(name, features)
-        tgt, device, dtypes, _, wanted = run._plan(fn, "cpu", ["float32"], None, None, None, None, "yes",
-                                                   "top-left", "bhtd", False, features)
-        report = run._run((tgt, device, dtypes, [small_case(wanted)], wanted), "top-left", 0, False)
+        plan = run._plan(fn, "cpu", ["float32"], None, None, None, None, "yes", "top-left", "bhtd", False,
+                         features)
+        report = run._run(plan._replace(grid=[small_case(plan.wanted)], classes=[]), "top-left", 0, False)
         rows += [(name, r) for r in report.rows]
     assert not [(n, r.diagnosis.sentence) for n, r in rows
                 if r.diagnosis is not None and "could not diagnose" in r.diagnosis.sentence]
@@ -85,7 +85,7 @@ def sampled(feature):
 def test_the_default_share_runs_every_mistake_and_each_feature_meets_several():
     shares = {f: sampled(f) for f in FEATURES}
     assert set().union(*shares.values()) == set(every_mistake.MISTAKES)
-    assert all(len(s) >= 3 for s in shares.values()), shares
+    assert all(len(s) >= 2 for s in shares.values()), shares
 
 
 @pytest.mark.parametrize("feature", FEATURES)
