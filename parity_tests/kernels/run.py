@@ -272,7 +272,8 @@ def _first_accepted(case, dtype, rows, rest, run_one):
     for fallback in rest:
         moved = run_one(fallback, dtype)
         if not _refused(moved):
-            note = f"at a shape the kernel takes ({case} refused: {reasons[0]})"
+            t = f"T{case.tq}" if case.tq == case.tk else f"T{case.tq}x{case.tk}"
+            note = f"moved from {t} D{case.head_dim}, refused"
             for r in moved:
                 r.note = "; ".join(x for x in (r.note, note) if x)
             return moved, True, reasons

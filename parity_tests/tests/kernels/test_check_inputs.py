@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import parity_tests
-from parity_tests.kernels.targets import Unsupported
+from block_examples import WRONG, block_attention
 from feature_gallery import attend
 
 SMALL = dict(tokens=["17"], head_dims=[16], heads=[2], batch=[1], dtypes=["float32"], causal="yes")
@@ -150,32 +150,11 @@ def test_a_packed_kernel_reading_past_its_sequence_is_told_so():
     assert "read past a sequence's end (cu_seqlens)" in report.failures[0].diagnosis.sentence
 
 
-def _block_kernel(ignores="nothing"):
-    """A block kernel as Triton's tutorial writes one: T a multiple of 128, Tq = Tk, D a
-    power of two from 32; right but for what ``ignores`` names."""
-    def kernel(q, k, v, *, causal, scale):
-        t, d = q.shape[-2], q.shape[-1]
-        if t % 128 or k.shape[-2] != t:
-            raise Unsupported("T must be a multiple of 128 (and Tq = Tk)")
-        if d not in (32, 64, 128, 256):
-            raise Unsupported("D must be 32, 64, 128 or 256")
-        if ignores == "strides":
-            q, k, v = (torch.as_strided(x, x.shape, torch.empty(x.shape).stride(), x.storage_offset())
-                       for x in (q, k, v))
-        if ignores == "max":
-            S = (q @ k.transpose(-1, -2)) * scale
-            S = S.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), -torch.inf) if causal else S
-            P = torch.exp(S)
-            return (P / P.sum(-1, keepdim=True)) @ v
-        return sdpa(q, k, v, causal=causal, scale=None if ignores == "scale" else scale)
-    return kernel
-
-
 BLOCK = dict(tokens=["128"], head_dims=[64], heads=[1], batch=[1], dtypes=["float32"], causal="yes")
 
 
 def test_a_block_kernel_meets_every_input_class_at_a_shape_it_takes():
-    report = parity_tests.check(_block_kernel(), **BLOCK)
+    report = parity_tests.check(block_attention, **BLOCK)
     assert report.passed, str(report)
     ran = {r.case for r in report.rows if r.verdict == "pass"}
     for words in ("strides fused", "strides padded", "scale 0.3", "inputs outliers", "inputs integers"):
@@ -189,13 +168,13 @@ def test_a_block_kernel_meets_every_input_class_at_a_shape_it_takes():
 @pytest.mark.parametrize("ignores, diagnosis", [("scale", "scale-ignored"), ("strides", "ignores-strides"),
                                                 ("max", "non-finite")])
 def test_a_block_kernel_ignoring_an_input_class_fails_named(ignores, diagnosis):
-    report = parity_tests.check(_block_kernel(ignores), **BLOCK)
+    report = parity_tests.check(WRONG[ignores], **BLOCK)
     assert not report.passed and report.diagnosis == diagnosis, str(report)
-    assert all("T128" in r.case and "at a shape the kernel takes" in r.note for r in report.failures)
+    assert all("T128" in r.case and "moved from T" in r.note and "refused" in r.note for r in report.failures)
 
 
 def test_an_input_class_no_shape_carries_is_a_gap_not_a_pass():
-    report = parity_tests.check(_block_kernel("scale"), **{**BLOCK, "tokens": ["100"]})
+    report = parity_tests.check(WRONG["scale"], **{**BLOCK, "tokens": ["100"]})
     assert not report.passed and "nothing was checked" in str(report)
     assert len(report.gaps) == 6 and all("every case refused" in g for g in report.gaps)
     assert "scale ≠ 1/√D (every case refused: T must be a multiple of 128" in report.summary()
