@@ -163,8 +163,8 @@ def recover(caller, case, p, rounded, opts):
         how = f"{lost} of the {k} weights the forward kept are dropped in the backward's dP (read from dq with " \
               "k = the identity)" if lost else "weights the forward dropped are kept in the backward's dP (read " \
               "from dq with k = the identity)" if gained else ""
-    if how:
-        found.append(Finding(("dq", "dk", "dv"), "dropout-backward-mask",
+    if how:                                # dv read the forward's mask when only dP's differs
+        found.append(Finding(("dq", "dk", "dv") if differ else ("dq", "dk"), "dropout-backward-mask",
                              f"the backward drops other weights than the forward: {how}"))
     return found
 
