@@ -5,7 +5,8 @@ blockwise attention (``numpy_ref.blockwise``: FlashAttention-2's online
 softmax forward, ``D = rowsum(dO ∘ O)`` backward) with every variant of
 ``numpy_ref.variants`` on top: GQA/MQA, a value head dim of its own, a custom
 scale, causal masks in either alignment, sliding windows, softcap, ALiBi, an
-additive bias, sinks and per-batch lengths, in any combination.
+additive bias, sinks and per-batch lengths, in any combination, and dropout on
+the weights after the softmax (a given keep mask: "Dropout" below).
 
 Shapes: q (B, Hq, Tq, Dqk), k (B, Hkv, Tk, Dqk), v (B, Hkv, Tk, Dv),
 dout and out (B, Hq, Tq, Dv), lse (B, Hq, Tq).
@@ -50,6 +51,22 @@ sees no key has no L to differentiate (lse ``−∞``, constant): it contributes
 nothing (its ``D`` is set to 0 and ``P = 0``).  A row that sees only its sink
 (``p_sink = 1``) adds ``dL_i`` to ``dsink``.
 
+Dropout
+-------
+With ``keep`` (bool, broadcastable to (B, Hq, Tq, Tk), True = kept) and
+``dropout_p`` = p, the weights after the softmax become ``W = P ∘ M``,
+``M = keep / (1 − p)``, and ``out = W V`` (the chapter's ``nn.Dropout`` on the
+attention weights, with the mask given rather than drawn: a kernel's own mask,
+recovered from it, is what the check passes).  The softmax is the undropped
+one: lse does not change.  The backward (``variants.dropout_backward``)::
+
+    dV = (P ∘ M)ᵀ dO,   dP = (dO Vᵀ) ∘ M,   dS = P ∘ (dP − D),   D = rowsum(dO ∘ O)
+
+D is still rowsum(dO ∘ O) because O is the dropped output:
+``Σ_j P_ij dP_ij = Σ_j P_ij M_ij dO_i·v_j = dO_i·O_i``; it is *not* the row
+term of the undropped output, ``rowsum(P ∘ (dO Vᵀ)) = dO·(P V)``.  With p = 0
+and no keep nothing changes; ``keep`` with p = 0 is ``P ∘ keep`` (no rescale).
+
 Rows that see no key
 --------------------
 A row with no visible key and no sink has an empty softmax: out 0, lse
@@ -88,7 +105,7 @@ MIN_ROWS = 32                # ... down to this many rows
 def reference_attention(q, k, v, dout=None, *, dlse=None, scale=None, causal=False,
                         align="top-left", window=None, softcap=None, alibi_slopes=None,
                         bias=None, sinks=None, seqlens_q=None, seqlens_k=None,
-                        block_q=None, block_k=None):
+                        dropout_p=0.0, keep=None, block_q=None, block_k=None):
     """Attention with the production variants -> dict of NumPy arrays.
 
     ``"out"`` (B, Hq, Tq, Dv) and ``"lse"`` (B, Hq, Tq), natural log; with
@@ -105,7 +122,10 @@ def reference_attention(q, k, v, dout=None, *, dlse=None, scale=None, causal=Fal
     ``causal`` and ``align`` ("top-left": offset 0; "bottom-right": offset
     Tk − Tq, per batch with lengths), ``window=(left, right)`` (−1 unbounded),
     ``softcap`` c > 0, ``alibi_slopes`` (Hq,) or (B, Hq), ``bias`` broadcastable
-    to (B, Hq, Tq, Tk), ``sinks`` (Hq,), ``seqlens_q`` / ``seqlens_k`` (B,) and
+    to (B, Hq, Tq, Tk), ``sinks`` (Hq,), ``seqlens_q`` / ``seqlens_k`` (B,),
+    ``keep`` (bool, broadcastable to (B, Hq, Tq, Tk), True = kept) with
+    ``dropout_p`` in [0, 1): the weights become ``P ∘ keep / (1 − dropout_p)``
+    (module docstring, "Dropout"; dropout_p > 0 needs keep), and
     the tile sizes ``block_q`` (B_r), ``block_k`` (B_c).  Query head h reads kv
     head ``h // (Hq // Hkv)``.  Nothing given is modified.
     """
@@ -113,7 +133,7 @@ def reference_attention(q, k, v, dout=None, *, dlse=None, scale=None, causal=Fal
     B, Hq, Tq, _ = q.shape
     Hkv, Dv = k.shape[1], v.shape[3]
     o = _options(q, k, scale, causal, align, window, softcap, alibi_slopes, bias, sinks,
-                 seqlens_q, seqlens_k, block_q, block_k)
+                 seqlens_q, seqlens_k, block_q, block_k, dropout_p, keep)
     if dout is not None:
         dout = _same("dout", dout, (B, Hq, Tq, Dv), q.dtype)
     if dlse is not None:
@@ -275,7 +295,7 @@ def _window(window, causal):
 
 
 def _options(q, k, scale, causal, align, window, softcap, alibi_slopes, bias, sinks,
-             seqlens_q, seqlens_k, block_q, block_k):
+             seqlens_q, seqlens_k, block_q, block_k, dropout_p=0.0, keep=None):
     """Every option checked (before any work) -> what the tile loop needs."""
     B, Hq, Tq, Dqk = q.shape
     Tk = k.shape[2]
@@ -291,6 +311,7 @@ def _options(q, k, scale, causal, align, window, softcap, alibi_slopes, bias, si
         _per_head("alibi_slopes", alibi_slopes, [(Hq,), (B, Hq)]), (B, Hq))
     sink = None if sinks is None else _per_head("sinks", sinks, [(Hq,)])
     bias4 = None if bias is None else _bias(bias, (B, Hq, Tq, Tk))
+    p, keep4 = _dropout(dropout_p, keep, (B, Hq, Tq, Tk))
     nq, nk = _lengths("seqlens_q", seqlens_q, B, Tq), _lengths("seqlens_k", seqlens_k, B, Tk)
     auto_q, auto_k = choose_tiles(Tq, Tk, Dqk)
     kept_rows = KEPT_BYTES // max(1, 2 * Tk * q.dtype.itemsize)     # P̃ and softcap's tanh
@@ -307,7 +328,8 @@ def _options(q, k, scale, causal, align, window, softcap, alibi_slopes, bias, si
                                  slope=None if slopes is None else slopes[b, h],
                                  bias=None if bias4 is None else _head_view(bias4, b, h),
                                  dbias=dbias, dbias_row0=dbias_row0)
-        return tiles.Head(scale, ops, None if sink is None else sink[h])
+        drop = None if keep4 is None else variants.Dropout(_head_view(keep4, b, h), p)
+        return tiles.Head(scale, ops, None if sink is None else sink[h], drop)
 
     return dict(visibility=visibility, head=head, bias=bias4, B_r=B_r, B_c=B_c)
 
@@ -322,3 +344,25 @@ def _bias(bias, full):
     if any(n not in (1, f) for n, f in zip(a4.shape, full)):
         raise ValueError(f"bias must broadcast to (B, Hq, Tq, Tk) = {full}, got shape {a.shape}")
     return a4
+
+
+def _dropout(p, keep, full):
+    """(p, the 4-D view of keep or None).  ``dropout_p`` in [0, 1) (1 would scale by
+    1/0); ``keep`` bool, broadcastable to (B, Hq, Tq, Tk); p > 0 needs keep."""
+    p = _real("dropout_p", p)
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout_p must lie in [0, 1), got {p!r}")
+    if keep is None:
+        if p > 0:
+            raise ValueError(f"dropout_p = {p!r} needs keep, the mask of kept weights (bool, "
+                             f"broadcastable to (B, Hq, Tq, Tk) = {full}); the reference draws none")
+        return p, None
+    a = np.asarray(keep)
+    if a.dtype != np.bool_:
+        raise TypeError(f"keep must be a bool array (True = kept), got dtype {a.dtype}")
+    if a.ndim > 4:
+        raise ValueError(f"keep must broadcast to (B, Hq, Tq, Tk) = {full}, got shape {a.shape}")
+    a4 = a.reshape((1,) * (4 - a.ndim) + a.shape)                    # a view
+    if any(n not in (1, f) for n, f in zip(a4.shape, full)):
+        raise ValueError(f"keep must broadcast to (B, Hq, Tq, Tk) = {full}, got shape {a.shape}")
+    return p, a4

@@ -25,6 +25,12 @@ the list of ops in reverse (``variants.scores_backward``)::
     softcap: dS_raw = dS ∘ (1 − tanh²);   dQ += scale · dS_raw K,  dK += dS_rawᵀ (scale · Q)
     dsink = −Σ_i p_sink,i D'_i
 
+With dropout (``head.dropout``, ``variants.Dropout``), each tile's factor
+``M = keep / (1 − p)`` enters in three places: the forward adds ``(P̃ ∘ M) V``
+to acc while ℓ keeps summing the undropped P̃ (lse is the undropped one); the
+backward's ``dV += (P ∘ M)ᵀ dO`` and ``dP = (dO Vᵀ) ∘ M``
+(``variants.dropout_backward``: D stays rowsum(dO ∘ O) of the dropped O).
+
 This is the chapter's FlashAttention-2 backward without its recomputation of
 ``q kᵀ`` and ``exp``: the kept weights cost B_r × the keys seen (O(T)).  The
 elementwise steps run in place on the tile (each one pass over it), so that
@@ -40,10 +46,11 @@ __all__ = ["Head", "with_ones", "forward_rows", "attention_rows"]
 
 class Head:
     """One (batch, query head): its scale, its list of score ops
-    (``variants.score_ops``: softcap, ALiBi, bias) and its sink (or None)."""
+    (``variants.score_ops``: softcap, ALiBi, bias), its sink (or None) and its
+    dropout on the weights (``variants.Dropout``, or None)."""
 
-    def __init__(self, scale, ops, sink):
-        self.scale, self.ops, self.sink = scale, ops, sink
+    def __init__(self, scale, ops, sink, dropout=None):
+        self.scale, self.ops, self.sink, self.dropout = scale, ops, sink, dropout
 
 
 def _tile_scores(q_i, k_j, tile, head, mask):
@@ -80,7 +87,12 @@ def _online_softmax(q_i, k, v1, head, vis, q0, q1, B_c, keep):
         S -= shift[:, None]
         P = np.exp(S, out=S)                                         # P̃ = exp(S − m_t)
         acc1 *= alpha[:, None]
-        acc1 += P @ v1[k0:k1]                                        # [P̃ v | rowsum P̃]
+        if head.dropout is None:
+            acc1 += P @ v1[k0:k1]                                    # [P̃ v | rowsum P̃]
+        else:                                                        # [(P̃ ∘ M) v | rowsum P̃]
+            M = head.dropout.factor(tile, dtype)
+            acc1[:, :-1] += variants.dropout_forward(P, M) @ v1[k0:k1, :-1]
+            acc1[:, -1] += P.sum(axis=-1)
         m = m_new
         if keep:
             kept.append((tile, P, shift, saved))
@@ -142,8 +154,14 @@ def attention_rows(dout, q, k, v1, out, lse, dlse, dq, dk, dv, head, vis, rows, 
             k0, k1 = tile.k0, tile.k1
             c = np.exp(shift - L)[:, None]                           # P = P̃ ∘ c, row by row
             dO_c = dO1 * c                                           # c folded into dO's rows
-            dv[k0:k1] += P.T @ dO_c[:, :-1]                          # Pᵀ dO = P̃ᵀ (c ∘ dO)
-            dS = dO_c @ v1[k0:k1].T                                  # c ∘ (dP − D') = [c dO | −c D'] [v | 1]ᵀ
+            if head.dropout is None:
+                dv[k0:k1] += P.T @ dO_c[:, :-1]                      # Pᵀ dO = P̃ᵀ (c ∘ dO)
+                dS = dO_c @ v1[k0:k1].T                              # c ∘ (dP − D') = [c dO | −c D'] [v | 1]ᵀ
+            else:
+                M = head.dropout.factor(tile, dtype)
+                dv[k0:k1] += variants.dropout_forward(P, M).T @ dO_c[:, :-1]   # (P ∘ M)ᵀ dO
+                dS = variants.dropout_backward(dO_c[:, :-1] @ v1[k0:k1, :-1].T, M)  # c ∘ (dO Vᵀ) ∘ M
+                dS += dO_c[:, -1:]                                   # − c D'
             dS *= P                                                  # P ∘ (dP − D')
             dS = variants.scores_backward(head.ops, dS, saved, tile)  # the ops in reverse
             dq_i += dS @ k[k0:k1]

@@ -14,6 +14,11 @@ Every variant a FlashAttention-style kernel offers is one of two things:
   (B_r, B_c) mask.  A masked score is ``-inf``, its weight 0, its gradient 0:
   masks need no backward.
 
+One change acts after the softmax: dropout on the weights (`dropout_forward` /
+`dropout_backward`, the chapter's ``nn.Dropout`` on the attention weights),
+``W = P ∘ keep / (1 − p)`` before ``W V``; the tile loop asks `Dropout` for each
+tile's factor ``M``.
+
 Which kv head a query head reads (GQA) is a pair too: `gqa_forward` /
 `gqa_backward`, the dense form of the map `kv_head` the reference reads
 through (it never builds the repeated heads; the tests hold the reference's
@@ -32,6 +37,7 @@ Order of the changes, as FlashAttention applies them::
     S ← S − slope · |i + offset − j|  + bias
     S ← −inf where key j is not visible to query i
     softmax over the row's visible keys, and its sink if there is one
+    W = P ∘ keep / (1 − p)    dropout on the weights; out = W V
 
 Shape legend: B_r queries by B_c keys in a tile; rows ``i`` and columns ``j``
 are the tile's absolute query and key positions.
@@ -47,6 +53,7 @@ __all__ = [
     "alibi_forward", "alibi_backward",
     "bias_forward", "bias_backward",
     "sink_forward", "sink_backward", "lse_row_term",
+    "dropout_forward", "dropout_backward", "Dropout",
     "Tile", "Softcap", "Alibi", "Bias", "score_ops", "scores_forward", "scores_backward",
     "Visibility",
 ]
@@ -179,6 +186,58 @@ def lse_row_term(D, dlse):
     returns ``D − dlse`` (``D`` itself when ``dlse`` is None).  The sink's
     ``∂L_i/∂sink = p_sink,i`` makes `sink_backward` take the same ``D − dL``."""
     return D if dlse is None else D - dlse
+
+
+# ----------------------------------------------------------------------------
+# Dropout on the weights (the chapter's dropout): after the softmax, before W V
+
+def dropout_forward(P, M):
+    """``W = P ∘ M`` with ``M = keep / (1 − p)``: the weights of the dropped keys
+    set to 0, the survivors scaled by 1/(1 − p) so that E[W] = P.  ``out = W V``;
+    the softmax, and so lse, are those of the undropped scores."""
+    return P * M
+
+
+def dropout_backward(dW, M):
+    """Backward of ``W = P ∘ M`` (elementwise: the Jacobian is diagonal, as for
+    the softcap): ``dP = dW ∘ M``.  With ``out = W V`` the whole backward is::
+
+        dW = dO Vᵀ                 (out_i = Σ_j W_ij v_j)
+        dV = Wᵀ dO = (P ∘ M)ᵀ dO
+        dP = dW ∘ M = (dO Vᵀ) ∘ M
+        dS = P ∘ (dP − D),   D_i = Σ_j P_ij dP_ij
+
+    the last line from the chapter's softmax Jacobian ∂P_j/∂S_k = P_j (δ_jk − P_k):
+    dS_k = Σ_j dP_j P_j (δ_jk − P_k) = P_k dP_k − P_k Σ_j P_j dP_j.
+
+    The row term is still the chapter's ``D = rowsum(dO ∘ O)``, provided O is the
+    *dropped* output the forward returned::
+
+        Σ_j P_ij dP_ij = Σ_j P_ij M_ij (dO_i · v_j) = dO_i · Σ_j W_ij v_j = dO_i · O_i
+
+    What it is not: ``rowsum(P ∘ (dO Vᵀ))`` (dP without its M: that is
+    dO_i · (P V)_i, the undropped output's), nor ``rowsum(dO ∘ P V)`` from an
+    output recomputed without dropout, nor ``rowsum(W ∘ dP)`` (M counted twice).
+    So a kernel keeps FlashAttention's D = rowsum(dO ∘ O) and applies M in two
+    places only: to P in dV, to dP before the softmax's backward.  lse, and with
+    it ``∂lse_i/∂S_ij = P_ij`` (``lse_row_term``) and the sink's gradient, do not
+    involve M."""
+    return dW * M
+
+
+class Dropout:
+    """One (batch, query head)'s keep mask, 2-D ``(Tq or 1, Tk or 1)`` (a view of
+    the broadcast (B, Hq, Tq, Tk) mask), and ``1 / (1 − p)``: `factor` gives a
+    tile's ``M = keep / (1 − p)`` in the tile's dtype."""
+
+    def __init__(self, keep, p):
+        self.keep, self.scale = keep, 1.0 / (1.0 - p)
+
+    def factor(self, tile, dtype):
+        rows = slice(tile.q0, tile.q1) if self.keep.shape[0] > 1 else slice(0, 1)
+        cols = slice(tile.k0, tile.k1) if self.keep.shape[1] > 1 else slice(0, 1)
+        M = np.where(self.keep[rows, cols], dtype.type(self.scale), dtype.type(0))
+        return np.broadcast_to(M, (tile.q1 - tile.q0, tile.k1 - tile.k0))
 
 
 # ----------------------------------------------------------------------------

@@ -13,6 +13,7 @@ the contract (``CONTRACT.md``, "Beyond the chapter")::
     S ← S + bias
     S ← −inf where j is hidden       causal (j ≤ i + o), window, lengths
     P = softmax([S | sink_h])  with the sink's column dropped after it
+    P ← P ∘ keep / (1 − p)           dropout on the weights, the given mask
     O = P V,  lse_i = log(exp(sink_h) + Σ_j exp(S_ij))
 
 A row that sees no key and no sink gives out 0 (its lse −inf); a padding query
@@ -37,6 +38,7 @@ their rescale), ``backward_causal`` (the backward's own causal flag, `_masked_ba
 ``softcap_last`` (the cap applied after ALiBi and the bias: x-transformers' order).
 """
 
+import numpy as np
 import torch
 
 from parity_tests.common import heap
@@ -188,7 +190,7 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
               kv_map="interleave", softcap_first=False, softcap_no_grad=False, shift=0,
               window_align=None, alibi_no_offset=False, alibi_offset_sign=1, axis=-1, stale_block=None,
               no_delta=False, finite_mask=False, with_max=False, keys=None, online=None, backward_causal=None,
-              softcap_last=False, weights="softmax"):
+              softcap_last=False, weights="softmax", keep=None, dropout_p=0.0):
     """(out, lse): out (B, Hq, Tq, Dv), lse (B, Hq, Tq), in q's dtype; torch tensors,
     differentiable.  ``rows``: (first, total) when q holds query rows first .. of a case
     with ``total`` query rows (the baseline's chunks); the bias then holds those rows too.
@@ -197,7 +199,9 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
     left out).  ``weights``: how the right weights are formed, "softmax" (the row maximum
     subtracted, divided by the sum) or "lse" (``P = exp(S − lse)``, lse kept in float32 or
     wider, as FlashAttention's backward and every merge through the log-sum-exp form
-    them): the baseline's two formulations (``tolerances``, "the baseline")."""
+    them): the baseline's two formulations (``tolerances``, "the baseline").  ``keep``: a
+    bool tensor broadcastable to (B, Hq, Tq, Tk) (these rows), the weights becoming
+    ``P ∘ keep / (1 − dropout_p)``, the factor formed in the dtype as ``nn.Dropout`` does."""
     b, hq, tq, _ = q.shape
     hkv, tk = k.shape[1], k.shape[2]
     tk_case = keys or tk
@@ -263,6 +267,8 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
         P = torch.softmax(S_safe, dim=axis) * torch.isfinite(S).any(axis, keepdim=True)
     if sinks is not None:
         P = P[..., :-1]
+    if keep is not None:
+        P = P * (keep.to(P.dtype) / (1 - dropout_p))
     out = P @ v.to(P.dtype)
     if backward_causal is not None and sinks is None:
         seen_b = torch.stack([visible(i, tk, causal=backward_causal, offset=offs[n], window=window, nq=lq[n],
@@ -289,10 +295,12 @@ def run(q, k, v, dout, opts, dtype=torch.float64, device="cpu", grads=True, dlse
     first, total = rows or (0, tq)
     chunk = chunk_rows(tk)
     t = lambda a, dt=dtype: torch.as_tensor(a).to(device=device, dtype=dt)
-    kw = {n: opts[n] for n in ("scale", "causal", "align", "window", "softcap", "seqlens_q", "seqlens_k")
-          if n in opts}
+    kw = {n: opts[n] for n in ("scale", "causal", "align", "window", "softcap", "seqlens_q", "seqlens_k",
+                               "dropout_p") if n in opts}
     if opts.get("alibi_slopes") is not None:
         kw["alibi_slopes"] = t(opts["alibi_slopes"])
+    keep = None if opts.get("keep") is None else torch.as_tensor(np.asarray(opts["keep"]), device=device)
+    keep4 = None if keep is None else keep.reshape((1,) * (4 - keep.dim()) + tuple(keep.shape))
     bias = None if opts.get("bias") is None else t(opts["bias"])
     bias4 = None if bias is None else bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape))
     sinks = None if opts.get("sinks") is None else t(opts["sinks"]).requires_grad_(grads)
@@ -309,6 +317,9 @@ def run(q, k, v, dout, opts, dtype=torch.float64, device="cpu", grads=True, dlse
         Kc, Vc = (K, V) if kend == tk else (K[..., :kend, :], V[..., :kend, :])
         piece = bias4 if bias4 is None or bias4.shape[2] == 1 else bias4[:, :, r0:r1]
         piece = None if piece is None else piece.detach().requires_grad_(grads)
+        if keep4 is not None:
+            kept = keep4 if keep4.shape[2] == 1 else keep4[:, :, r0:r1]
+            kw["keep"] = kept if kend == tk or kept.shape[3] == 1 else kept[..., :kend]
         with torch.set_grad_enabled(grads):
             qc = Q[..., r0:r1, :].detach().requires_grad_(grads) if grads else Q[..., r0:r1, :]
             out, lse = attention(qc, Kc, Vc, bias=piece, sinks=sinks, rows=(first + r0, total), keys=tk,

@@ -1,7 +1,9 @@
 """The built-in targets with the features they can express.
 
 - SDPA (``sdpa-*``): window, ALiBi and a bias become an additive ``attn_mask``
-  (a boolean one for a window alone), GQA is ``enable_gqa=True``; no softcap, sinks,
+  (a boolean one for a window alone), GQA is ``enable_gqa=True``, dropout its own
+  ``dropout_p`` (drawn from torch's global RNG; the CPU flash kernel refuses p > 0, "not
+  supported"); no softcap, sinks,
   lse or packed layout (their keywords are absent, so asking for them is a usage
   error).
 - FlexAttention (``flex``): ``mask_mod`` for causal, window and the documents of
@@ -30,7 +32,7 @@ from parity_tests.kernels.dense import visible
 __all__ = ["sdpa", "flex", "flash_targets", "flash_unavailable", "SDPA_FEATURES", "FLEX_FEATURES"]
 
 # The features each built-in expresses (``targets.Target.features``).
-SDPA_FEATURES = frozenset({"gqa", "value_dim", "window", "alibi", "bias", "decode", "deterministic"})
+SDPA_FEATURES = frozenset({"gqa", "value_dim", "window", "alibi", "bias", "decode", "deterministic", "dropout"})
 FLEX_FEATURES = frozenset({"gqa", "value_dim", "window", "softcap", "alibi", "bias", "varlen", "lse", "decode",
                            "deterministic"})
 FLASH_FEATURES = {"flash": frozenset({"gqa", "value_dim", "window", "softcap", "alibi", "decode", "deterministic"}),
@@ -59,7 +61,7 @@ def sdpa(backend, unsupported):
     from torch.nn.attention import sdpa_kernel, SDPBackend
     restrict = (lambda: sdpa_kernel([getattr(SDPBackend, backend)])) if backend else contextlib.nullcontext
 
-    def fn(q, k, v, *, causal, scale, align="top-left", window=None, alibi_slopes=None, bias=None):
+    def fn(q, k, v, *, causal, scale, align="top-left", window=None, alibi_slopes=None, bias=None, dropout_p=0.0):
         tq, tk = q.shape[-2], k.shape[-2]
         mask, is_causal = None, False
         if window is None and alibi_slopes is None and bias is None and (tq == tk or align == "top-left"):
@@ -79,7 +81,7 @@ def sdpa(backend, unsupported):
             try:
                 with restrict():
                     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
-                                                          scale=scale, enable_gqa=gqa)
+                                                          scale=scale, enable_gqa=gqa, dropout_p=dropout_p)
             except RuntimeError as e:
                 reasons = [str(w.message).splitlines()[0] for w in seen]
                 raise unsupported("; ".join(reasons[-2:]) or str(e).splitlines()[0]) from None

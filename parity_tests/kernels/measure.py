@@ -256,6 +256,12 @@ def _run_case(split, target, case, dtype, device, align, seed, wanted, timeout):
     if stale:
         return [row(n, error=math.inf, verdict="FAIL", note=stale, diagnosis=_named_failure(stale)) for n in names]
 
+    findings = []                             # what a feature learns from the target itself (dropout's mask)
+    for name, value in case.features:
+        if name in REGISTRY and REGISTRY[name].recover is not None:
+            with split("target"):
+                findings += REGISTRY[name].recover(caller, case, value, rounded,
+                                                   reference_options(case, case_align, rounded))
     opts = reference_options(case, case_align, rounded)
     grads = not case.forward_only
     if case.tk > dense.LONG_FROM:
@@ -284,12 +290,19 @@ def _run_case(split, target, case, dtype, device, align, seed, wanted, timeout):
             arrays[n] = a
         if rows[n].failed:
             failing.append(n)
+    for f in findings:                        # named by what the feature found: not the catalogue's
+        for n in f.tensors:
+            if n in rows:
+                rows[n].verdict = "FAIL"
+                rows[n].diagnosis = diagnosis.Diagnosis(f.id, f"{n}: {f.sentence}")
+                if n in failing:
+                    failing.remove(n)
     yardstick = _yardstick(case, dtype, device, case_align, rounded, timeout, gold, den)
     for n, r in rows.items():
         r.seconds = caller.forward_seconds
         if yardstick:
             r.sdpa_seconds, r.sdpa_error = yardstick[0], yardstick[1].get(n)
-        if caller.rng_moved:
+        if caller.rng_moved and case.get("dropout") is None:     # dropout draws from it, seeded
             r.note = (r.note + "; " if r.note else "") + "changed torch's global RNG state"
     if second is not None:
         for n in names:
@@ -368,7 +381,7 @@ def _yardstick(case, dtype, device, align, rounded, timeout, gold, den):
     a verdict)."""
     from parity_tests.kernels.feature_targets import SDPA_FEATURES
     features = {n for n, _ in case.features if n in REGISTRY}
-    if not features <= SDPA_FEATURES:
+    if not features <= SDPA_FEATURES or "dropout" in features:    # SDPA's own mask: not the kernel's
         return None
     sdpa = Caller(targets.sdpa_yardstick(), case, dtype, device, align, (), rounded, timeout)
     sdpa.grads = False                        # its forward: out's error, and its time

@@ -24,10 +24,14 @@ are seen", each piece here is one function:
   lengths given with ``--tokens``;
 - ``hand(case, value, args, kw, device) -> (args, kw)``: what the callable is handed
   instead, after the layout transform (``args``: ``{"q", "k", "v"}`` in call order;
-  ``paged`` hands ``k_cache``, ``v_cache`` and a block table); ``layout``: the layout of
-  q and out it wants (``paged``: ``bthd``); ``widen(case)``: a run-wide feature's form of
-  every case of the run (``paged`` pages each one); ``forward_only``: its cases judge
-  the forward alone.
+  ``paged`` hands ``k_cache``, ``v_cache`` and a block table; ``dropout`` seeds torch there,
+  just before each call); ``layout``: the layout of q and out it wants (``paged``: ``bthd``);
+  ``widen(case)``: a run-wide feature's form of every case of the run (``paged`` pages each
+  one); ``forward_only``: its cases judge the forward alone;
+- ``recover(caller, case, value, inputs, opts)``: what it learns from the target itself,
+  before the golden is computed (``dropout``: the kernel's mask, put into ``inputs``;
+  ``opts`` the reference's options without it); returns what it found wrong, each with
+  ``tensors`` (those it fails), ``id`` and ``sentence``.
 
 Features that change how *every* case runs (``run_wide``: ``lse``, ``lse_grad``,
 ``varlen``, ``deterministic``, ``paged``) are read by name in ``measure``; their mistakes are
@@ -68,6 +72,7 @@ class Feature:
     layout: str = None              # the layout of q and out it wants (None: the target's)
     widen: object = None            # run-wide: case -> the case as this feature runs it
     forward_only: bool = False      # its cases judge out (and lse) alone
+    recover: object = None          # (caller, case, value, inputs, opts) -> findings: learnt from the target
 
 
 @dataclass(frozen=True)
@@ -81,7 +86,7 @@ class Plan:
 
 # The registry: one module per feature, in this order (help, parsing, the README table).
 FEATURES = ("gqa", "value_dim", "window", "softcap", "alibi", "bias", "sinks", "varlen", "lse",
-            "lse_grad", "decode", "deterministic", "paged", "splits")
+            "lse_grad", "decode", "deterministic", "paged", "splits", "dropout")
 
 
 def ordered(values):

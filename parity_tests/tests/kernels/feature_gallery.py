@@ -48,12 +48,43 @@ class _CapWithoutDerivative(torch.autograd.Function):
         return g, None
 
 
+class _BackwardRedraws(torch.autograd.Function):
+    """W = P ∘ keep / (1 − p) forward; the backward draws a fresh mask from torch's RNG
+    instead of reusing the forward's."""
+
+    @staticmethod
+    def forward(ctx, P, keep, p):
+        ctx.save_for_backward(P)
+        ctx.p = p
+        return P * keep / (1 - p)
+
+    @staticmethod
+    def backward(ctx, g):
+        P, = ctx.saved_tensors
+        again = torch.rand(P.shape, dtype=P.dtype) >= ctx.p
+        return g * again / (1 - ctx.p), None, None
+
+
+def _dropout(P, S, dropout_p, mistake):
+    """(P, S) with dropout: the mask drawn from torch's global RNG, ``mistake`` planted."""
+    p = 0.1 if mistake == "dropout-at-zero" and not dropout_p else dropout_p
+    if not p:
+        return P, S
+    keep = torch.rand(P.shape, dtype=P.dtype) >= p
+    if mistake == "dropout-before-softmax":                 # the scores dropped, renormalised
+        return None, S.masked_fill(~keep, -math.inf)
+    if mistake == "dropout-backward-mask":
+        return _BackwardRedraws.apply(P, keep, p), S
+    scale = {"dropout-no-rescale": 1.0, "dropout-rescaled-twice": (1 - p) ** 2}.get(mistake, 1 - p)
+    return P * keep / scale, S
+
+
 def _offset(tq, tk, align):
     return 0 if align == "top-left" else tk - tq
 
 
 def attend(q, k, v, *, causal, scale, align="top-left", window=None, softcap=None, alibi_slopes=None,
-           bias=None, sinks=None, mistake=None):
+           bias=None, sinks=None, dropout_p=0.0, mistake=None):
     """(out, lse) of attention with the features, (B, H, T, D); ``mistake`` plants one."""
     dt = q.dtype
     work = torch.bfloat16 if mistake == "in-bfloat16" else torch.float64     # a float32 kernel in bf16
@@ -121,6 +152,10 @@ def attend(q, k, v, *, causal, scale, align="top-left", window=None, softcap=Non
     P = torch.exp(S - torch.where(torch.isfinite(lse), lse, 0.0)[..., None])
     if S.shape[-1] > tk:
         P = P[..., :tk]                                                # the sink's column dropped
+    P, dropped = _dropout(P, S, dropout_p, mistake)
+    if P is None:                                                      # the softmax of what is left
+        lse_dropped = torch.logsumexp(dropped, dim=-1)
+        P = torch.exp(dropped - torch.where(torch.isfinite(lse_dropped), lse_dropped, 0.0)[..., None])
     out = _stale(S[..., :tk], v, 32) if mistake == "stale-max" else P @ v
     if mistake == "lse-base-2":
         lse = lse / math.log(2.0)
@@ -180,9 +215,10 @@ def kernel(mistake=None, *, returns_lse=True, packed=False):
             return (out, lse) if returns_lse else out
     else:
         def fn(q, k, v, *, causal, scale, align="top-left", window=None, softcap=None, alibi_slopes=None,
-               bias=None, sinks=None):
+               bias=None, sinks=None, dropout_p=0.0):
             out, lse = attend(q, k, v, causal=causal, scale=scale, align=align, window=window, softcap=softcap,
-                              alibi_slopes=alibi_slopes, bias=bias, sinks=sinks, mistake=mistake)
+                              alibi_slopes=alibi_slopes, bias=bias, sinks=sinks, dropout_p=dropout_p,
+                              mistake=mistake)
             return (out, lse) if returns_lse else out
     fn.__name__ = fn.__qualname__ = (mistake or "right").replace("-", "_")
     return fn
@@ -214,6 +250,11 @@ FEATURE_GALLERY = {
     "lse-no-max": ["lse"],
     "decode-top-left": ["decode"],
     "lse-grad-dropped": ["lse_grad"],
+    "dropout-no-rescale": ["dropout"],
+    "dropout-rescaled-twice": ["dropout"],
+    "dropout-before-softmax": ["dropout"],
+    "dropout-backward-mask": ["dropout"],
+    "dropout-at-zero": ["dropout"],
 }
 
 
