@@ -92,9 +92,10 @@ def kernel(name, features):
             return done(out, lse)
     else:
         def fn(q, k, v, *, causal, scale, align="top-left", window=None, softcap=None, alibi_slopes=None,
-               bias=None, sinks=None, num_splits=None):
+               bias=None, sinks=None, num_splits=None, dropout_p=0.0):
             return done(*core(q, k, v, causal=causal, scale=scale, align=align, window=window, softcap=softcap,
-                              alibi_slopes=alibi_slopes, bias=bias, sinks=sinks, num_splits=num_splits))
+                              alibi_slopes=alibi_slopes, bias=bias, sinks=sinks, num_splits=num_splits,
+                              dropout_p=dropout_p))
     fn.__name__ = fn.__qualname__ = name.replace("-", "_").replace("/", "_")
     return fn
 
