@@ -122,6 +122,9 @@ def parse_features(features):
     if "paged" in names and {"varlen", "lse_grad"} & set(names):
         raise ValueError("features: paged (a forward-only kvcache call) cannot be combined with "
                          + " or ".join(sorted({"varlen", "lse_grad"} & set(names))))
+    if "dropout" in names and {"paged", "varlen"} & set(names):
+        raise ValueError("features: dropout (its mask read back from (B, H, Tq, Tk) weights) cannot be combined "
+                         "with " + " or ".join(sorted({"paged", "varlen"} & set(names))))
     return list(dict.fromkeys(names))
 
 
