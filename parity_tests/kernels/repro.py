@@ -53,6 +53,10 @@ RUN_WIDE = {"grows-with-length": ("none",), "ignores-strides": ("none", "wrong-d
 # what a failure without a diagnosis is filed under, by its note
 NOTES = (("raised", "raises"), ("timed out", "timed-out"), ("no gradient", "no-gradient"),
          ("wrong", "wrong-output"), ("sys.exit", "raises"))
+# causes that one call judged against the reference does not show (the case line still names them)
+ONE_CALL_CANNOT_SHOW = {"not-deterministic": "this one needs two calls compared bitwise",
+                        "previous-output": "this one needs a second call on other inputs",
+                        "wrote-into-input": "this one needs the inputs compared before and after the call"}
 # the built-in SDPA backends the script rebuilds (other built-ins need the target named)
 SDPA_BACKENDS = {"sdpa-math": "MATH", "sdpa-flash": "FLASH_ATTENTION", "sdpa-efficient": "EFFICIENT_ATTENTION",
                  "sdpa-cudnn": "CUDNN_ATTENTION"}
@@ -117,26 +121,35 @@ class _Trial:
     def out_of_time(self):
         return time.perf_counter() - self.start > self.budget
 
-    def __call__(self, case):
-        """The row of the followed tensor when ``case`` still fails with the cause, else None."""
+    def __call__(self, case, rows=None):
+        """The row of the followed tensor when ``case`` still fails with the cause, else None
+        (``rows``: the case's rows already at hand, not run again)."""
         if case is None:
             return None
         if case in self.seen:
             return self.seen[case]
-        if self.out_of_time:
+        left = self.budget - (time.perf_counter() - self.start)
+        if rows is None and left <= 0:
             return None
-        from parity_tests.kernels.run import one_thread_if_small
-        self.runs += 1
-        try:
-            with one_thread_if_small(case, self.device):
-                rows = measure.run_case(self.target, case, self.dtype, self.device, self.align, self.seed,
-                                        self.wanted, self.timeout)
-        except ValueError:                      # a shape the features cannot draw
-            rows = []
+        if rows is None:
+            rows = self._run(case, left)
         row = next((r for r in rows if r.tensor == self.tensor), None)
         kept = row is not None and row.failed and self._same_cause(row) and (row.ratio is None or row.ratio > 1)
         self.seen[case] = (row, rows) if kept else None
         return self.seen[case]
+
+    def _run(self, case, left):
+        """The case's rows, the target's calls limited to the budget left (a call past it FAILS
+        "timed out": not the cause followed)."""
+        from parity_tests.kernels.run import one_thread_if_small
+        self.runs += 1
+        limit = min(self.timeout or left, left)
+        try:
+            with one_thread_if_small(case, self.device):
+                return measure.run_case(self.target, case, self.dtype, self.device, self.align, self.seed,
+                                        self.wanted, limit)
+        except ValueError:                      # a shape the features cannot draw
+            return []
 
     def _same_cause(self, row):
         found = cause_of(row)
@@ -238,12 +251,13 @@ def _features(trial, case):
 
 
 def shrink(target, case, tensor, cause, dtype, device, align="top-left", seed=0, wanted=(),
-           timeout=measure.DEFAULT_TIMEOUT, budget=BUDGET):
+           timeout=measure.DEFAULT_TIMEOUT, budget=BUDGET, rows=None):
     """``(case, row, rows, runs, seconds, note)``: the smallest case found in ``budget``
     seconds on which ``tensor`` still FAILS with ``cause``; ``row`` its row, ``rows`` all
-    of its rows; ``note`` says when the lengths were kept or the budget ran out."""
+    of its rows; ``note`` says when the lengths were kept or the budget ran out.  ``rows``:
+    the starting case's rows when they are at hand (from the report), so it is not run again."""
     trial = _Trial(target, tensor, cause, dtype, device, align, seed, wanted, timeout, budget)
-    first = trial(case)
+    first = trial(case, rows)
     note = ""
     if first is None:
         return case, None, [], trial.runs, time.perf_counter() - trial.start, "the case no longer fails so"
@@ -372,8 +386,10 @@ def _search(spec):
     return [root]
 
 
-def _unwritable(case, wanted, target, spec):
+def _unwritable(cause, case, wanted, target, spec):
     """Why no script can be written for this case, or None."""
+    if cause in ONE_CALL_CANNOT_SHOW:
+        return f"the script judges one call against the reference; {ONE_CALL_CANNOT_SHOW[cause]}"
     if {"varlen", "paged"} & set(wanted):
         return "the varlen and paged layouts are not written as scripts; the case above reproduces it in the check"
     if spec is None and target.name in SDPA_BACKENDS:
@@ -451,12 +467,13 @@ def write_repros(report, directory, budget=BUDGET):
     done = []
     for cause, rows in groups.items():
         first = min(rows, key=lambda r: (_size(r.case_def), r.tensor != "out"))
+        known = [r for r in report.rows if r.case_def == first.case_def and r.dtype == first.dtype]
         case, row, rows_now, runs, seconds, note = shrink(
             ctx["target"], first.case_def, first.tensor, cause, first.dtype, first.device, ctx["align"], ctx["seed"],
-            ctx["wanted"], ctx["timeout"], budget)
+            ctx["wanted"], ctx["timeout"], budget, known)
         found = Repro(cause, first.tensor, first.dtype, first.case_def, case, row or first, runs, seconds, note=note,
                       rows=rows_now or [first])
-        why = _unwritable(case, ctx["wanted"], ctx["target"], ctx["spec"]) if row is not None else note
+        why = _unwritable(cause, case, ctx["wanted"], ctx["target"], ctx["spec"]) if row is not None else note
         if why:
             found.note = why
         else:
