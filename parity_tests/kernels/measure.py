@@ -219,7 +219,7 @@ def run_case(target, case, dtype, device, align="top-left", seed=0, wanted=(), t
     rows = _run_case(split, target, case, dtype, device, align, seed, wanted, timeout)
     seconds = split.done()
     for r in rows:
-        r.split = seconds
+        r.split, r.case_def = seconds, case
     return rows
 
 

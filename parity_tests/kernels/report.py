@@ -64,6 +64,7 @@ class Row:
     sdpa_seconds: float = None        # PyTorch's SDPA's best forward on the same case, where it expresses it
     sdpa_error: float = None          # SDPA's own error on out, in the same dtype (out's row only)
     split: dict = None                # the case's wall seconds: target, baseline, golden, diagnosis, other, wall
+    case_def: object = None           # the cases.Case that ran (as handed to measure.run_case): --repro reruns it
 
     @property
     def passed(self):
@@ -176,6 +177,8 @@ class Report:
     settings: dict = field(default_factory=dict)
     # input classes (``inputs.CLASSES``) that never ran: every case of theirs refused, why
     gaps: list = field(default_factory=list)
+    # what a kernel run needs to rerun its cases (`repro`): target, spec, align, seed, wanted, timeout
+    context: dict = field(default=None, compare=False)
 
     @property
     def failures(self):
@@ -287,6 +290,13 @@ class Report:
                                        axis_titles=("(batch, head)", f"{rows} row"), aspect="auto",
                                        suptitle=f"{r.case} {r.dtype} {r.tensor}: log10(error / bound)"))
         return paths
+
+    def repro(self, directory, budget=None):
+        """Shrink each distinct failing cause to the smallest case that still fails with it and
+        write ``directory/<cause>/repro.py`` and ``inputs.npz`` (``parity_tests.kernels.repro``);
+        returns a list of ``repro.Repro`` (``.line()`` says what was written where)."""
+        from parity_tests.kernels import repro
+        return repro.write_repros(self, directory, repro.BUDGET if budget is None else budget)
 
     def write_json(self, path):
         with open(path, "w") as f:

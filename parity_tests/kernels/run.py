@@ -103,7 +103,7 @@ def check(target, *, device="cpu", dtypes=None, tokens=None, head_dims=None, hea
     limit = _timeout(timeout)
     plan = _plan(target, device, dtypes, tokens, head_dims, heads, batch, causal, align, layout, long,
                  features, seed)
-    return _run(plan, align, seed, progress, limit)
+    return _run(plan, align, seed, progress, limit, spec=target)
 
 
 def _plan(target, device, dtypes, tokens, head_dims, heads, batch, causal, align, layout, long,
@@ -223,7 +223,7 @@ def estimate_line(plan):
             f"(the longest: {case} in {dtype})")
 
 
-def _run(plan, align, seed, progress, timeout=measure.DEFAULT_TIMEOUT):
+def _run(plan, align, seed, progress, timeout=measure.DEFAULT_TIMEOUT, spec=None):
     tgt, device, names, wanted = plan.target, plan.device, plan.dtypes, plan.wanted
     work = [(case, d) for d in names for case in plan.grid]
     fallbacks = {tried[0]: (name, tried[1:]) for name, tried in plan.classes}
@@ -250,7 +250,16 @@ def _run(plan, align, seed, progress, timeout=measure.DEFAULT_TIMEOUT):
     return Report(tgt.name, rows, time.perf_counter() - start,
                   {"device": device, "dtypes": names, "align": _one_alignment(rows, align),
                    "layout": "thd" if "varlen" in wanted else tgt.layout, "features": wanted,
-                   "factor": tol.CHECK_FACTOR, "floor_ulps": tol.CHECK_FLOOR_ULPS}, gaps)
+                   "factor": tol.CHECK_FACTOR, "floor_ulps": tol.CHECK_FLOOR_ULPS}, gaps,
+                  {"target": tgt, "spec": _repro_spec(tgt, spec), "align": align, "seed": seed, "wanted": wanted,
+                   "timeout": timeout})
+
+
+def _repro_spec(tgt, spec):
+    """How a repro script imports the target: the name or ``module.path:callable`` the check
+    was given, else the callable's own module and name when they import back to it."""
+    from parity_tests.kernels.repro import importable_name
+    return spec if isinstance(spec, str) else importable_name(tgt.fn)
 
 
 def _run_one(tgt, case, dtype, device, align, seed, wanted, timeout):
@@ -372,6 +381,10 @@ def build_parser():
     p.add_argument("--json", metavar="PATH", help='also write {"rows": [...], "summary": {...}} to PATH')
     p.add_argument("--plot", metavar="DIR", help="write a heat map of each failing tensor's error (rows x "
                    "(batch, head), in multiples of the bound) to DIR, titled with where the error sits")
+    p.add_argument("--repro", metavar="DIR",
+                   help="for each distinct failing cause, shrink its case to the smallest that still fails so "
+                        "and write DIR/<cause>/repro.py (a script needing only NumPy, PyTorch and numpy_ref: "
+                        "exit 1 while the mistake is there, 0 once it is gone) and DIR/<cause>/inputs.npz")
     p.add_argument("--quiet", "-q", action="store_true", help="print only failing rows and the summary")
     return p
 
@@ -407,13 +420,18 @@ def main(argv=None):
             from parity_tests.kernels.feature_targets import flash_unavailable
             print(f"(FlashAttention's {', '.join(targets.FLASH)} skipped: {flash_unavailable()})")
         return 0
+    if args.repro is not None and (args.merge or args.world_size is not None):
+        print("attention-parity check: error: --repro shrinks the cases of a kernel target "
+              "(not --merge or --world-size)", file=sys.stderr)
+        return 2
     if args.merge:                            # merge of partial states: parity_tests.kernels.merge
         from parity_tests.kernels.merge import merge_main
         return merge_main(args)
     if not args.target:
         print("attention-parity check: error: TARGET is required (see --help or --list)", file=sys.stderr)
         return 2
-    problem = args.json and outputs.output_file_problem("--json", args.json)   # before the run
+    problem = (args.json and outputs.output_file_problem("--json", args.json)   # before the run
+               or args.repro is not None and outputs.output_dir_problem("--repro", args.repro))
     if problem:
         print(f"attention-parity check: error: {problem}", file=sys.stderr)
         return 2
@@ -434,14 +452,25 @@ def main(argv=None):
     line = estimate_line(plan)
     if line:
         print(line, file=sys.stderr, flush=True)
-    report = _run(plan, args.align, args.seed, sys.stderr.isatty(), _timeout(args.timeout))
+    report = _run(plan, args.align, args.seed, sys.stderr.isatty(), _timeout(args.timeout), spec=args.target)
     print(report.render(args.quiet))
     if args.json:
         report.write_json(args.json)
+    if args.repro is not None:
+        _print_repros(report, args.repro)
     if args.plot:
         from parity_tests.common import plots
         plots.announce(report.plot(args.plot))
     return 0 if report.passed else 1
+
+
+def _print_repros(report, directory):
+    if not report.failures:
+        print(f"\nrepro: nothing to shrink, no row failed (nothing written to {directory})")
+        return
+    print("\nrepro:")
+    for found in report.repro(directory):
+        print("  " + found.line(), flush=True)
 
 
 # ---------------------------------------------------------------------------
