@@ -75,3 +75,34 @@ def test_the_dropped_rescale_fails_and_is_named(tmp_path):
     # dv = P^T dO needs only L (m and l are right), so it passes; out, dq and dk do not
     assert all(r["passed"] for r in rows if r["tensor"] == "dv" and r["verdict"] != "not supported")
     assert {r["tensor"] for r in failed} == {"out", "dq", "dk"}
+
+
+def test_importing_the_example_asks_nothing_of_a_gpu_and_refusals_say_why():
+    """Import with every CUDA query made to raise; then, without the interpreter, the
+    kernel refuses the CPU, and under it, the shapes its tiles cannot take."""
+    script = (
+        "import torch\n"
+        "def asked(*a, **k): raise AssertionError('a GPU was queried')\n"
+        "for name in ('is_available', 'device_count', 'current_device', 'get_device_capability',\n"
+        "             'get_device_properties', 'init'):\n"
+        "    setattr(torch.cuda, name, asked)\n"
+        "from examples.triton_attention import attention\n"
+        "from parity_tests.kernels.targets import Unsupported\n"
+        "x = lambda t, d=32, dtype=torch.float16: torch.randn(1, 1, t, d).to(dtype)\n"
+        "for q, k in ((x(64), x(64)), (x(100), x(100)), (x(64), x(128)), (x(64, 40), x(64, 40)),\n"
+        "             (x(64, dtype=torch.float64), x(64, dtype=torch.float64))):\n"
+        "    try:\n"
+        "        attention(q, k, k, causal=False, scale=0.5)\n"
+        "        print('ran')\n"
+        "    except Unsupported as e:\n"
+        "        print(e)\n")
+    said = {}
+    for interpret in ("0", "1"):
+        proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True,
+                              env={**os.environ, "TRITON_INTERPRET": interpret}, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        said[interpret] = proc.stdout.splitlines()
+    assert said["0"][0] == "on the CPU the kernels run only under TRITON_INTERPRET=1"
+    assert said["1"] == ["ran", "T must be a multiple of 64 (the tile)", "Tq must equal Tk",
+                         "D must be one of 16, 32, 64, 128, the same for q, k and v",
+                         "dtype must be float16, bfloat16 or float32, the same for q, k and v"]
