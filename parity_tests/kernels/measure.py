@@ -285,7 +285,7 @@ def _run_case(split, target, case, dtype, device, align, seed, wanted, timeout):
     rows, failing, bounds, arrays = {}, [], {}, {}
     for n in names:
         rows[n], bounds[n], a = _judge(n, got.get(n, ("FAIL", f"the target gave no {n}")), gold, bases, den,
-                                       n in zero, dtype, unjudged, case, case_align, gold_raw, rounded, row)
+                                       n in zero, dtype, logits, unjudged, case, case_align, gold_raw, rounded, row)
         if a is not None:
             arrays[n] = a
         if rows[n].failed:
@@ -340,7 +340,7 @@ def _diagnose(failing, rows, evidence):
             rows[n].diagnosis = diagnosis.Diagnosis("not-diagnosed", f"could not diagnose: {type(e).__name__}: {e}")
 
 
-def _judge(n, value, gold, bases, den, zero, dtype, unjudged, case, align, gold_raw, rounded, row):
+def _judge(n, value, gold, bases, den, zero, dtype, logits, unjudged, case, align, gold_raw, rounded, row):
     """(row, bound, the target's judged array or None) of tensor ``n``: max and mean error
     against the golden result, each held to `tolerances.check_bound` of the baseline's (the
     larger over the baseline's formulations ``bases``).  lse is judged on the rows that see a
@@ -348,7 +348,7 @@ def _judge(n, value, gold, bases, den, zero, dtype, unjudged, case, align, gold_
     ``gold[n]`` becomes the form the kernel returns."""
     errors = [tensor_errors(base[n], gold[n], den[n]) for base in bases]
     base_err, base_mean = max(e[0] for e in errors), max(e[2] for e in errors)
-    bound = tol.check_bound(dtype, base_err)
+    bound = tol.check_bound(dtype, base_err, logits)
     if zero:
         bound = max(bound, tol.CHECK_ZERO_FLOOR[dtype])
     if isinstance(value, str):
@@ -367,7 +367,7 @@ def _judge(n, value, gold, bases, den, zero, dtype, unjudged, case, align, gold_
                 note = "lse in the reference's ALiBi form"
         gold[n] = ref
     err, where, mean, cosine = tensor_errors(a, ref, den[n])
-    mean_bound = max(tol.check_bound(dtype, base_mean), bound if zero else 0.0)
+    mean_bound = max(tol.check_bound(dtype, base_mean, logits), bound if zero else 0.0)
     ok = err <= bound and mean <= mean_bound
     if err <= bound and not ok:
         note = (note + "; " if note else "") + f"mean error {mean:.1e} above its bound {mean_bound:.1e}"

@@ -128,14 +128,23 @@ def _lse_weighted_rows(seed):
     return [r for r in report.rows if "outliers" in r.case]
 
 
-def test_the_log_sum_exp_formulation_of_the_baseline_is_needed_and_tight(monkeypatch):
+def test_the_log_sum_exp_formulation_of_the_baseline_is_needed(monkeypatch):
     # scores ~10^3: weights formed through the lse carry u |lse| on a whole row; past
-    # LOGIT_SCALE the baseline is computed that way too, so a correct kernel passes ...
+    # LOGIT_SCALE the baseline is computed that way too, so a correct kernel passes
     assert all(r.passed for r in _lse_weighted_rows(0))
-    assert _outliers_out_row(0.0).passed
-    monkeypatch.setattr(tol, "LOGIT_SCALE", float("inf"))        # the plain softmax alone
+    monkeypatch.setattr(tol, "BASELINE_FORMULATIONS", ("softmax",))     # the logit floor alone
     assert any(r.failed for r in _lse_weighted_rows(0)), "the lse formulation guards nothing: drop it"
-    assert _outliers_out_row(0.0).failed
-    # ... and no more: a slip of 5e-14 (float64, ~20 x its error) fails
-    monkeypatch.undo()
-    assert _outliers_out_row(5e-14).failed
+
+
+def test_the_logit_scale_of_the_floor_is_needed_and_tight(monkeypatch):
+    # scores ~10^3: a correct float64 kernel sits up to ~10 x its baseline (rounding of its
+    # largest score); the floor grows with the logits past LOGIT_SCALE so that it passes ...
+    scale = tol.LOGIT_SCALE
+    assert _outliers_out_row(0.0).passed
+    monkeypatch.setattr(tol, "LOGIT_SCALE", float("inf"))
+    assert _outliers_out_row(0.0).failed, "the logit scale guards nothing: drop it"
+    # ... and no more: a slip of 2e-13 fails, and would pass with the scale ten times looser
+    monkeypatch.setattr(tol, "LOGIT_SCALE", scale)
+    assert _outliers_out_row(2e-13).failed
+    monkeypatch.setattr(tol, "LOGIT_SCALE", scale / 10)
+    assert _outliers_out_row(2e-13).passed
