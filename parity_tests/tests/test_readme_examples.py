@@ -26,7 +26,7 @@ command is rerun:
   solution with that mistake written in (``tests/lab/mutations.py``);
 - a block that a ``python`` block "prints" is what that block prints.
 
-A block whose summary shows more than `SLOW_FROM` seconds runs with ``-m slow``.  Left
+A verb's block whose summary shows more than `SLOW_FROM` seconds runs with ``-m slow``.  Left
 out: the bench tables (their figures belong to a machine, the pages say so), the
 ``--world-size`` runs (``tests/ranks/test_readme_ranks.py`` holds them) and ``python -m
 parity_tests check`` runs of a long grid.
@@ -301,7 +301,7 @@ def _words(line):
 def _params():
     for page, block, sources, printer in _blocks():
         marks = [pytest.mark.xfail(strict=True, reason=STALE[block[0]])] if block[0] in STALE else []
-        if _seconds(block) > SLOW_FROM:
+        if _verb_argv(block) is not None and _seconds(block) > SLOW_FROM:     # the matrix: always
             marks.append(pytest.mark.slow)
         yield pytest.param(block, sources, printer, marks=marks, id=f"{page}: {block[0][:40]}")
 
