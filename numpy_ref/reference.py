@@ -118,7 +118,7 @@ def reference_attention(q, k, v, dout=None, *, dlse=None, scale=None, causal=Fal
     "A gradient on lse").  Without ``dout``, dout is taken as zero (only lse
     is used); entries of rows that see no key are ignored (their lse is −∞).
 
-    Options (README, "The production variants"): ``scale`` (None: 1/√Dqk),
+    Options (docs/reference.md): ``scale`` (None: 1/√Dqk),
     ``causal`` and ``align`` ("top-left": offset 0; "bottom-right": offset
     Tk − Tq, per batch with lengths), ``window=(left, right)`` (−1 unbounded),
     ``softcap`` c > 0, ``alibi_slopes`` (Hq,) or (B, Hq), ``bias`` broadcastable

@@ -36,7 +36,8 @@ def verbs_help():
     lines = [f"  {'(none)':<{width}}  the parity matrix: every module, NumPy vs PyTorch "
              "(options below)"]
     lines += [f"  {verb:<{width}}  {line}" for verb, (_, line) in VERBS.items()]
-    return "verbs (attention-parity VERB --help for each):\n" + "\n".join(lines)
+    return ("verbs (attention-parity VERB --help for each):\n" + "\n".join(lines)
+            + "\n\nEvery page: README.md and docs/ (docs/architecture.md for the code's layout)")
 
 
 def _suggestion(word):
@@ -50,7 +51,7 @@ REQUIRED = ("torch", "numpy")     # a missing one is named, with how to install 
 
 def _say_missing(name):
     print(f"attention-parity: error: this command needs {name}, which is not installed. "
-          f"Install it first (see the README: pip install torch==<version>, or "
+          f"Install it first (see README.md#quick-start: pip install torch==<version>, or "
           f"PyTorch's CPU index on a machine without a GPU), then pip install -e .",
           file=sys.stderr)
 

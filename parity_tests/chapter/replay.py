@@ -135,6 +135,7 @@ def run(values=None, plot_dir=None):
 
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="attention-parity chapter", description=plain(__doc__),
+                                epilog="More: docs/chapter.md",
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--plot", metavar="DIR", default=None,
                    help="write PNG heatmaps of the attention weights (simplified, causal, "

@@ -323,68 +323,60 @@ def _one_alignment(rows, align):
 def build_parser():
     cpu = targets.builtin_names("cpu")
     cuda_only = {n: d for n, d in targets.builtin_names("cuda").items() if n not in cpu}
-    listing = "\n".join(f"  {n:<17} {d}" for n, d in cpu.items())
-    listing += "\n" + "\n".join(f"  {n:<17} {d} (CUDA only)" for n, d in cuda_only.items())
-    if not any(n in cuda_only for n in targets.FLASH):
-        listing += "\n" + "\n".join(f"  {n:<17} FlashAttention's {n} (CUDA with flash_attn)" for n in targets.FLASH)
+    listing = textwrap.fill(", ".join(cpu), 86, initial_indent="  ", subsequent_indent="  ")
+    cuda = list(cuda_only) + [n for n in targets.FLASH if n not in cuda_only]
+    listing += "\n" + textwrap.fill("on CUDA: " + ", ".join(cuda) + " (flash*: with flash_attn)", 86,
+                                    initial_indent="  ", subsequent_indent="  ")
     p = argparse.ArgumentParser(
         prog="attention-parity check", formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="attention-parity check [options] TARGET  (or --list, or --merge module:fn)",
         description=textwrap.fill(
             "Hold an attention kernel to the float64 NumPy reference: out, dq, dk, dv on a grid "
-            "of shapes (default: T = 1, 17, 113x203, 1023, 2049; D = 40..128; causal and not), each "
-            "held to error <= k x baseline + floor, where the baseline is a plain PyTorch computation "
-            f"in the same dtype on the same device (k = {tol.CHECK_FACTOR:g}, floors in "
-            "parity_tests/common/tolerances.py). A failing tensor is diagnosed against a catalogue "
-            "of common mistakes.", 88),
-        epilog=f"targets built in:\n{listing}\n  module.path:callable  your function "
-               "fn(q, k, v, *, causal, scale) -> out\n\n"
-               "Exit status: 0 every row passed, 1 some row failed (or none could run), 2 bad arguments.")
+            "of shapes, each held to error <= k x baseline + floor, the baseline a plain PyTorch "
+            f"computation in the same dtype (k = {tol.CHECK_FACTOR:g}). A failing tensor is "
+            "diagnosed and located. How it judges: docs/check.md#how-it-judges", 88),
+        epilog=f"targets built in (check --list for this device):\n{listing}\n"
+               "  module.path:callable  your function fn(q, k, v, *, causal, scale) -> out "
+               "(docs/check.md#on-your-own-function)\n\n"
+               "Reading a diagnosis: docs/check.md#reading-a-diagnosis. Exit status: 0 every row "
+               "passed,\n1 some row failed (or none could run), 2 bad arguments.")
     p.add_argument("target", nargs="?", help="a built-in name or module.path:callable")
     p.add_argument("--list", action="store_true", help="list the built-in targets on --device")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--dtype", action="append", metavar="DTYPE",
-                   help="float32, bfloat16, float16, float64 (repeat or comma-separate; default "
-                        "float32,bfloat16 on cpu, plus float16 on cuda)")
+                   help="float32, bfloat16, float16, float64, comma-separated (default float32,bfloat16; "
+                        "on cuda also float16)")
     p.add_argument("--tokens", action="append", metavar="T|TqxTk", help="sequence lengths, e.g. 128x512,4096")
     p.add_argument("--head-dim", action="append", metavar="D", help="head dims, e.g. 64,80,128")
     p.add_argument("--heads", action="append", metavar="H")
     p.add_argument("--batch", action="append", metavar="B")
     p.add_argument("--causal", choices=list(CAUSAL), default="both")
     p.add_argument("--align", choices=list(targets.ALIGNMENTS), default="top-left",
-                   help="where the causal mask sits when Tq != Tk: top-left (SDPA's is_causal, "
-                        "default) or bottom-right (FlashAttention's)")
+                   help="the causal mask when Tq != Tk: top-left (SDPA's, default) or bottom-right (FlashAttention's)")
     p.add_argument("--layout", choices=["bhtd", "bthd", "thd"], default="bhtd",
-                   help="the layout a callable takes: (B, H, T, D) (default) or (B, T, H, D); thd, "
-                        "FlashAttention's packed varlen layout, is what --features varlen runs")
+                   help="the layout a callable takes: (B, H, T, D) (default), (B, T, H, D), or packed (varlen)")
     p.add_argument("--features", action="append", metavar="F,...",
-                   help="add the cases of production features (comma-separate; the callable receives each "
-                        "feature's keyword on its cases): " + feat.help_line())
+                   help="add the cases of production features, comma-separated: " + ", ".join(feat.FEATURES)
+                        + " (each in docs/features.md)")
     p.add_argument("--long", action="store_true",
-                   help="add one head of D = 64 at T = 16384, causal and not, and T = 65536 causal only "
-                        "(on cuda: 16384 and 32768, causal and not); a run of over a minute prints its "
-                        "estimated time and peak memory first")
+                   help="add one head of D = 64 at T = 16384 and 65536 (docs/check.md#long-cases)")
     p.add_argument("--seed", type=outputs.seed, default=0,
                    help="seed of the inputs drawn, 0 .. 2**32 - 1 (default: 0)")
     p.add_argument("--timeout", type=_seconds, default=measure.DEFAULT_TIMEOUT, metavar="SECONDS",
-                   help="seconds the target may take on one case before the case FAILS 'timed out' "
-                        f"(default: {measure.DEFAULT_TIMEOUT:g}; 0: no limit). A Python loop is stopped "
-                        "on time; one long call into C (a single huge matmul, a CUDA wait) only when it returns")
+                   help="seconds the target may take on one case before it FAILS 'timed out' "
+                        f"(default: {measure.DEFAULT_TIMEOUT:g}; 0: no limit)")
     p.add_argument("--merge", metavar="module:fn",
-                   help="check a merge of partial attention states fn(out_a, lse_a, out_b, lse_b) -> "
-                        "(out, lse) against numpy_ref.merge_states instead of a kernel (no TARGET)")
+                   help="check a merge of partial states fn(out_a, lse_a, out_b, lse_b) -> (out, lse) "
+                        "instead of a kernel (docs/serving.md#merging-partial-states)")
     p.add_argument("--world-size", type=int, metavar="N",
-                   help="run the target across N ranks (torch.distributed: gloo on cpu, NCCL on cuda); it is "
-                        "called as fn(q, k, v, *, causal, scale, group, q_positions, k_positions) on each shard "
-                        "(built in: cp-ring, PyTorch's context-parallel SDPA, CUDA only)")
+                   help="run the target across N ranks, one shard each (docs/ranks.md)")
     p.add_argument("--sharding", action="append", metavar="S,...",
                    help="with --world-size: contiguous, head-tail (comma-separate; default both)")
     p.add_argument("--json", metavar="PATH", help='also write {"rows": [...], "summary": {...}} to PATH')
-    p.add_argument("--plot", metavar="DIR", help="write a heat map of each failing tensor's error (rows x "
-                   "(batch, head), in multiples of the bound) to DIR, titled with where the error sits")
-    p.add_argument("--repro", metavar="DIR",
-                   help="for each distinct failing cause, shrink its case to the smallest that still fails so "
-                        "and write DIR/<cause>/repro.py (a script needing only NumPy, PyTorch and numpy_ref: "
-                        "exit 1 while the mistake is there, 0 once it is gone) and DIR/<cause>/inputs.npz")
+    p.add_argument("--plot", metavar="DIR", help="write a heat map of each failing tensor's error over its "
+                   "bound to DIR")
+    p.add_argument("--repro", metavar="DIR", help="shrink each failing cause to its smallest case and write "
+                   "DIR/<cause>/repro.py and inputs.npz (see docs/check.md#handing-a-failure-on)")
     p.add_argument("--quiet", "-q", action="store_true", help="print only failing rows and the summary")
     return p
 

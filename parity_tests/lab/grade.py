@@ -49,6 +49,7 @@ NEAR = 1e-4     # float32 arithmetic lands around 1e-7..1e-6 of the float64 refe
 
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="attention-parity grade", description=plain(__doc__),
+                                epilog="More: docs/lab.md#2-attention-parity-grade-check-your-own-backward-be-told-which-mistake-you-made",
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("target", nargs="?", metavar="FILE[:NAME]", help="your Python file")
     p.add_argument("--exercise", choices=list(catalog.EXERCISES),

@@ -71,6 +71,7 @@ def parse_tile(text):
 
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="attention-parity backprop", description=plain(__doc__),
+                                epilog="More: docs/lab.md#1-attention-parity-backprop-every-intermediate-gradient-step-by-step",
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--module", choices=example.MODULES, default="CausalAttention",
                    help="the chapter module to walk through (default: CausalAttention)")

@@ -43,7 +43,7 @@ def build_parser():
                "(checked before the run, --json PATH included). "
                "--plant-fault NAME plants a known mistake (list them with --list-faults) "
                "and runs the same matrix: the command must then exit 1, which shows the "
-               "checks can fail.")
+               "checks can fail. More: docs/parity.md")
     p.add_argument("--device", choices=["cpu", "cuda", "all"], default="cpu",
                    help="cpu (default), cuda, or all available devices")
     p.add_argument("--dtype", action="append", metavar="DTYPE",

@@ -73,7 +73,7 @@ def test_bench_help_needs_no_torch(without_torch):
 
 
 def test_the_numpy_tests_need_neither_torch_nor_hypothesis(tmp_path):
-    """The README's NumPy-only command, where only NumPy and pytest are installed."""
+    """The NumPy-only command of docs/architecture.md#tests, where only NumPy and pytest are installed."""
     script = (BLOCK_IMPORTS + "import pytest; sys.exit(pytest.main(['-q', '-p', "
               "'no:cacheprovider', 'parity_tests/tests/reference/test_numpy_modules.py']))")
     root = pathlib.Path(__file__).resolve().parents[2]

@@ -5,12 +5,15 @@ import ast
 import contextlib
 import io
 import pathlib
+import re
 
 import pytest
 
 from parity_tests import cli
+import test_docs_links  # noqa: E402  (beside this file: GitHub's anchors)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]            # parity_tests/
+REPO = ROOT.parent
 FAMILIES = sorted(p.name for p in ROOT.iterdir()
                   if (p / "__init__.py").exists() and p.name not in ("common", "tests"))
 
@@ -112,3 +115,62 @@ def test_help_pages_are_plain_text_not_rst(argv):
     assert "`" not in text, text                     # ``literal`` or `reference` markup
     assert not any(line.rstrip().endswith("::") for line in text.splitlines()), text
     assert "parity_tests/tolerances.py" not in text  # the file lives in common/
+
+
+# Each verb's --help fits one screen (at 80 columns) and names the page that says more.
+SCREEN_LINES = 60
+
+
+@pytest.mark.parametrize("argv", [["--help"]] + [[verb, "--help"] for verb in cli.VERBS])
+def test_help_fits_one_screen_and_points_at_its_page(argv, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    status, text = _help(argv)
+    assert status == 0
+    assert len(text.rstrip("\n").splitlines()) <= SCREEN_LINES, text
+    pages = re.findall(r"\bdocs/[\w-]+\.md(?:#[\w-]+)?", text)
+    assert pages, f"{' '.join(argv)} names no page of docs/"
+    for page in pages:
+        path, _, anchor = page.partition("#")
+        assert (REPO / path).exists(), page
+        if anchor:
+            assert anchor in test_docs_links.anchors(REPO / path), page
+
+
+ARCHITECTURE = REPO / "docs" / "architecture.md"
+
+
+def _architecture_blocks():
+    text, blocks, current = ARCHITECTURE.read_text(), [], None
+    for line in text.splitlines():
+        if line.startswith("```"):
+            current = [] if current is None else blocks.append(current)
+        elif current is not None:
+            current.append(line)
+    return blocks
+
+
+def test_the_architecture_page_names_files_that_exist():
+    """Every path the page names (in its diagram, its layout and its text) is there."""
+    text = ARCHITECTURE.read_text()
+    named = set(re.findall(r"(?<![\w./])((?:[a-z_]+/)+(?:[a-z0-9_-]+\.(?:py|md))?)(?![\w/])", text))
+    assert len(named) > 20
+    missing = [p for p in named if not any((base / p).exists() for base in
+                                           (REPO, ROOT, ROOT / "tests", ROOT / "kernels", ROOT / "lab"))]
+    assert not missing, missing
+
+
+def test_the_architecture_layout_is_the_layout():
+    """The layout block names every family of parity_tests/ and every folder of its tests, and
+    the diagram's steps run through modules of parity_tests/kernels/ that exist."""
+    layout = next(b for b in _architecture_blocks() if b[0].startswith("numpy_ref/"))
+    named = {l.split()[0] for l in layout if re.match(r"^  \S", l) and l.split()[0].endswith("/")}
+    assert named == {f"{p}/" for p in FAMILIES + ["common", "tests"]}, named
+    tests_line = " ".join(l for l in layout if "one folder per room" in l or l.startswith(" " * 22))
+    for folder in (ROOT / "tests").iterdir():
+        if folder.is_dir() and folder.name != "__pycache__":
+            assert f"{folder.name}/" in tests_line, folder.name
+    diagram = next(b for b in _architecture_blocks() if any("kernels/measure.py" in l for l in b))
+    steps = [l.split()[1] for l in diagram if re.match(r"^\s+\d ", l)]
+    assert steps == ["draw", "target", "golden", "baseline", "judge", "diagnosis"]
+    for module in re.findall(r"kernels/[\w/]+\.py", "\n".join(diagram)):
+        assert (ROOT / module).exists(), module

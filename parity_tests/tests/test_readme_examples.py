@@ -1,6 +1,7 @@
-"""The README's example output comes from real runs, and stays true.
+"""The README's and the docs' example output comes from real runs, and stays true.
 
-Every plain fenced block of README.md that shows output of the command is rerun:
+Every plain fenced block of README.md and of each page of docs/ that shows output of the
+command is rerun:
 
 - a block with a ``$ attention-parity ...`` line is that command's output;
   otherwise a block of matrix rows is the default ``attention-parity`` run;
@@ -13,27 +14,55 @@ Every plain fenced block of README.md that shows output of the command is rerun:
   verb's summary, and every other row of such a block must appear in the output
   of one of the chapter verbs.
 
-- a block opening with ``$ attention-parity backprop``, ``grade --list`` or
-  ``check`` on a built-in target is that command's output: every line it shows
-  (but elisions and the seconds of a summary) is a line of the real output.
+- a block opening with ``$ attention-parity backprop``, ``grade --list``, ``grade
+  --template`` or ``check`` is that command's output: every line it shows (but elisions
+  and the seconds of a summary) is a line of the real output.  A ``check`` target is a
+  built-in one, a module of this repository (``parity_tests.tests.kernels...``), or the
+  reader's file that a ``python`` block earlier on the same page defines (written to a
+  temporary folder, as the reader would save it; `READER_EDITS` for one the text
+  describes as an edit of another);
+- a block opening with ``$ attention-parity grade FILE.py`` grades the exercise's
+  solution, or, when the block names a mistake (``[softmax-diagonal-only]``), the
+  solution with that mistake written in (``tests/lab/mutations.py``);
+- a block that a ``python`` block "prints" is what that block prints.
 
-The bench table is left out: its figures belong to a machine (the README says so);
-so are the blocks that need a file of the reader's (``grade FILE``, ``check
-module:callable``).
+A verb's block whose summary shows more than `SLOW_FROM` seconds runs with ``-m slow``.  Left
+out: the bench tables (their figures belong to a machine, the pages say so), the
+``--world-size`` runs (``tests/ranks/test_readme_ranks.py`` holds them) and ``python -m
+parity_tests check`` runs of a long grid.
 """
 
 import contextlib
 import functools
+import importlib.util
 import io
+import os
 import pathlib
 import re
 import shlex
+import sys
+import tempfile
 
 import pytest
 
 from parity_tests import cli
 
-README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+PAGES = [README] + sorted((ROOT / "docs").glob("*.md"))
+SOLUTIONS = ROOT / "parity_tests" / "lab" / "exercises" / "solutions"
+sys.path.insert(0, str(pathlib.Path(__file__).parent / "lab"))
+from mutations import MUTATIONS, mutate  # noqa: E402
+
+# A shown run slower than this (its summary's seconds) runs with -m slow.
+SLOW_FROM = 10.0
+# The reader's files the text describes as an edit of another: name -> (the file, edits).
+READER_EDITS = {
+    "gqa_window_tiled": ("gqa_window", [("k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)",
+                                         "k.repeat(1, group, 1, 1), v.repeat(1, group, 1, 1)")]),
+}
+# The reader's kernels a page describes without showing them: module -> why not run.
+LEFT_OUT = {"my_attention:no_scale": "SDPA with scale=1.0 at T = 16384: described, not shown"}
 SUMMARY = re.compile(r"^(\d+) rows, (\d+) passed, (\d+) failed in [\d.]+ s (\(.*\))$")
 CHAPTER_VERBS = ("chapter", "jacobian", "claims")
 
@@ -43,33 +72,65 @@ CHAPTER_VERBS = ("chapter", "jacobian", "claims")
 STALE = {}
 
 
-def _blocks():
-    """The plain (no language) fenced blocks of README.md, as lists of lines."""
-    blocks, current = [], None
-    for line in README.read_text().splitlines():
+def _fenced(path):
+    """Every fenced block of a page: (language, lines, the text before it)."""
+    blocks, current, lang, before = [], None, None, []
+    for line in path.read_text().splitlines():
         if line.startswith("```"):
             if current is None:
-                current = [] if line.strip() == "```" else False
+                current, lang = [], line[3:].strip()
             else:
-                if current:
-                    blocks.append(current)
-                current = None
-        elif current is not False and current is not None:
+                blocks.append((lang, current, "\n".join(before[-3:])))
+                current, before = None, []
+        elif current is not None:
             current.append(line)
-    return [b for b in blocks if any(SUMMARY.match(l) or " checks: " in l for l in b)
-            or _verb_argv(b) is not None]
+        else:
+            before.append(line)
+    return blocks
+
+
+def _blocks():
+    """The plain fenced blocks of README.md and docs/*.md that show output, as
+    (page, lines, python source of the reader's files before it, printing python or None)."""
+    found = []
+    for path in PAGES:
+        sources, previous = [], None
+        for lang, lines, before in _fenced(path):
+            if lang == "python":
+                sources.append("\n".join(lines))
+            elif lang == "" and lines:
+                printer = previous if previous and before.strip().endswith("prints") else None
+                if printer or any(SUMMARY.match(l) or " checks: " in l for l in lines) or \
+                        _verb_argv(lines) is not None or _grade_file(lines) is not None:
+                    found.append((path.relative_to(ROOT), lines, tuple(sources), printer))
+            previous = "\n".join(lines) if lang == "python" else None
+    return found
 
 
 def _verb_argv(block):
-    """The argv of a block showing a verb's output that needs no file of the reader's."""
+    """The argv of a block showing a verb's output that we can run again."""
     if not block[0].startswith("$ attention-parity "):
         return None
     argv = shlex.split(block[0][2:])[1:]
-    if argv[:1] == ["backprop"] or argv[:2] == ["grade", "--list"]:
+    if argv[:1] == ["backprop"] or argv[:2] in (["grade", "--list"], ["grade", "--template"]):
         return tuple(argv)
-    if argv[:1] == ["check"] and len(argv) > 1 and ":" not in argv[1]:
+    if argv[:1] == ["check"] and len(argv) > 1 and "--world-size" not in argv:
         return tuple(argv)
     return None
+
+
+def _grade_file(block):
+    """(file, the description of its exercise) of a ``grade FILE.py`` block, or None."""
+    argv = shlex.split(block[0][2:]) if block[0].startswith("$ attention-parity grade ") else []
+    if len(argv) != 3 or not argv[2].endswith(".py") or len(block) < 2:
+        return None
+    header = re.match(r"^== .+? from (\S+): (.+)$", block[1])
+    return (argv[2], header.group(2)) if header else None
+
+
+def _seconds(block):
+    shown = [float(m.group(1)) for l in block for m in [re.search(r" in ([\d.]+) s \(", l)] if m]
+    return max(shown, default=0.0)
 
 
 def _untimed(line):
@@ -81,11 +142,45 @@ def _cells(line):
 
 
 @functools.lru_cache(maxsize=None)
-def _output(argv):
+def _output(argv, files=(), cwd=None):
+    """stdout of ``attention-parity argv``, run in ``cwd`` (importable, as the current
+    directory is to the command) after writing ``files`` ((name, source) pairs) there."""
     out = io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
-        cli.main(list(argv))
+    here = os.getcwd()
+    folder = cwd or tempfile.mkdtemp(prefix="readme-example-")
+    for name, source in files:
+        pathlib.Path(folder, name).write_text(source)
+    sys.path.insert(0, folder)
+    try:
+        os.chdir(folder)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+            cli.main(list(argv))
+    finally:
+        os.chdir(here)
+        sys.path.remove(folder)
+        for name, _ in files:
+            sys.modules.pop(name[:-3], None)
     return out.getvalue()
+
+
+def _reader_files(argv, sources):
+    """The reader's module a ``check`` target names, from the page's python blocks: ((name.py,
+    source),), or () for a built-in target or a module of this repository."""
+    target = next((a for a in argv[1:] if ":" in a), None)
+    if target is None:
+        return ()
+    module, fn = target.split(":", 1)
+    try:
+        if importlib.util.find_spec(module) is not None:
+            return ()
+    except ModuleNotFoundError:
+        pass
+    if target in LEFT_OUT:
+        pytest.skip(LEFT_OUT[target])
+    base, edits = READER_EDITS.get(module, (module, []))
+    defining = [s for s in sources if re.search(rf"^def {re.escape(fn)}\(", s, re.M)]
+    assert defining, f"no python block on the page defines {fn} for `{module}`"
+    return ((f"{module}.py", mutate(defining[-1], edits)),)
 
 
 def _rows_of(output):
@@ -156,25 +251,69 @@ def _check_chapter_block(block):
             assert _is_row_of(_cells(line), every_row), f"not a row of the chapter verbs: {line}"
 
 
-def _check_verb_block(block):
+def _check_verb_block(block, sources=()):
     argv = _verb_argv(block)
-    real = {_cells(_untimed(l)) for l in _output(argv).splitlines() if l.strip()}
+    files = _reader_files(argv, sources) if argv[0] == "check" else ()
+    real = {_cells(_untimed(l)) for l in _output(argv, files).splitlines() if l.strip()}
     for line in block[1:]:
         if "..." in line or not line.strip("- "):
             continue                       # an elision, a blank or a rule
         assert _is_row_of(_cells(_untimed(line)), real), f"not a line of `attention-parity {' '.join(argv)}`: {line}"
 
 
+def _exercise(description):
+    listing = _output(("grade", "--list"))
+    names = [l.split()[0] for l in listing.splitlines()[1:] if l.strip() and description in l]
+    assert len(names) == 1, f"no exercise described as {description!r} in grade --list"
+    return names[0]
+
+
+def _check_grade_block(block):
+    name, description = _grade_file(block)
+    exercise = _exercise(description)
+    source = (SOLUTIONS / f"{exercise}.py").read_text()
+    named = re.search(r"  \[([\w-]+)\]$", "\n".join(block), re.M)
+    if named:
+        source = mutate(source, MUTATIONS[exercise][named.group(1)])
+    real = {_cells(l) for l in _output(("grade", name), ((name, source),)).splitlines() if l.strip()}
+    for line in block[1:]:
+        if "..." in line or not line.strip():
+            continue
+        assert _is_row_of(_cells(line), real), f"not a line of `attention-parity grade {name}`: {line}"
+
+
+def _check_printed_block(block, printer):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(printer, "<the page's python block>", "exec"), {"__name__": "__page__"})
+    real = {tuple(_words(l)) for l in out.getvalue().splitlines() if l.strip()}
+    for line in block:
+        shown = tuple(_words(line))
+        assert shown in real or any(len(r) == len(shown) and all(map(_same_cell, shown, r)) for r in real), \
+            f"not a line the python block prints: {line}"
+
+
+def _words(line):
+    """A printed line's words, brackets and commas apart, so that each figure is a cell."""
+    return re.sub(r"[\[\](){}',:]", " ", line).split()
+
+
 def _params():
-    for block in _blocks():
+    for page, block, sources, printer in _blocks():
         marks = [pytest.mark.xfail(strict=True, reason=STALE[block[0]])] if block[0] in STALE else []
-        yield pytest.param(block, marks=marks, id=block[0][:40])
+        if _verb_argv(block) is not None and _seconds(block) > SLOW_FROM:     # the matrix: always
+            marks.append(pytest.mark.slow)
+        yield pytest.param(block, sources, printer, marks=marks, id=f"{page}: {block[0][:40]}")
 
 
-@pytest.mark.parametrize("block", list(_params()))
-def test_readme_example_is_a_real_run(block):
-    if _verb_argv(block) is not None:
-        _check_verb_block(block)
+@pytest.mark.parametrize("block, sources, printer", list(_params()))
+def test_readme_example_is_a_real_run(block, sources, printer):
+    if printer is not None:
+        _check_printed_block(block, printer)
+    elif _grade_file(block) is not None:
+        _check_grade_block(block)
+    elif _verb_argv(block) is not None:
+        _check_verb_block(block, sources)
     elif any(SUMMARY.match(l) for l in block):
         _check_matrix_block(block)
     else:
@@ -182,6 +321,14 @@ def test_readme_example_is_a_real_run(block):
 
 
 def test_the_readme_has_examples_to_check():
-    blocks = _blocks()
+    blocks = [b for page, b, _, _ in _blocks() if page == README.relative_to(ROOT)]
     assert len(blocks) >= 3
     assert any(l.startswith("$ attention-parity --plant-fault") for b in blocks for l in b)
+    assert any(l.startswith("$ attention-parity check ") for b in blocks for l in b)
+    assert any(l.startswith("$ attention-parity grade ") for b in blocks for l in b)
+
+
+def test_every_page_of_docs_is_read():
+    pages = {page for page, _, _, _ in _blocks()}
+    for name in ("check.md", "features.md", "serving.md", "lab.md", "parity.md", "chapter.md"):
+        assert pathlib.Path("docs", name) in pages, name

@@ -5,7 +5,7 @@ to test it -- as FlexAttention splits "what changes the scores" from "which keys
 are seen", each piece here is one function:
 
 - ``name``, ``help``: its name on the command line and its line in ``--help``
-  (and the README's table);
+  (and the table of docs/features.md);
 - ``keywords``: what the callable receives on the feature's cases (a callable
   whose signature lacks one is a usage error before any case runs: `require`);
 - ``cases(causal, plan)``: the cases it adds (a `cases.Case` carries the feature's
@@ -84,7 +84,7 @@ class Plan:
     grid: tuple = field(default=())   # the run's own cases when --tokens chose their lengths
 
 
-# The registry: one module per feature, in this order (help, parsing, the README table).
+# The registry: one module per feature, in this order (help, parsing, the table of docs/features.md).
 FEATURES = ("gqa", "value_dim", "window", "softcap", "alibi", "bias", "sinks", "varlen", "lse",
             "lse_grad", "decode", "deterministic", "paged", "splits", "dropout")
 

@@ -1,4 +1,4 @@
-"""The README's "Beyond one device" blocks are real runs: each ``$ python -m parity_tests check
+"""The "Beyond one device" page's blocks (docs/ranks.md) are real runs: each ``$ python -m parity_tests check
 ... --world-size`` block is run again, and every line it shows (but elisions, and the seconds
 of the summary) must be a line of the real output, figures of rounding within a factor 10
 (as ``test_readme_examples`` holds the other blocks: that test leaves module:callable blocks out)."""
@@ -13,13 +13,13 @@ import pytest
 
 from parity_tests import cli
 
-README = pathlib.Path(__file__).resolve().parents[3] / "README.md"
+PAGE = pathlib.Path(__file__).resolve().parents[3] / "docs" / "ranks.md"
 FIGURE = re.compile(r"^-?(\d\.\d+e[+-]\d\d|\d+\.\d\d)$")
 PLACE = re.compile(r"^\d+, \d+, \d+$")
 
 
 def _blocks():
-    text = README.read_text().split("## Beyond one device", 1)[1].split("\n## ", 1)[0]
+    text = PAGE.read_text()
     blocks, current = [], None
     for line in text.splitlines():
         if line.startswith("```"):
