@@ -43,7 +43,7 @@ def measure_one(T, kernel, head_dim=64):
     maxrss_gib (this process's peak so far)}."""
     from parity_tests.kernels import measure, targets
     from parity_tests.kernels.cases import Case
-    from parity_tests.kernels.run import one_thread_if_small
+    from parity_tests.kernels.measure import one_thread_if_small
     case = Case(1, 1, T, T, head_dim, True)
     start = time.perf_counter()
     with one_thread_if_small(case, "cpu"):                         # as the check runs it

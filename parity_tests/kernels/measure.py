@@ -47,7 +47,7 @@ from parity_tests.kernels import inputs as inputs_mod
 from parity_tests.kernels.call import Caller, DTYPES, DEFAULT_TIMEOUT, time_limit      # noqa: F401
 from parity_tests.kernels.cases import case_rng
 from parity_tests.kernels.features import REGISTRY
-from parity_tests.kernels.report import Row
+from parity_tests.kernels.row import Row
 
 # DTYPES, DEFAULT_TIMEOUT and time_limit are call's, named here for the command's options
 __all__ = ["run_case", "DTYPES", "DEFAULT_TIMEOUT", "time_limit", "case_memory", "draw", "judged",
@@ -209,6 +209,30 @@ class Split:
 # The parts of a case's time that `Split` measures (its calls of the target: the first, a
 # second on fresh inputs, the determinism repeat; the diagnosis's own call is the diagnosis's).
 SPLIT_PARTS = ("target", "baseline", "golden", "diagnosis")
+
+
+# A case with fewer (query, key) pairs than this runs on one PyTorch thread on the CPU.
+# Its tensors are small enough that each op's parallel region costs more than it
+# saves, and on a busy machine much more: a woken thread waits for a CPU.  Measured on
+# 2 cores, sdpa-flash's default grid beside two busy processes: 51 .. 56 s with every
+# case on PyTorch's 2 threads, 24 s with this (idle: 4.9 s and 4.0 s, the cosine's norms included).
+ONE_THREAD_BELOW = 2 ** 22
+
+
+@contextlib.contextmanager
+def one_thread_if_small(case, device):
+    """PyTorch on one thread (then as it was) while a small CPU case runs: the target,
+    the baseline and the diagnosis alike, so that time/SDPA stays like for like."""
+    before = torch.get_num_threads()
+    small = device == "cpu" and case.batch * case.heads * case.tq * case.tk < ONE_THREAD_BELOW
+    if not small or before == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def run_case(target, case, dtype, device, align="top-left", seed=0, wanted=(), timeout=DEFAULT_TIMEOUT):

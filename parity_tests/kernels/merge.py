@@ -37,7 +37,8 @@ from parity_tests.common import options, outputs
 from parity_tests.common import tolerances as tol
 from parity_tests.kernels import targets
 from parity_tests.kernels.merge_diagnosis import bad_entries, diagnose_case
-from parity_tests.kernels.report import Report, Row
+from parity_tests.kernels.report import Report
+from parity_tests.kernels.row import Row
 
 __all__ = ["check_merge", "merge_main", "CASES", "plain_merge", "dense_merge"]
 

@@ -39,7 +39,8 @@ import parity_tests.kernels.measure as measure
 import parity_tests.kernels.rank_diagnosis as rank_diagnosis
 from parity_tests.kernels import rank_world, targets
 from parity_tests.kernels.cases import Case
-from parity_tests.kernels.report import Row, Report
+from parity_tests.kernels.report import Report
+from parity_tests.kernels.row import Row
 
 __all__ = ["check_ranks", "shard_positions", "rank_cases", "SHARDINGS", "RANK_FEATURES", "DEFAULT_TIMEOUT"]
 

@@ -23,6 +23,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from parity_tests.common.tables import format_table
+from parity_tests.kernels.row import Row
 
 __all__ = ["Row", "Report", "find_growth", "find_strides"]
 
@@ -32,73 +33,9 @@ UNNAMED = ("none", "not-diagnosed")
 # a catalogued mistake first when some row has one.
 GENERIC = ("zeros", "non-finite", "lower-precision", "wrong-direction", "grows-with-length")
 
-# Below this many seconds of SDPA's, a case's time ratio is left out ("-"): a single call
-# of a tenth of a millisecond is moved by a cache miss or an allocation (measured: the same
-# kernel at 0.05 .. 3 ms on its first calls of a shape).
-TIMED_FROM = 1e-3
-
 # target and device are the summary's (one each per report)
 HEADERS = ("case", "dtype", "tensor", "error", "baseline", "bound", "ratio", "mean", "cosine",
            "err/SDPA", "time/SDPA", "verdict", "worst at (b, h, row)")
-
-
-@dataclass
-class Row:
-    target: str
-    case: str
-    dims: dict
-    dtype: str
-    device: str
-    tensor: str
-    align: str = "top-left"
-    error: float = None
-    baseline: float = None
-    bound: float = None
-    verdict: str = "pass"
-    where: tuple = None
-    note: str = ""
-    diagnosis: object = None          # a diagnosis.Diagnosis for failing rows
-    mean_error: float = None          # the mean error and the cosine with the reference
-    cosine: float = None
-    seconds: float = None             # the target's forward on the case (its second call)
-    sdpa_seconds: float = None        # PyTorch's SDPA's best forward on the same case, where it expresses it
-    sdpa_error: float = None          # SDPA's own error on out, in the same dtype (out's row only)
-    split: dict = None                # the case's wall seconds: target, baseline, golden, diagnosis, other, wall
-    case_def: object = None           # the cases.Case that ran (as handed to measure.run_case): --repro reruns it
-
-    @property
-    def passed(self):
-        return self.verdict == "pass"
-
-    @property
-    def failed(self):
-        return self.verdict == "FAIL"
-
-    @property
-    def speed(self):
-        """The target's time over SDPA's on the same case (None where SDPA did not run, or
-        took less than TIMED_FROM: a ratio of such times measures the machine's noise)."""
-        if not self.seconds or not self.sdpa_seconds or self.sdpa_seconds < TIMED_FROM:
-            return None
-        return self.seconds / self.sdpa_seconds
-
-    @property
-    def ratio(self):
-        if self.error is None or not self.bound:
-            return None
-        return self.error / self.bound if math.isfinite(self.error) else math.inf
-
-    def as_dict(self):
-        num = lambda x: None if x is None or not math.isfinite(x) else float(x)
-        return {"target": self.target, "case": self.case, **self.dims, "dtype": self.dtype,
-                "device": self.device, "align": self.align, "tensor": self.tensor,
-                "error": num(self.error), "baseline": num(self.baseline), "bound": num(self.bound),
-                "ratio": num(self.ratio), "verdict": self.verdict, "passed": self.passed,
-                "where": None if self.where is None else list(self.where), "note": self.note,
-                "diagnosis": None if self.diagnosis is None else self.diagnosis.as_dict(),
-                "mean_error": num(self.mean_error), "cosine": num(self.cosine), "seconds": num(self.seconds),
-                "sdpa_seconds": num(self.sdpa_seconds), "sdpa_error": num(self.sdpa_error),
-                "split": None if self.split is None else {k: num(v) for k, v in self.split.items()}}
 
 
 def _sci(x):

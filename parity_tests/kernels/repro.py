@@ -141,7 +141,7 @@ class _Trial:
     def _run(self, case, left):
         """The case's rows, the target's calls limited to the budget left (a call past it FAILS
         "timed out": not the cause followed)."""
-        from parity_tests.kernels.run import one_thread_if_small
+        from parity_tests.kernels.measure import one_thread_if_small
         self.runs += 1
         limit = min(self.timeout or left, left)
         try:

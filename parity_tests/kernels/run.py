@@ -10,7 +10,6 @@ passes; at least one row must pass), 1 some row fails, 2 bad arguments.
 """
 
 import argparse
-import contextlib
 import os
 import sys
 import textwrap
@@ -263,7 +262,7 @@ def _repro_spec(tgt, spec):
 
 
 def _run_one(tgt, case, dtype, device, align, seed, wanted, timeout):
-    with one_thread_if_small(case, device):
+    with measure.one_thread_if_small(case, device):
         return measure.run_case(tgt, case, dtype, device, align, seed, wanted, timeout)
 
 
@@ -288,30 +287,6 @@ def _first_accepted(case, dtype, rows, rest, run_one):
             return moved, True, reasons
         reasons.append(moved[0].note)
     return rows, False, reasons
-
-
-# A case with fewer (query, key) pairs than this runs on one PyTorch thread on the CPU.
-# Its tensors are small enough that each op's parallel region costs more than it
-# saves, and on a busy machine much more: a woken thread waits for a CPU.  Measured on
-# 2 cores, sdpa-flash's default grid beside two busy processes: 51 .. 56 s with every
-# case on PyTorch's 2 threads, 24 s with this (idle: 4.9 s and 4.0 s, the cosine's norms included).
-ONE_THREAD_BELOW = 2 ** 22
-
-
-@contextlib.contextmanager
-def one_thread_if_small(case, device):
-    """PyTorch on one thread (then as it was) while a small CPU case runs: the target,
-    the baseline and the diagnosis alike, so that time/SDPA stays like for like."""
-    before = torch.get_num_threads()
-    small = device == "cpu" and case.batch * case.heads * case.tq * case.tk < ONE_THREAD_BELOW
-    if not small or before == 1:
-        yield
-        return
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def _one_alignment(rows, align):

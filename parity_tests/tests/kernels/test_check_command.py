@@ -123,10 +123,10 @@ def test_tokens_parse():
 
 
 def test_small_cases_run_on_one_torch_thread_and_the_count_is_restored(monkeypatch):
-    """Below run.ONE_THREAD_BELOW pairs the whole case (target included) runs on one
+    """Below measure.ONE_THREAD_BELOW pairs the whole case (target included) runs on one
     PyTorch thread; a larger case on the process's own count, restored afterwards."""
     import parity_tests
-    from parity_tests.kernels import run
+    from parity_tests.kernels import measure
     seen = {}
 
     def fn(q, k, v, *, causal, scale):
@@ -135,7 +135,7 @@ def test_small_cases_run_on_one_torch_thread_and_the_count_is_restored(monkeypat
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        monkeypatch.setattr(run, "ONE_THREAD_BELOW", 64 * 64)
+        monkeypatch.setattr(measure, "ONE_THREAD_BELOW", 64 * 64)
         assert parity_tests.check(fn, tokens=["17", "64"], head_dims=[16], heads=[1], dtypes=["float32"],
                                   causal="yes").passed
         assert seen[17] == {1} and seen[64] == {2} and torch.get_num_threads() == 2
