@@ -15,7 +15,7 @@ from parity_tests.kernels.features import REGISTRY
 from parity_tests.kernels.diagnosis import Diagnosis
 from parity_tests.kernels.report import Row, find_growth, find_strides
 from check_gallery import GALLERY
-from feature_gallery import _OneHeadExpand, attend, kernel
+from feature_gallery import _OneHeadExpand, attend, kernel, varlen
 
 SMALL = Case(1, 2, 17, 17, 16, True)
 
@@ -143,3 +143,14 @@ def test_dk_dv_taken_from_the_last_query_head_of_each_group_are_named():
     for n in ("dk", "dv"):
         assert rows[n].diagnosis.id == "gqa-grad-one-head", rows[n].diagnosis.sentence
         assert "from query head 1 of its group" in rows[n].diagnosis.sentence
+
+
+def test_a_varlen_kernel_aligning_bottom_right_is_named_where_only_an_inner_sequence_has_tq_below_tk():
+    def bottom_right(q, k, v, *, causal, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+        return varlen(q, k, v, causal=causal, scale=scale, align="bottom-right", cu_seqlens_q=cu_seqlens_q,
+                      cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)[0]
+    square = Case(2, 2, 17, 17, 16, True, (("varlen", ((17, 9), (17, 13))),))     # Tq = Tk, not sequence 1's
+    rows = _rows(bottom_right, square, wanted=["varlen"])
+    assert all(r.diagnosis.id == "other-alignment" for r in rows.values()), [r.diagnosis.sentence for r in rows.values()]
+    assert rows["out"].diagnosis.sentence.startswith("only sequence 1 of the batch: out matches the reference with "
+                                                     "bottom-right causal alignment (the check assumed top-left)")
