@@ -29,7 +29,7 @@ def test_lse_may_be_float32_below_float32_and_nothing_wider_than_the_run():
     assert all(r.passed for r in _rows(_lse_as(torch.bfloat16), SMALL, "bfloat16", ["lse"]).values())
     rows = _rows(_lse_as(torch.float64), SMALL, "float32", ["lse"])
     assert {r.verdict for r in rows.values()} == {"FAIL"}
-    assert rows["lse"].note == "wrong lse dtype: torch.float64, expected torch.float32 or torch.float32"
+    assert rows["lse"].note.startswith("wrong lse dtype: torch.float64")
 
 
 def test_a_kernel_that_fails_on_its_second_call_fails_even_where_both_draws_have_one_answer():
