@@ -67,6 +67,9 @@ class Context:
         self.other_align = "bottom-right" if align == "top-left" else "top-left"
         lens = case.seqlens or (None, None)
         self.offsets = dense.offsets(case.tq, case.tk, lens[0], lens[1], align, case.batch)
+        # the other alignment differs where some sequence's Tq != Tk (a varlen batch's, even when the case's are equal)
+        self.aligned_apart = list(self.offsets) != list(
+            dense.offsets(case.tq, case.tk, lens[0], lens[1], self.other_align, case.batch))
 
     def dense(self, q, k, v, dout, opts, grads=True, dlse="same", **knobs):
         """``dense.run`` in float64 with the case's upstream gradients (``dlse``: another, or None)."""
@@ -130,7 +133,7 @@ def chapter(ctx):
                   "the next key)", fwd(shift=1)),
                 H("mask-one-past", "the causal mask shifted one diagonal the other way (each "
                   "query misses its own key)", fwd(shift=-1))]
-    if case.tq != case.tk and (case.causal or case.get("window") or case.get("alibi")):
+    if ctx.aligned_apart and (case.causal or case.get("window") or case.get("alibi")):
         if case.get("decode") and ctx.align == "bottom-right":
             out.append(H("decode-top-left", "the decode queries placed top-left (query i sees keys j <= i; "
                          "bottom-right is meant: the last query sees every key)", fwd({"align": "top-left"})))

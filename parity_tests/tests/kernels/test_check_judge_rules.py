@@ -1,0 +1,156 @@
+"""How the check judges and names, on one small case each: lse on rows that see no key,
+the mean error beside the max, the sentences of a wrong output's gradients, a row never
+stored, the input classes a run adds and when one is a gap, and the strides verdict."""
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+import parity_tests
+from parity_tests.common import tolerances as tol
+from parity_tests.kernels import inputs, measure, targets
+from parity_tests.kernels.cases import Case, case_rng
+from parity_tests.kernels.features import REGISTRY
+from parity_tests.kernels.diagnosis import Diagnosis
+from parity_tests.kernels.report import Row, find_growth, find_strides
+from check_gallery import GALLERY
+from feature_gallery import _OneHeadExpand, attend, kernel, varlen
+
+SMALL = Case(1, 2, 17, 17, 16, True)
+
+
+def _rows(fn, case, dtype="float32", wanted=(), align="top-left"):
+    return {r.tensor: r for r in measure.run_case(targets.resolve(fn), case, dtype, "cpu", align=align,
+                                                  wanted=tuple(wanted))}
+
+
+def sdpa(q, k, v, *, causal, scale):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+
+
+def test_lse_is_judged_on_the_rows_that_see_a_key_and_nan_fails_on_those_that_see_none():
+    fewer_keys = Case(1, 2, 45, 20, 16, True)            # bottom-right: query rows 0 .. 24 see no key
+
+    def nan_where_unseen(q, k, v, *, causal, scale, align="top-left"):
+        out, lse = attend(q, k, v, causal=causal, scale=scale, align=align)
+        return out, torch.where(torch.isfinite(lse), lse, torch.nan)
+    lse = lambda fn: _rows(fn, fewer_keys, wanted=["lse"], align="bottom-right")["lse"]
+    right = lse(kernel())
+    assert right.passed and math.isfinite(right.baseline)          # the baseline's error on the judged rows
+    assert right.bound > tol.check_bound("float32", 0.0)            # ... counted in the bound beside the floor
+    assert lse(nan_where_unseen).failed
+    assert lse(kernel("lse-base-2")).failed
+
+
+def test_an_error_under_the_max_bound_on_every_entry_fails_on_its_mean():
+    case = Case(1, 2, 64, 64, 16, False)
+    bound = _rows(sdpa, case)["out"].bound
+
+    def offset(q, k, v, *, causal, scale):               # every entry off by 0.8 of the bound
+        out = sdpa(q, k, v, causal=causal, scale=scale)
+        return out + 0.8 * bound * out.detach().abs().max()
+    out = _rows(offset, case)["out"]
+    assert out.error <= out.bound and out.failed, (out.error, out.bound)
+    assert "mean error" in out.note and "above its bound" in out.note
+
+
+def test_the_gradients_of_a_wrong_output_are_not_said_to_follow_a_right_one():
+    rows = _rows(GALLERY["no_scale"][0], SMALL)
+    assert rows["out"].failed and rows["out"].diagnosis.id == "no-scale"
+    grads = [r for n, r in rows.items() if n != "out" and r.failed]
+    assert grads and not any("the output is right" in r.diagnosis.sentence for r in grads)
+
+
+def test_the_last_query_row_never_stored_is_named():
+    def last_row_left_zero(q, k, v, *, causal, scale):
+        out = sdpa(q, k, v, causal=causal, scale=scale)
+        stored = torch.ones(out.shape[-2], 1, dtype=out.dtype)
+        stored[-1] = 0.0
+        return out * stored
+    out = _rows(last_row_left_zero, SMALL)["out"]
+    assert out.diagnosis.id == "row-not-stored", out.diagnosis.sentence
+    assert "out of query row 16 never stored" in out.diagnosis.sentence
+
+
+def test_an_input_class_run_in_one_dtype_is_no_gap_and_classes_keep_the_runs_mask():
+    def float32_at_d40_only(q, k, v, *, causal, scale):       # takes the padded-rows class, in float32
+        if q.dtype != torch.float32 or q.shape[-1] != 40:
+            raise targets.Unsupported(f"no {q.dtype} D{q.shape[-1]} tile")
+        return sdpa(q, k, v, causal=causal, scale=scale)
+    report = parity_tests.check(float32_at_d40_only, tokens=["17"], head_dims=[16], heads=[2], batch=[1],
+                                dtypes=["float32", "bfloat16"], causal="no")
+    assert report.passed, str(report)
+    assert len(report.gaps) == len(inputs.CLASSES) - 1, report.gaps
+    assert not any(g.startswith("q, k, v rows padded past D") for g in report.gaps), report.gaps
+    assert not any(r.dims["causal"] for r in report.rows)
+    for causal in ((True,), (False,)):
+        assert all(c.causal in causal for _, tried in inputs.grid_cases(causal, [(1, 2, 17, 17, 16)]) for c in tried)
+
+
+def test_ignoring_strides_is_named_only_when_a_contiguous_case_passed():
+    def row(case, verdict, features):
+        r = Row("k", case, {"features": features}, "float32", "cpu", "out", verdict=verdict, error=1.0, bound=0.1)
+        r.diagnosis = Diagnosis("none", "out matches none of the catalogued mistakes") if verdict == "FAIL" else None
+        return r
+    fused, padded = row("fused", "FAIL", ["strides"]), row("padded", "pass", ["strides"])
+    find_strides([fused, padded, row("plain", "not supported", [])])     # no contiguous case ran
+    assert fused.diagnosis.id == "none"
+    find_strides([fused, padded, row("plain", "pass", [])])
+    assert fused.diagnosis.id == "ignores-strides"
+
+
+def test_growth_with_length_needs_two_passing_lengths_below_the_failing_ones():
+    def row(tk, verdict, error):
+        r = Row("k", f"T{tk}", {"tk": tk, "head_dim": 64, "features": []}, "float32", "cpu", "out",
+                verdict=verdict, error=error, bound=1e-6)
+        if verdict == "FAIL":
+            r.diagnosis = Diagnosis("none", "out matches none of the catalogued mistakes", spread=True, rounding=True)
+        return r
+    once = [row(17, "pass", 5e-7), row(1023, "FAIL", 3e-6)]
+    find_growth(once)
+    assert once[1].diagnosis.id == "none"
+    twice = [row(1, "pass", 1e-7), row(17, "pass", 5e-7), row(1023, "FAIL", 3e-6)]
+    find_growth(twice)
+    assert twice[2].diagnosis.id == "grows-with-length"
+    assert "passes up to Tk = 17, fails from Tk = 1023" in twice[2].diagnosis.sentence
+
+
+def test_varlen_met_with_other_features_leaves_a_sequence_empty_only_past_two():
+    apply = REGISTRY["varlen"].apply
+    two, three = (apply(Case(b, 4, 61, 83, 64, True), case_rng(0, Case(b, 4, 61, 83, 64, True), "varlen"))
+                  for b in (2, 3))
+    lq, lk = two.seqlens
+    assert (lq[0], lk[0]) == (61, 83) and min(lq) > 0 and min(lk) > 0
+    lq, lk = three.seqlens
+    assert (lq[0], lk[0]) == (61, 83) and lq[-1] == lk[-1] == 0
+
+
+def test_a_causal_kernel_ignoring_its_left_window_is_not_said_to_swap_the_sides():
+    def window_ignored(q, k, v, *, causal, scale, window=None):
+        return attend(q, k, v, causal=causal, scale=scale)[0]
+    out = _rows(window_ignored, Case(1, 2, 17, 17, 16, True, (("window", (3, -1)),)), wanted=["window"])["out"]
+    assert out.failed and out.diagnosis.id != "window-swapped", out.diagnosis.sentence
+
+
+def test_dk_dv_taken_from_the_last_query_head_of_each_group_are_named():
+    def last_head_grad(q, k, v, *, causal, scale):
+        group = q.shape[1] // k.shape[1]
+        k, v = (_OneHeadExpand.apply(x, group, group - 1) for x in (k, v))
+        return attend(q, k, v, causal=causal, scale=scale)[0]
+    rows = _rows(last_head_grad, Case(1, 4, 17, 17, 16, True, (("gqa", 2),)), wanted=["gqa"])
+    assert rows["out"].passed and rows["dq"].passed
+    for n in ("dk", "dv"):
+        assert rows[n].diagnosis.id == "gqa-grad-one-head", rows[n].diagnosis.sentence
+        assert "from query head 1 of its group" in rows[n].diagnosis.sentence
+
+
+def test_a_varlen_kernel_aligning_bottom_right_is_named_where_only_an_inner_sequence_has_tq_below_tk():
+    def bottom_right(q, k, v, *, causal, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+        return varlen(q, k, v, causal=causal, scale=scale, align="bottom-right", cu_seqlens_q=cu_seqlens_q,
+                      cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)[0]
+    square = Case(2, 2, 17, 17, 16, True, (("varlen", ((17, 9), (17, 13))),))     # Tq = Tk, not sequence 1's
+    rows = _rows(bottom_right, square, wanted=["varlen"])
+    assert all(r.diagnosis.id == "other-alignment" for r in rows.values()), [r.diagnosis.sentence for r in rows.values()]
+    assert rows["out"].diagnosis.sentence.startswith("only sequence 1 of the batch: out matches the reference with "
+                                                     "bottom-right causal alignment (the check assumed top-left)")
