@@ -31,7 +31,7 @@ __all__ = ["Row", "Report", "find_growth", "find_strides"]
 UNNAMED = ("none", "not-diagnosed")
 # Ids that say what the output looks like rather than which mistake made it: a report names
 # a catalogued mistake first when some row has one.
-GENERIC = ("zeros", "non-finite", "lower-precision", "wrong-direction", "grows-with-length")
+GENERIC = ("zeros", "non-finite", "lower-precision", "wrong-direction", "grows-with-length", "dropout")
 
 # target and device are the summary's (one each per report)
 HEADERS = ("case", "dtype", "tensor", "error", "baseline", "bound", "ratio", "mean", "cosine",
