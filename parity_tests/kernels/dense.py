@@ -108,21 +108,6 @@ def visible(rows, tk, *, causal=False, offset=0, window=None, nq=None, nk=None, 
     return seen
 
 
-def _stale_max(S, v, block):
-    """Online softmax over key blocks that forgets to rescale by exp(m_old - m_new)."""
-    m = torch.full(S.shape[:-1], -torch.inf, dtype=S.dtype, device=S.device)
-    l = torch.zeros(S.shape[:-1], dtype=S.dtype, device=S.device)
-    acc = torch.zeros(S.shape[:-1] + (v.shape[-1],), dtype=S.dtype, device=S.device)
-    # split, not S[..., j0:j1]: a slice's backward writes a full-size zero gradient per block
-    for Sb, vb in zip(S.split(block, dim=-1), v.split(block, dim=-2)):
-        m = torch.maximum(m, Sb.amax(-1))
-        shift = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-        p = torch.exp(Sb - shift[..., None])
-        l = l + p.sum(-1)                       # the mistake: l and acc not multiplied
-        acc = acc + p @ vb                      # by exp(m_old - m_new)
-    return acc / torch.where(l > 0, l, torch.ones_like(l))[..., None]
-
-
 def _online(S, v, block, slip):
     """An online softmax over key blocks of ``block`` (from key 0) with one slip, in closed
     form.  Right: per block b, m_b = max(m_{b-1}, max_j∈b S_j), l_b = l_{b-1} e^{m_{b-1}-m_b}
@@ -139,7 +124,9 @@ def _online(S, v, block, slip):
              a block at least the row's length gives l = 1 + Σ e^{S-m};
     "split": each block a split-KV partial (acc_s, l_s) relative to its own maximum m_s,
              merged as Σ_s acc_s / Σ_s l_s (the weights e^{m_s-m} left out):
-             out = Σ_j e^{S_j-M_j} v_j / Σ_j e^{S_j-M_j}, M_j = m_s of j's split.
+             out = Σ_j e^{S_j-M_j} v_j / Σ_j e^{S_j-M_j}, M_j = m_s of j's split;
+    "stale": neither acc nor l rescaled (the ``stale_block`` knob): the same with M_j = the
+             running maximum when j's block was read.
 
     A row that sees no key gives 0.  The maxima are not detached: autograd differentiates
     the kernel's forward as written (for the reference's form their share cancels)."""
@@ -253,9 +240,10 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
     row_seen = torch.isfinite(S).any(-1)
     S_safe = S.masked_fill(~torch.isfinite(S).any(axis, keepdim=True), 0.0)
     lse = torch.logsumexp(S_safe, dim=-1).masked_fill(~row_seen, -torch.inf)
-    if stale_block is not None or online is not None:
-        out = _stale_max(S[..., :tk], v.to(S.dtype), stale_block) if online is None else \
-            _online(S[..., :tk], v.to(S.dtype), online[1], online[0])
+    if stale_block is not None:
+        online = ("stale", stale_block)
+    if online is not None:
+        out = _online(S[..., :tk], v.to(S.dtype), online[1], online[0])
         return (out, lse, S.detach().amax(-1)) if with_max else (out, lse)
     if no_delta:                                # P = exp(S − lse) with lse held constant: dS = P ∘ dP
         P = torch.exp(S_safe - lse.detach().masked_fill(~row_seen, 0.0)[..., None]) * row_seen[..., None]

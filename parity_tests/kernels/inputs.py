@@ -69,8 +69,6 @@ CLASSES = (
     InputClass("small integers", (("inputs", "integers"),), (1, 2, 45, 45, 64), (False,)),
     InputClass("Tq > Tk", (), (1, 2, 77, 45, 64), (True,), lambda tq, tk, d: tq > tk),
 )
-# VARIATIONS: the classes as (B, H, Tq, Tk, D, varies, masks), each at its own shape
-VARIATIONS = tuple(c.shape + (c.varies, c.masks) for c in CLASSES)
 
 
 def grid_cases(causal, shapes=()):

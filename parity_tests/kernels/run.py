@@ -244,7 +244,7 @@ def _run(plan, align, seed, progress, timeout=measure.DEFAULT_TIMEOUT, spec=None
         show(len(work), "")
     find_growth(rows)
     find_strides(rows)
-    gaps = [f"{name} (every case refused: {'; '.join(dict.fromkeys(refusals[name])) or 'no shape of the grid fits'})"
+    gaps = [f"{name} (every case refused: {'; '.join(dict.fromkeys(refusals[name]))})"
             for name, ran in classes_run.items() if not ran]
     return Report(tgt.name, rows, time.perf_counter() - start,
                   {"device": device, "dtypes": names, "align": _one_alignment(rows, align),
