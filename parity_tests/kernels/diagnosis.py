@@ -285,10 +285,11 @@ def _screened(rest, ev):
 
 def _tied(ev):
     """Whether the case's features tie its heads, batch entries or rows together (GQA, a
-    bias, sinks, ALiBi, per-sequence lengths): then no slice or block is recomputed alone."""
+    bias, sinks, ALiBi, a dropout mask, per-sequence lengths): then no slice or block is
+    recomputed alone."""
     case = ev.case
     return case.hkv != case.heads or bool(case.seqlens) or \
-        any(n in ev.rounded for n in ("bias", "sinks", "alibi_slopes"))
+        any(n in ev.rounded for n in ("bias", "sinks", "alibi_slopes", "keep"))
 
 
 def _recomputed_part(rest, ev):

@@ -326,7 +326,7 @@ def _run_case(split, target, case, dtype, device, align, seed, wanted, timeout):
         r.seconds = caller.forward_seconds
         if yardstick:
             r.sdpa_seconds, r.sdpa_error = yardstick[0], yardstick[1].get(n)
-        if caller.rng_moved and case.get("dropout") is None:     # dropout draws from it, seeded
+        if caller.rng_moved and not _random(case):        # a random feature draws from it, seeded
             r.note = (r.note + "; " if r.note else "") + "changed torch's global RNG state"
     if second is not None:
         for n in names:
@@ -362,6 +362,11 @@ def _diagnose(failing, rows, evidence):
             raise
         for n in failing:
             rows[n].diagnosis = diagnosis.Diagnosis("not-diagnosed", f"could not diagnose: {type(e).__name__}: {e}")
+
+
+def _random(case):
+    """Whether a feature of ``case`` has its kernel draw from torch's RNG (``Feature.random``)."""
+    return any(REGISTRY[n].random for n, _ in case.features if n in REGISTRY)
 
 
 def _judge(n, value, gold, bases, den, zero, dtype, logits, unjudged, case, align, gold_raw, rounded, row):
@@ -405,7 +410,7 @@ def _yardstick(case, dtype, device, align, rounded, timeout, gold, den):
     a verdict)."""
     from parity_tests.kernels.feature_targets import SDPA_FEATURES
     features = {n for n, _ in case.features if n in REGISTRY}
-    if not features <= SDPA_FEATURES or "dropout" in features:    # SDPA's own mask: not the kernel's
+    if not features <= SDPA_FEATURES or _random(case):      # SDPA's own draw: not the kernel's
         return None
     sdpa = Caller(targets.sdpa_yardstick(), case, dtype, device, align, (), rounded, timeout)
     sdpa.grads = False                        # its forward: out's error, and its time

@@ -73,6 +73,8 @@ class Feature:
     widen: object = None            # run-wide: case -> the case as this feature runs it
     forward_only: bool = False      # its cases judge out (and lse) alone
     recover: object = None          # (caller, case, value, inputs, opts) -> findings: learnt from the target
+    random: bool = False            # its kernel draws from torch's global RNG (seeded by the check): moving
+    #                                 the RNG is no remark, and SDPA's own draw is no yardstick for it
 
 
 @dataclass(frozen=True)

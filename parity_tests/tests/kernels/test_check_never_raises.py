@@ -18,7 +18,13 @@ from feature_gallery import FEATURE_GALLERY
 BASE = Case(2, 4, 13, 21, 16, True)
 # the features that add no `apply` of their own and are not run-wide
 OWN = {"decode": lambda c: replace(c, tq=3, align="bottom-right").with_feature("decode", True),
-       "splits": lambda c: c.with_feature("splits", 3)}
+       "splits": lambda c: c.with_feature("splits", 3),
+       "dropout": lambda c: c.with_feature("dropout", 0.1)}
+
+
+def test_every_feature_without_apply_or_run_wide_form_has_its_small_case():
+    lacking = {n for n, f in REGISTRY.items() if f.apply is None and not f.run_wide}
+    assert lacking == set(OWN), lacking
 
 
 def small_case(features):
