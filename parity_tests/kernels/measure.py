@@ -247,12 +247,19 @@ def run_case(target, case, dtype, device, align="top-left", seed=0, wanted=(), t
     return rows
 
 
-def _run_case(split, target, case, dtype, device, align, seed, wanted, timeout):
-    for name in wanted:                       # a run-wide feature's form of every case (varlen, paged)
+def prepared(case, dtype, seed=0, wanted=()):
+    """(case, rounded inputs) as the runner calls the target on them: the case in the form the
+    run-wide features give every case (varlen, paged: ``Feature.widen``), its inputs drawn
+    and rounded to ``dtype``."""
+    for name in wanted:
         if REGISTRY[name].widen is not None:
             case = REGISTRY[name].widen(case)
+    return case, _rounded(draw(case, seed, wanted), dtype)
+
+
+def _run_case(split, target, case, dtype, device, align, seed, wanted, timeout):
+    case, rounded = prepared(case, dtype, seed, wanted)
     case_align = case.align or align
-    rounded = _rounded(draw(case, seed, wanted), dtype)
     lse_judged = bool({"lse", "lse_grad"} & set(wanted))
     names = ["out"] + (["lse"] if lse_judged else [])
     if not case.forward_only:

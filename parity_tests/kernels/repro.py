@@ -24,10 +24,11 @@ written and the line says so.  An error that grows with the sequence length (the
 run-wide ``grows-with-length``) keeps its lengths: a shorter case passes.
 """
 
+import importlib
 import json
-import math
 import os
 import re
+import sys
 import textwrap
 import time
 from dataclasses import dataclass, field, replace
@@ -36,6 +37,7 @@ import numpy as np
 
 import parity_tests.kernels.measure as measure
 from parity_tests.kernels.features import REGISTRY
+from parity_tests.kernels.targets import SDPA_BACKENDS
 
 __all__ = ["Repro", "write_repros", "shrink", "cause_of", "importable_name", "BUDGET", "SCRIPT"]
 
@@ -57,9 +59,6 @@ NOTES = (("raised", "raises"), ("timed out", "timed-out"), ("no gradient", "no-g
 ONE_CALL_CANNOT_SHOW = {"not-deterministic": "this one needs two calls compared bitwise",
                         "previous-output": "this one needs a second call on other inputs",
                         "wrote-into-input": "this one needs the inputs compared before and after the call"}
-# the built-in SDPA backends the script rebuilds (other built-ins need the target named)
-SDPA_BACKENDS = {"sdpa-math": "MATH", "sdpa-flash": "FLASH_ATTENTION", "sdpa-efficient": "EFFICIENT_ATTENTION",
-                 "sdpa-cudnn": "CUDNN_ATTENTION"}
 
 
 def cause_of(row):
@@ -141,11 +140,10 @@ class _Trial:
     def _run(self, case, left):
         """The case's rows, the target's calls limited to the budget left (a call past it FAILS
         "timed out": not the cause followed)."""
-        from parity_tests.kernels.measure import one_thread_if_small
         self.runs += 1
         limit = min(self.timeout or left, left)
         try:
-            with one_thread_if_small(case, self.device):
+            with measure.one_thread_if_small(case, self.device):
                 return measure.run_case(self.target, case, self.dtype, self.device, self.align, self.seed,
                                         self.wanted, limit)
         except ValueError:                      # a shape the features cannot draw
@@ -171,7 +169,6 @@ def _resized(case, **sizes):
     new = replace(case, **{k: v for k, v in sizes.items() if k != "gqa"})
     if "gqa" in sizes:
         new = new.with_feature("gqa", sizes["gqa"])
-    old = {"batch": case.batch, "heads": case.heads, "tq": case.tq, "tk": case.tk}
     for name, value in case.features:
         if name == "bias":
             full = (new.batch, new.heads, new.tq, new.tk)
@@ -186,7 +183,7 @@ def _resized(case, **sizes):
             new = new.with_feature("paged", (size, tuple(min(x, new.tk) for x in lengths[:new.batch])))
     if new.get("gqa") is not None and (new.heads % new.hkv or new.hkv > new.heads):
         return None
-    return None if new == case and old == sizes else new
+    return new
 
 
 def _smallest(trial, best, candidates):
@@ -202,17 +199,17 @@ def _smallest(trial, best, candidates):
     return best, None
 
 
-def _bisect(trial, best, lost, field):
-    """Between ``lost`` (a smaller case that did not fail) and ``best`` along ``field``: the
+def _bisect(trial, best, lost, size):
+    """Between ``lost`` (a smaller case that did not fail) and ``best`` along ``size``: the
     smallest size that still fails, STEPS tries at most."""
     if lost is None:
         return best
-    lo, hi = getattr(lost, field), getattr(best, field)
+    lo, hi = getattr(lost, size), getattr(best, size)
     for _ in range(STEPS):
         if hi - lo <= 1 or trial.out_of_time:
             break
         mid = (lo + hi) // 2
-        c = _resized(best, **{field: mid})
+        c = _resized(best, **{size: mid})
         if c is not None and trial(c):
             best, hi = c, mid
         else:
@@ -225,9 +222,9 @@ def _lengths(trial, case):
     k = max(case.tq, case.tk).bit_length()
     joint = [_resized(case, tq=max(1, case.tq >> s), tk=max(1, case.tk >> s)) for s in range(k, 0, -1)]
     case, lost = _smallest(trial, case, joint)
-    for field in ("tq", "tk"):
-        case, lost = _smallest(trial, case, [_resized(case, **{field: n}) for n in _halvings(getattr(case, field))])
-        case = _bisect(trial, case, lost, field)
+    for size in ("tq", "tk"):
+        case, lost = _smallest(trial, case, [_resized(case, **{size: n}) for n in _halvings(getattr(case, size))])
+        case = _bisect(trial, case, lost, size)
     return case
 
 
@@ -242,7 +239,7 @@ def _heads(trial, case):
 
 def _features(trial, case):
     for name, _ in case.features:
-        if name in ("varlen", "paged"):          # the layout itself, not a variation
+        if name in REGISTRY and REGISTRY[name].widen is not None:   # the layout itself (varlen, paged)
             continue
         without = replace(case, features=tuple(f for f in case.features if f[0] != name))
         if trial(without):
@@ -361,7 +358,6 @@ def importable_name(fn):
     module, name = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
     if not module or module == "__main__" or "<" in name:
         return None
-    import importlib
     try:
         obj = importlib.import_module(module)
         for part in name.split("."):
@@ -374,7 +370,6 @@ def importable_name(fn):
 def _search(spec):
     """The directory a ``module.path:callable`` was imported from (the script looks there
     too, so it runs from any directory)."""
-    import sys
     module = sys.modules.get((spec or "").partition(":")[0])
     path = getattr(module, "__file__", None)
     if not path or ":" not in spec:
@@ -390,14 +385,18 @@ def _unwritable(cause, case, wanted, target, spec):
     """Why no script can be written for this case, or None."""
     if cause in ONE_CALL_CANNOT_SHOW:
         return f"the script judges one call against the reference; {ONE_CALL_CANNOT_SHOW[cause]}"
-    if {"varlen", "paged"} & set(wanted):
-        return "the varlen and paged layouts are not written as scripts; the case above reproduces it in the check"
+    features = [REGISTRY[n] for n in dict.fromkeys(list(wanted) + [n for n, _ in case.features]) if n in REGISTRY]
+    unwritten = [f.name for f in features if f.widen or f.hand or f.recover]
+    if unwritten:                           # a layout or a call the script does not rebuild
+        return (f"{', '.join(unwritten)}: the script calls the kernel plainly (no other layout, no seeded "
+                "mask read back); the case above reproduces it in the check")
     if spec is None and target.name in SDPA_BACKENDS:
-        return None
+        spec = target.name
     if spec is None or (":" not in spec and spec not in SDPA_BACKENDS):
         return f"{target.name} has no importable module.path:callable and is not a built-in the script rebuilds"
-    if spec in SDPA_BACKENDS and {n for n, _ in case.features} & {"window", "alibi", "bias"}:
-        return f"the script's {spec} is rebuilt without window, ALiBi and bias masks"
+    keyworded = [f.name for f in features if f.keywords]
+    if spec in SDPA_BACKENDS and keyworded:
+        return f"the script's {spec} is rebuilt without the keywords of {', '.join(keyworded)}"
     return None
 
 
@@ -430,12 +429,7 @@ def _cause_dir(cause):
 
 def write_one(directory, found, target, spec, dtype, device, align, seed, wanted):
     """``DIR/<cause>/repro.py`` and ``inputs.npz`` for a shrunk case; returns the script's path."""
-    from parity_tests.kernels.features import REGISTRY as features
-    case = found.case
-    for name in wanted:                       # what the case runner draws: the run-wide form
-        if features[name].widen is not None:
-            case = features[name].widen(case)
-    rounded = measure._rounded(measure.draw(case, seed, wanted), dtype)
+    case, rounded = measure.prepared(found.case, dtype, seed, wanted)     # as the case runner draws them
     meta = _meta(replace(found, case=case), target, spec, dtype, device, align, wanted, rounded)
     builtin = NO_BUILTIN
     if spec is None or spec in SDPA_BACKENDS:           # a built-in: rebuilt in the script

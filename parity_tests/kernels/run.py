@@ -198,7 +198,7 @@ BASE_BYTES = 0.4 * 2 ** 30
 def estimate(plan):
     """(seconds, peak host bytes, the longest case) a run is expected to take: each case's
     pairs at SECONDS_PER_PAIR, its memory by ``measure.case_memory`` over BASE_BYTES."""
-    tgt, device, names, grid = plan.target, plan.device, plan.dtypes, plan.grid
+    device, names, grid = plan.device, plan.dtypes, plan.grid
     seconds, peak, longest = 0.0, 0.0, None
     for case in grid:
         pairs = case.batch * case.heads * case.tq * case.tk

@@ -115,15 +115,20 @@ def _causal_self_attention_only(case, dtype, device, align):
     return _self_attention_only(case, dtype, device, align)
 
 
+# The built-in SDPA targets: name -> the torch.nn.attention.SDPBackend member each selects.
+SDPA_BACKENDS = {"sdpa-math": "MATH", "sdpa-flash": "FLASH_ATTENTION", "sdpa-efficient": "EFFICIENT_ATTENTION",
+                 "sdpa-cudnn": "CUDNN_ATTENTION"}
+
+
 def _builtins(device):
+    sdpa = lambda name, text: _sdpa(name, SDPA_BACKENDS[name], text)
     targets = {
-        "sdpa-math": _sdpa("sdpa-math", "MATH", "SDPA, math backend"),
-        "sdpa-flash": _sdpa("sdpa-flash", "FLASH_ATTENTION",
-                            "SDPA, FlashAttention backend (the CPU flash kernel on CPU)"),
+        "sdpa-math": sdpa("sdpa-math", "SDPA, math backend"),
+        "sdpa-flash": sdpa("sdpa-flash", "SDPA, FlashAttention backend (the CPU flash kernel on CPU)"),
     }
     if device == "cuda":
-        targets["sdpa-efficient"] = _sdpa("sdpa-efficient", "EFFICIENT_ATTENTION", "SDPA, memory-efficient backend")
-        targets["sdpa-cudnn"] = _sdpa("sdpa-cudnn", "CUDNN_ATTENTION", "SDPA, cuDNN backend")
+        targets["sdpa-efficient"] = sdpa("sdpa-efficient", "SDPA, memory-efficient backend")
+        targets["sdpa-cudnn"] = sdpa("sdpa-cudnn", "SDPA, cuDNN backend")
     plain = dict(features=frozenset({"deterministic"}), returns_lse=False)
     targets["torch_impl-mha"] = Target(
         "torch_impl-mha", _through_module("MultiHeadAttention"),

@@ -270,3 +270,15 @@ def test_a_builtin_is_rebuilt_in_the_script(tmp_path):
     assert status == 0, output
     status, output = _run_script(found.path, "check_gallery:no_scale")
     assert status == 1, output
+
+
+def test_a_case_whose_call_the_script_cannot_rebuild_gets_no_script(tmp_path):
+    # dropout's mask is seeded and read back from the kernel: a plain call in a script could
+    # never pass, so no script is written, and the line says why (the features' declarations)
+    from feature_gallery import wrong_kernel
+    fn, features = wrong_kernel("dropout-no-rescale")
+    report = parity_tests.check(fn, features=features, **SMALL)
+    found = [f for f in report.repro(str(tmp_path)) if f.case.get("dropout")]
+    assert found and all(f.path is None and "dropout: the script calls the kernel plainly" in f.note
+                         for f in found), [f.line() for f in found]
+    assert not list(tmp_path.rglob("repro.py"))
