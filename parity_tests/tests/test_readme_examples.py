@@ -330,5 +330,6 @@ def test_the_readme_has_examples_to_check():
 
 def test_every_page_of_docs_is_read():
     pages = {page for page, _, _, _ in _blocks()}
-    for name in ("check.md", "features.md", "serving.md", "lab.md", "parity.md", "chapter.md"):
+    for name in ("check.md", "features.md", "serving.md", "lab.md", "parity.md", "chapter.md", "blockwise.md",
+                 "reference.md"):
         assert pathlib.Path("docs", name) in pages, name

@@ -120,7 +120,6 @@ def test_each_row_reports_time_and_error_beside_sdpas():
 
 
 def test_plot_draws_each_located_failure(tmp_path):
-    import pytest
     pytest.importorskip("matplotlib")
 
     def row_0_not_stored(q, k, v, *, causal, scale):
