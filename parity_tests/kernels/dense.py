@@ -29,12 +29,11 @@ with another alignment than the causal mask), ``alibi_no_offset`` (the ALiBi
 distance |i − j| whatever the alignment), ``alibi_offset_sign=-1`` (|i − o − j|: the
 offset's sign flipped), ``axis`` (the softmax over queries), ``finite_mask`` (hidden
 scores set to finfo.min instead of −inf: a row that sees no key averages every v),
-``stale_block`` (an online softmax over key blocks of that size that forgets to
-rescale by exp(m_old − m_new)), ``no_delta`` (the backward's D = rowsum(dO ∘ O)
+``no_delta`` (the backward's D = rowsum(dO ∘ O)
 dropped: the weights differentiated with their normaliser held constant),
-``online=(slip, block)`` (the online softmax's other slips, `_online`: the
-accumulator alone not rescaled, l started at 1, split-KV partials merged without
-their rescale), ``backward_causal`` (the backward's own causal flag, `_masked_backward`),
+``online=(slip, block)`` (an online softmax's slips, `_online`: neither l nor the
+accumulator rescaled by exp(m_old − m_new), the accumulator alone not rescaled, l
+started at 1, split-KV partials merged without their rescale), ``backward_causal`` (the backward's own causal flag, `_masked_backward`),
 ``softcap_last`` (the cap applied after ALiBi and the bias: x-transformers' order).
 """
 
@@ -125,7 +124,7 @@ def _online(S, v, block, slip):
     "split": each block a split-KV partial (acc_s, l_s) relative to its own maximum m_s,
              merged as Σ_s acc_s / Σ_s l_s (the weights e^{m_s-m} left out):
              out = Σ_j e^{S_j-M_j} v_j / Σ_j e^{S_j-M_j}, M_j = m_s of j's split;
-    "stale": neither acc nor l rescaled (the ``stale_block`` knob): the same with M_j = the
+    "stale": neither acc nor l rescaled: the same with M_j = the
              running maximum when j's block was read.
 
     A row that sees no key gives 0.  The maxima are not detached: autograd differentiates
@@ -175,7 +174,7 @@ def _masked_backward(out, S_pre, lse, seen_b, v):
 def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, softcap=None,
               alibi_slopes=None, bias=None, sinks=None, seqlens_q=None, seqlens_k=None, rows=None,
               kv_map="interleave", softcap_first=False, softcap_no_grad=False, shift=0,
-              window_align=None, alibi_no_offset=False, alibi_offset_sign=1, axis=-1, stale_block=None,
+              window_align=None, alibi_no_offset=False, alibi_offset_sign=1, axis=-1,
               no_delta=False, finite_mask=False, with_max=False, keys=None, online=None, backward_causal=None,
               softcap_last=False, weights="softmax", keep=None, dropout_p=0.0):
     """(out, lse): out (B, Hq, Tq, Dv), lse (B, Hq, Tq), in q's dtype; torch tensors,
@@ -228,8 +227,10 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
     if softcap is not None and softcap_last:
         S = softcap * torch.tanh(S / softcap)
     S_pre = S
-    seen = torch.stack([visible(i, tk, causal=causal, offset=offs[n], window=window, nq=lq[n], nk=lk[n],
-                                window_offset=w_offs[n], device=q.device) for n in range(b)])[:, None]
+    def mask(causal):                      # (B, 1, Tq, Tk): which keys each query sees
+        return torch.stack([visible(i, tk, causal=causal, offset=offs[n], window=window, nq=lq[n], nk=lk[n],
+                                    window_offset=w_offs[n], device=q.device) for n in range(b)])[:, None]
+    seen = mask(causal)
     if finite_mask:                        # finfo.min for "hidden": a row that sees no key averages v
         S = S.masked_fill(~seen, torch.finfo(S.dtype).min)
     S = S.masked_fill(~seen, -torch.inf) if not finite_mask else S             # (B, Hq, Tq, Tk)
@@ -240,8 +241,6 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
     row_seen = torch.isfinite(S).any(-1)
     S_safe = S.masked_fill(~torch.isfinite(S).any(axis, keepdim=True), 0.0)
     lse = torch.logsumexp(S_safe, dim=-1).masked_fill(~row_seen, -torch.inf)
-    if stale_block is not None:
-        online = ("stale", stale_block)
     if online is not None:
         out = _online(S[..., :tk], v.to(S.dtype), online[1], online[0])
         return (out, lse, S.detach().amax(-1)) if with_max else (out, lse)
@@ -258,10 +257,8 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
     if keep is not None:
         P = P * (keep.to(P.dtype) / (1 - dropout_p))
     out = P @ v.to(P.dtype)
-    if backward_causal is not None and sinks is None:
-        seen_b = torch.stack([visible(i, tk, causal=backward_causal, offset=offs[n], window=window, nq=lq[n],
-                                      nk=lk[n], window_offset=w_offs[n], device=q.device) for n in range(b)])[:, None]
-        out = _masked_backward(out, S_pre, lse, seen_b, v)
+    if backward_causal is not None:        # (the catalogue tries it on cases without sinks)
+        out = _masked_backward(out, S_pre, lse, mask(backward_causal), v)
     if with_max:
         return out, lse, S.detach().amax(-1)
     return out, lse

@@ -92,7 +92,7 @@ LOWER = {"float64": ("float32", "bfloat16", "float16"), "float32": ("bfloat16", 
 #   float64, its values off the float32 grid, within SAME_GAP of the error is a formula or
 #   a convention, not a precision).
 ROUNDING_ULPS = 4.0
-EPS = {"float64": 2.0 ** -52, "float32": 2.0 ** -23, "float16": 2.0 ** -10, "bfloat16": 2.0 ** -7}
+EPS = {d: 2 * u for d, u in tol.UNIT_ROUNDOFF.items()}          # machine epsilon: twice the unit roundoff
 FIRST_KEYS = 16
 MOVED_SHARE = 0.1
 SAME_GAP = 0.5
@@ -215,8 +215,8 @@ def diagnose(failing, rows, ev):
             d.unbiased = bool(np.isfinite(diff).all() and abs(diff.mean()) <= UNBIASED * np.abs(diff).mean())
     for n, d in result.items():
         if d.id == "none" and d.spread and n in ev.arrays:
-            d.rounding, why = _rounding_like(n, rows, ev)
-            if why.startswith("a float64 run"):
+            d.rounding, why, said = _rounding_like(n, rows, ev)
+            if said:
                 d.sentence += f"; not rounding: {why}"
     _lower_precision(result, rows, ev)
     _summaries(result, rows, ev)
@@ -564,23 +564,24 @@ def _lower_precision(result, rows, ev):
 
 
 def _rounding_like(n, rows, ev):
-    """(whether tensor ``n``'s error can be rounding, why not): its size within ROUNDING_ULPS of
-    the lowest precision in question, not concentrated in the rows whose maximum moved, and
-    gone when the target computes in float64 (see ROUNDING_ULPS)."""
+    """(whether tensor ``n``'s error can be rounding, why not, whether the row says so): its size
+    within ROUNDING_ULPS of the lowest precision in question, not concentrated in the rows whose
+    maximum moved, and gone when the target computes in float64 (see ROUNDING_ULPS); only the
+    float64 run's verdict is news to the reader of the row."""
     lowest = max((ev.dtype,) + LOWER.get(ev.dtype, ()), key=lambda d: EPS.get(d, 0.0))
     error = rows[n].error
     if error is None or not np.isfinite(error):
-        return False, "not finite"
+        return False, "not finite", False
     ceiling = ROUNDING_ULPS * EPS.get(lowest, 0.0)
     if error > ceiling:
-        return False, f"its error {_fmt(error)} is over {ROUNDING_ULPS:g} units of {lowest}'s roundoff ({_fmt(ceiling)})"
+        return False, f"its error {_fmt(error)} is over {ROUNDING_ULPS:g} units of {lowest}'s roundoff ({_fmt(ceiling)})", False
     if n in ("out", "lse", "dq") and ev.rows is None and fits_densely(ev.case):
         still, moved = _max_moved(ev)
         if still.sum() >= 4 and moved.sum() >= 4:
             per_row = (np.abs(ev.arrays[n] - ev.gold[n]) / ev.den[n]).max(-1)           # (B, H, Tq)
             if np.median(per_row[moved]) > ev.bounds[n] and per_row[still].max() < MOVED_SHARE * np.median(per_row[moved]):
                 return False, "its error sits in the rows whose running maximum moved (the rows whose maximum lies in " \
-                              f"the first {FIRST_KEYS} keys are right)"
+                              f"the first {FIRST_KEYS} keys are right)", False
     if ev.dtype != "float64" and n != "lse" and fits_densely(ev.case):
         got = _float64_run(ev)
         a64 = got.get(n) if isinstance(got, dict) else None
@@ -590,8 +591,8 @@ def _rounding_like(n, rows, ev):
             gap = float(slice_errors(a64, ev.gold[n], ev.den[n]).max())
             if off_grid and gap >= SAME_GAP * error:
                 return False, (f"a float64 run of the target shows the same gap ({_fmt(gap)} against {_fmt(error)} in "
-                               f"{ev.dtype}): a difference of formula or convention, not of precision")
-    return True, ""
+                               f"{ev.dtype}): a difference of formula or convention, not of precision"), True
+    return True, "", False
 
 
 def _max_moved(ev):

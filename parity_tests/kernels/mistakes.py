@@ -159,7 +159,7 @@ def chapter(ctx):
     if "out" in ctx.present:
         blocks = [block for block in STALE_BLOCKS if case.tk > block]
         out += [H("stale-max", f"a stale running maximum (key blocks of {block} not rescaled when the "
-                  "maximum moves)", fwd(stale_block=block)) for block in blocks]
+                  "maximum moves)", fwd(online=("stale", block))) for block in blocks]
         out += [H("acc-not-rescaled", f"the output accumulator not rescaled by exp(m_old - m_new) when the "
                   f"maximum moves while the running sum l is (key blocks of {block})", fwd(online=("acc", block)))
                 for block in blocks]

@@ -69,7 +69,7 @@ def find_growth(rows):
         # an error with a place of its own, or too large, or concentrated in the rows whose maximum
         # moved, or there again in float64, is not a drift (``diagnosis._rounding_like``)
         unexplained = [r for r in group if r.failed and r.diagnosis is not None and r.diagnosis.id == "none"
-                       and r.diagnosis.spread and r.diagnosis.rounding]
+                       and r.diagnosis.rounding]
         passing = [r for r in group if r.passed]
         if not unexplained or len({r.dims["tk"] for r in passing}) < 2:
             continue

@@ -1,7 +1,9 @@
 """``dense.attention``'s knobs, each the formula of one catalogued mistake, held to a
 witness written here in NumPy with plain loops (no code shared with ``dense``): a knob
 whose formula drifted would name a kernel's mistake wrongly, or fail to name it.  Each
-knob is also shown to change the result, so that a knob ignored is caught as well."""
+knob is also shown to change the result, so that a knob ignored is caught as well.  The
+online softmax's slips are written loop by loop as a kernel runs (`_online_row`); a
+backward masked otherwise than its forward, and the softcap applied last, by hand."""
 
 import math
 
@@ -21,9 +23,35 @@ def _inputs(tq, tk, hkv, seed=0):
     return q, k, v, rng.standard_normal((B, H, tq, D))
 
 
+def _online_row(s, V, block, slip):
+    """One row of FlashAttention's forward over key blocks (``s``: its visible scores, -inf
+    elsewhere) with ``slip`` planted: "stale" (neither l nor acc rescaled), "acc" (acc alone
+    not), "l-one" (l started at 1), "split" (partials merged without exp(m_s - m))."""
+    if slip == "split":                              # partials on their own, then merged
+        acc, l = np.zeros(V.shape[-1]), 0.0
+        for j0 in range(0, len(s), block):
+            t = s[j0:j0 + block]
+            if np.isfinite(t).any():
+                p = np.exp(t - t.max())
+                acc, l = acc + p @ V[j0:j0 + block], l + p.sum()
+        return acc / l if l else 0.0
+    m, l, acc = -np.inf, (1.0 if slip == "l-one" else 0.0), np.zeros(V.shape[-1])
+    for j0 in range(0, len(s), block):
+        t = s[j0:j0 + block]
+        m_new = max(m, t.max())
+        if not np.isfinite(m_new):
+            continue
+        alpha = np.exp(m - m_new) if np.isfinite(m) else 1.0
+        p = np.exp(t - m_new)
+        l = (l if slip == "stale" else l * alpha) + p.sum()
+        acc = (acc if slip in ("stale", "acc") else acc * alpha) + p @ V[j0:j0 + block]
+        m = m_new
+    return acc / l if l else 0.0
+
+
 def witness(q, k, v, dout, *, scale, causal=False, align="top-left", window=None, window_align=None,
             softcap=None, cap_first=False, cap_grad=True, slopes=None, alibi_offset=None, kv=None,
-            shift=0, axis=-1, finite_mask=False, stale_block=None, delta=True):
+            shift=0, axis=-1, finite_mask=False, online=None, delta=True):
     """(out, lse, dq, dk, dv) of one mistake's attention, entry by entry."""
     tq, tk, hkv = q.shape[2], k.shape[2], k.shape[1]
     kv = kv or (lambda h: h // (H // hkv))
@@ -74,19 +102,11 @@ def witness(q, k, v, dout, *, scale, causal=False, align="top-left", window=None
                     if finite_mask:              # every score the same finite minimum: a uniform average
                         P[i] = 1.0 / tk
                     continue
-                if stale_block:                  # running max, l and acc never rescaled
-                    m, l, acc = -np.inf, 0.0, np.zeros(V.shape[-1])
-                    for j0 in range(0, tk, stale_block):
-                        blk = [j for j in range(j0, min(tk, j0 + stale_block)) if keys[j]]
-                        if blk:
-                            m = max(m, S[i, blk].max())
-                        for j in blk:
-                            p = math.exp(S[i, j] - m)
-                            l, acc = l + p, acc + p * V[j]
-                    out[b, h, i] = acc / l
+                if online:                       # an online softmax's slip: out alone
+                    out[b, h, i] = _online_row(np.where(keys, S[i], -np.inf), V, online[1], online[0])
                     continue
                 P[i, keys] = np.exp(S[i, keys] - lse[b, h, i])
-            if not stale_block:
+            if not online:
                 out[b, h] = P @ V
             dP = dO @ V.T
             if axis == -2:                       # each column's own normaliser
@@ -131,7 +151,11 @@ KNOBS = {
     "axis": (7, 7, 4, dict(causal=True), dict(axis=-2), dict(axis=-2), ("out", "dq", "dk", "dv")),
     "finite_mask": (9, 5, 4, dict(causal=True, align="bottom-right"), dict(finite_mask=True),
                     dict(finite_mask=True), ("out",)),
-    "stale_block": (6, 9, 4, dict(window=(4, -1)), dict(stale_block=3), dict(stale_block=3), ("out",)),
+    **{f"online {slip}": (6, 9, 4, dict(window=(4, -1)), dict(online=(slip, 3)), dict(online=(slip, 3)), ("out",))
+       for slip in ("stale", "acc", "l-one", "split")},
+    **{f"online {slip} causal": (9, 9, 4, dict(causal=True), dict(online=(slip, 4)), dict(online=(slip, 4)),
+                                 ("out",)) for slip in ("stale", "acc", "l-one", "split")},
+    "online l-one one pass": (6, 9, 4, dict(), dict(online=("l-one", 9)), dict(online=("l-one", 9)), ("out",)),
     "no_delta": (6, 9, 4, dict(causal=True, align="bottom-right"), dict(no_delta=True), dict(delta=False),
                  ("dq", "dk")),
 }
@@ -153,7 +177,57 @@ def test_each_knob_is_its_mistakes_formula(knob):
     wrong = witness(q, k, v, dout, scale=scale, **mine, **says)
     got = dense_run(q, k, v, dout, scale=scale, **mine, **turned)
     # the stale online softmax and the finite mask: judged on out, where their mistake shows
-    judged = ("out",) if knob in ("stale_block", "finite_mask") else tuple(got)
+    judged = ("out",) if knob.startswith("online") or knob == "finite_mask" else tuple(got)
     for n in judged:
         assert _close(got[n], wrong[n]), f"{knob}: {n} is not the witness's"
     assert all(not _close(wrong[n], right[n]) for n in changed), f"{knob} changes nothing here"
+
+
+SCALE = 0.9 / math.sqrt(D)
+
+
+def _scores(q, k, causal):
+    S = SCALE * np.einsum("bhid,bhjd->bhij", q, k)
+    if causal:                                           # top-left: j <= i
+        S = np.where(np.arange(S.shape[-1])[None, :] <= np.arange(S.shape[-2])[:, None], S, -np.inf)
+    return S
+
+
+def _grads_by_hand(q, k, v, dout, fwd_causal, bwd_causal):
+    """out of the forward's mask; dq, dk, dv of a backward recomputing P' = exp(S' - lse) under
+    its own mask with the forward's lse, D = rowsum(dO * O) from the forward's O."""
+    S_f, S_b = _scores(q, k, fwd_causal), _scores(q, k, bwd_causal)
+    top = S_f.max(-1, keepdims=True)
+    lse = top + np.log(np.exp(S_f - top).sum(-1, keepdims=True))
+    P, P_b = np.exp(S_f - lse), np.exp(S_b - lse)
+    O = P @ v
+    dS = P_b * (dout @ v.swapaxes(-1, -2) - (dout * O).sum(-1, keepdims=True))
+    return O, SCALE * dS @ k, SCALE * dS.swapaxes(-1, -2) @ q, P_b.swapaxes(-1, -2) @ dout
+
+
+@pytest.mark.parametrize("fwd_causal", [False, True], ids=["forward-full", "forward-causal"])
+def test_a_backward_masked_otherwise_than_its_forward(fwd_causal):
+    q, k, v, dout = _inputs(9, 45, H, seed=7)
+    want = _grads_by_hand(q, k, v, dout, fwd_causal, not fwd_causal)
+    got = dense.run(q, k, v, dout, {"scale": SCALE, "causal": fwd_causal}, backward_causal=not fwd_causal)
+    right = dense.run(q, k, v, dout, {"scale": SCALE, "causal": fwd_causal})
+    for n, w in zip(("out", "dq", "dk", "dv"), want):
+        np.testing.assert_allclose(got[n], w, rtol=1e-10, atol=1e-12, err_msg=n)
+        if n != "out":                                   # the backward alone is wrong
+            assert np.abs(got[n] - right[n]).max() > 1e-2, n
+    np.testing.assert_array_equal(got["out"], right["out"])
+
+
+def test_the_softcap_applied_after_alibi_and_bias():
+    q, k, v, _ = _inputs(9, 45, H, seed=7)
+    slopes, bias, cap = np.array(SLOPES), np.random.default_rng(8).standard_normal((9, 45)), 2.0
+    i, j = np.arange(9)[:, None], np.arange(45)[None, :]
+    S = cap * np.tanh((_scores(q, k, False) - slopes[:, None, None] * np.abs(i - j) + bias) / cap)
+    S = np.where(j <= i, S, -np.inf)
+    P = np.exp(S - S.max(-1, keepdims=True))
+    want = (P / P.sum(-1, keepdims=True)) @ v
+    t = lambda a: torch.as_tensor(a).double()
+    kw = dict(scale=SCALE, causal=True, softcap=cap, alibi_slopes=t(slopes), bias=t(bias))
+    got = dense.attention(t(q), t(k), t(v), softcap_last=True, **kw)[0].numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    assert np.abs(got - dense.attention(t(q), t(k), t(v), **kw)[0].numpy()).max() > 1e-2
