@@ -225,6 +225,25 @@ def kernel(mistake=None, *, returns_lse=True, packed=False):
 
 
 # diagnosis id -> the features its kernel is checked with (the id is also the mistake planted)
+def one_unit_off_every_other_call(draws=False):
+    """A right kernel whose every other call is one unit of roundoff off on out's first
+    entry, as atomics' reordering leaves it; ``draws``: it also draws from torch's RNG."""
+    calls = [0]
+
+    def kernel(q, k, v, *, causal, scale):
+        calls[0] += 1
+        if draws:
+            torch.rand(1)
+        out = attend(q, k, v, causal=causal, scale=scale)[0]
+        if calls[0] % 2:
+            first = out.detach().reshape(-1)[0]
+            nudge = torch.zeros_like(out)
+            nudge.view(-1)[0] = torch.nextafter(first, torch.tensor(float("inf"), dtype=out.dtype)) - first
+            out = out + nudge
+        return out
+    return kernel
+
+
 FEATURE_GALLERY = {
     "gqa-repeat": ["gqa"],
     "gqa-grad-one-head": ["gqa"],

@@ -135,6 +135,7 @@ def test_a_gap_a_float64_run_shows_again_is_not_a_precision(monkeypatch):
         assert d.id not in PRECISION, d.sentence
         if d.id == "none" and d.spread:
             assert "not rounding: a float64 run of the target shows the same gap" in d.sentence, d.sentence
+    assert any(d.id == "none" and d.spread for _, d in report.diagnoses)       # the reading above was tried
 
 
 def test_a_kernel_in_bfloat16_whatever_its_input_is_still_read_as_bfloat16():

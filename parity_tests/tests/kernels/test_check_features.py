@@ -11,7 +11,7 @@ import parity_tests
 from parity_tests import cli
 from parity_tests.kernels import features as feat
 from crashing_kernels import with_backward
-from feature_gallery import FEATURE_GALLERY, attend, kernel, varlen, wrong_kernel
+from feature_gallery import FEATURE_GALLERY, attend, kernel, one_unit_off_every_other_call, varlen, wrong_kernel
 
 # The grid part kept to one small case; the features' own cases are fixed.
 SMALL = dict(tokens=["17"], head_dims=[16], heads=[2], batch=[1], dtypes=["float32"])
@@ -195,18 +195,7 @@ def test_every_tensor_is_judged_with_its_mean_error_and_cosine(tmp_path):
 
 
 def test_a_nondeterministic_kernel_fails_deterministic():
-    calls = [0]
-
-    def atomic_like(q, k, v, *, causal, scale):       # every other call one unit of roundoff off
-        calls[0] += 1
-        out = attend(q, k, v, causal=causal, scale=scale)[0]
-        if calls[0] % 2:
-            first = out.detach().reshape(-1)[0]
-            nudge = torch.zeros_like(out)
-            nudge.view(-1)[0] = torch.nextafter(first, torch.tensor(float("inf"), dtype=out.dtype)) - first
-            out = out + nudge
-        return out
-    report = parity_tests.check(atomic_like, features=["deterministic"], **SMALL)
+    report = parity_tests.check(one_unit_off_every_other_call(), features=["deterministic"], **SMALL)
     assert not report.passed
     assert {r.diagnosis.id for r in report.failures} == {"not-deterministic"}
 

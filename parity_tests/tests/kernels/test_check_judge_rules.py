@@ -1,11 +1,12 @@
 """How the check judges and names, on one small case each: lse on rows that see no key,
 the mean error beside the max, the sentences of a wrong output's gradients, a row never
-stored, the input classes a run adds and when one is a gap, and the strides verdict."""
+stored, the input classes a run adds and when one is a gap, the strides verdict; and what
+it asks of a kernel's call and answer: the lse dtype it accepts, a second call that fails
+even where both draws have one answer, the notes a row keeps."""
 
 import math
 
 import torch
-import torch.nn.functional as F
 
 import parity_tests
 from parity_tests.common import tolerances as tol
@@ -15,7 +16,8 @@ from parity_tests.kernels.features import REGISTRY
 from parity_tests.kernels.diagnosis import Diagnosis
 from parity_tests.kernels.report import Row, find_growth, find_strides
 from check_gallery import GALLERY
-from feature_gallery import _OneHeadExpand, attend, kernel, varlen
+from crashing_kernels import sdpa
+from feature_gallery import _OneHeadExpand, attend, kernel, one_unit_off_every_other_call, varlen
 
 SMALL = Case(1, 2, 17, 17, 16, True)
 
@@ -24,9 +26,6 @@ def _rows(fn, case, dtype="float32", wanted=(), align="top-left"):
     return {r.tensor: r for r in measure.run_case(targets.resolve(fn), case, dtype, "cpu", align=align,
                                                   wanted=tuple(wanted))}
 
-
-def sdpa(q, k, v, *, causal, scale):
-    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
 
 
 def test_lse_is_judged_on_the_rows_that_see_a_key_and_nan_fails_on_those_that_see_none():
@@ -154,3 +153,52 @@ def test_a_varlen_kernel_aligning_bottom_right_is_named_where_only_an_inner_sequ
     assert all(r.diagnosis.id == "other-alignment" for r in rows.values()), [r.diagnosis.sentence for r in rows.values()]
     assert rows["out"].diagnosis.sentence.startswith("only sequence 1 of the batch: out matches the reference with "
                                                      "bottom-right causal alignment (the check assumed top-left)")
+
+
+def _lse_as(dtype):
+    def kernel(q, k, v, *, causal, scale):
+        out, lse = attend(q, k, v, causal=causal, scale=scale)
+        return out, lse.to(dtype)
+    return kernel
+
+
+def test_lse_may_be_float32_below_float32_and_nothing_wider_than_the_run():
+    # lse in q's dtype, or float32 (FlashAttention's, whatever q is); float64 in a float32 run is refused
+    assert all(r.passed for r in _rows(_lse_as(torch.float32), SMALL, "bfloat16", ["lse"]).values())
+    assert all(r.passed for r in _rows(_lse_as(torch.bfloat16), SMALL, "bfloat16", ["lse"]).values())
+    rows = _rows(_lse_as(torch.float64), SMALL, "float32", ["lse"])
+    assert {r.verdict for r in rows.values()} == {"FAIL"}
+    assert rows["lse"].note.startswith("wrong lse dtype: torch.float64")
+
+
+def test_a_kernel_that_fails_on_its_second_call_fails_even_where_both_draws_have_one_answer():
+    # every sequence empty: any draw's answer is zeros, yet a second call that raises is a failure
+    calls = [0]
+
+    def breaks_when_called_again(q, k, v, *, causal, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                 max_seqlen_k):
+        calls[0] += 1
+        if calls[0] > 1:
+            raise RuntimeError("workspace already freed")
+        return varlen(q, k, v, causal=causal, scale=scale, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                      max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)[0]
+    empty = Case(2, 2, 5, 5, 16, True, (("varlen", ((0, 0), (0, 0))),))
+    rows = _rows(breaks_when_called_again, empty, wanted=["varlen"])
+    assert {r.verdict for r in rows.values()} == {"FAIL"}
+    assert rows["out"].note == "a second call on new inputs: raised RuntimeError: workspace already freed"
+
+
+def test_not_deterministic_is_added_to_a_rows_note_not_written_over_it():
+    out = _rows(one_unit_off_every_other_call(draws=True), SMALL, wanted=["deterministic"])["out"]
+    assert out.verdict == "FAIL" and out.diagnosis.id == "not-deterministic"
+    assert "changed torch's global RNG state" in out.note and "not deterministic: a second call differs" in out.note
+
+
+def test_a_mistake_in_every_sequence_is_not_said_to_be_in_only_some():
+    def doubled(q, k, v, *, causal, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+        return 2 * varlen(q, k, v, causal=causal, scale=scale, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                          max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)[0]
+    rows = _rows(doubled, Case(2, 2, 17, 17, 16, True), wanted=["varlen"])
+    assert rows["out"].failed and rows["out"].diagnosis.id == "denominator"
+    assert all("only sequence" not in r.diagnosis.sentence for r in rows.values() if r.failed), \
+        [r.diagnosis.sentence for r in rows.values() if r.failed]
