@@ -334,16 +334,21 @@ def _options(q, k, scale, causal, align, window, softcap, alibi_slopes, bias, si
     return dict(visibility=visibility, head=head, bias=bias4, B_r=B_r, B_c=B_c)
 
 
+def _broadcast4(name, a, full):
+    """``a`` as a 4-D view broadcastable to ``full`` = (B, Hq, Tq, Tk); ValueError naming it."""
+    if a.ndim > 4:
+        raise ValueError(f"{name} must broadcast to (B, Hq, Tq, Tk) = {full}, got shape {a.shape}")
+    a4 = a.reshape((1,) * (4 - a.ndim) + a.shape)                    # a view
+    if any(n not in (1, f) for n, f in zip(a4.shape, full)):
+        raise ValueError(f"{name} must broadcast to (B, Hq, Tq, Tk) = {full}, got shape {a.shape}")
+    return a4
+
+
 def _bias(bias, full):
     a = np.asarray(bias)
     if not np.issubdtype(a.dtype, np.floating):
         raise TypeError(f"bias must hold floating-point numbers, got dtype {a.dtype}")
-    if a.ndim > 4:
-        raise ValueError(f"bias must broadcast to (B, Hq, Tq, Tk) = {full}, got shape {a.shape}")
-    a4 = a.reshape((1,) * (4 - a.ndim) + a.shape)                    # a view
-    if any(n not in (1, f) for n, f in zip(a4.shape, full)):
-        raise ValueError(f"bias must broadcast to (B, Hq, Tq, Tk) = {full}, got shape {a.shape}")
-    return a4
+    return _broadcast4("bias", a, full)
 
 
 def _dropout(p, keep, full):
@@ -360,9 +365,4 @@ def _dropout(p, keep, full):
     a = np.asarray(keep)
     if a.dtype != np.bool_:
         raise TypeError(f"keep must be a bool array (True = kept), got dtype {a.dtype}")
-    if a.ndim > 4:
-        raise ValueError(f"keep must broadcast to (B, Hq, Tq, Tk) = {full}, got shape {a.shape}")
-    a4 = a.reshape((1,) * (4 - a.ndim) + a.shape)                    # a view
-    if any(n not in (1, f) for n, f in zip(a4.shape, full)):
-        raise ValueError(f"keep must broadcast to (B, Hq, Tq, Tk) = {full}, got shape {a.shape}")
-    return p, a4
+    return p, _broadcast4("keep", a, full)

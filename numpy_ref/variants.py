@@ -234,9 +234,7 @@ class Dropout:
         self.keep, self.scale = keep, 1.0 / (1.0 - p)
 
     def factor(self, tile, dtype):
-        rows = slice(tile.q0, tile.q1) if self.keep.shape[0] > 1 else slice(0, 1)
-        cols = slice(tile.k0, tile.k1) if self.keep.shape[1] > 1 else slice(0, 1)
-        M = np.where(self.keep[rows, cols], dtype.type(self.scale), dtype.type(0))
+        M = np.where(self.keep[tile.index(self.keep)], dtype.type(self.scale), dtype.type(0))
         return np.broadcast_to(M, (tile.q1 - tile.q0, tile.k1 - tile.k0))
 
 
@@ -254,6 +252,11 @@ class Tile:
 
     def cols(self):
         return np.arange(self.k0, self.k1)
+
+    def index(self, a):
+        """The tile's (rows, cols) slices into a 2-D ``a`` broadcast along a length-1 axis."""
+        return (slice(self.q0, self.q1) if a.shape[0] > 1 else slice(0, 1),
+                slice(self.k0, self.k1) if a.shape[1] > 1 else slice(0, 1))
 
 
 class Softcap:
@@ -294,9 +297,7 @@ class Bias:
         self.bias, self.grad, self.grad_row0 = bias, grad, grad_row0
 
     def _index(self, tile):
-        rows = slice(tile.q0, tile.q1) if self.bias.shape[0] > 1 else slice(0, 1)
-        cols = slice(tile.k0, tile.k1) if self.bias.shape[1] > 1 else slice(0, 1)
-        return rows, cols
+        return tile.index(self.bias)
 
     def forward(self, S, tile):
         return bias_forward(S, self.bias[self._index(tile)]), None

@@ -37,7 +37,6 @@ started at 1, split-KV partials merged without their rescale), ``backward_causal
 ``softcap_last`` (the cap applied after ALiBi and the bias: x-transformers' order).
 """
 
-import numpy as np
 import torch
 
 from parity_tests.common import heap
@@ -284,10 +283,10 @@ def run(q, k, v, dout, opts, dtype=torch.float64, device="cpu", grads=True, dlse
                                "dropout_p") if n in opts}
     if opts.get("alibi_slopes") is not None:
         kw["alibi_slopes"] = t(opts["alibi_slopes"])
-    keep = None if opts.get("keep") is None else torch.as_tensor(np.asarray(opts["keep"]), device=device)
-    keep4 = None if keep is None else keep.reshape((1,) * (4 - keep.dim()) + tuple(keep.shape))
+    four = lambda a: a.reshape((1,) * (4 - a.dim()) + tuple(a.shape))    # broadcastable to (B, Hq, Tq, Tk)
+    keep4 = None if opts.get("keep") is None else four(t(opts["keep"], torch.bool))
     bias = None if opts.get("bias") is None else t(opts["bias"])
-    bias4 = None if bias is None else bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape))
+    bias4 = None if bias is None else four(bias)
     sinks = None if opts.get("sinks") is None else t(opts["sinks"]).requires_grad_(grads)
     acc = torch.float32 if chunk < tq and dtype in (torch.float16, torch.bfloat16) else dtype
     Q, K, V = t(q).requires_grad_(grads), t(k).requires_grad_(grads), t(v).requires_grad_(grads)
@@ -300,10 +299,10 @@ def run(q, k, v, dout, opts, dtype=torch.float64, device="cpu", grads=True, dlse
             heap.trim()                   # the arrays of the last chunk (or call), freed, back to the OS
         kend = last_key(r1)
         Kc, Vc = (K, V) if kend == tk else (K[..., :kend, :], V[..., :kend, :])
-        piece = bias4 if bias4 is None or bias4.shape[2] == 1 else bias4[:, :, r0:r1]
-        piece = None if piece is None else piece.detach().requires_grad_(grads)
+        rows_of = lambda a: a if a.shape[2] == 1 else a[:, :, r0:r1]          # this chunk's query rows
+        piece = None if bias4 is None else rows_of(bias4).detach().requires_grad_(grads)
         if keep4 is not None:
-            kept = keep4 if keep4.shape[2] == 1 else keep4[:, :, r0:r1]
+            kept = rows_of(keep4)
             kw["keep"] = kept if kend == tk or kept.shape[3] == 1 else kept[..., :kend]
         with torch.set_grad_enabled(grads):
             qc = Q[..., r0:r1, :].detach().requires_grad_(grads) if grads else Q[..., r0:r1, :]
