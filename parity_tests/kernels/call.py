@@ -142,20 +142,26 @@ class Caller:
         except RAISED as e:                         # a callable that raises FAILS
             return ("FAIL", _reason(e))
 
+    @contextlib.contextmanager
+    def given(self, rounded):
+        """The caller's calls on other inputs of the case's shapes, then on its own again."""
+        first, self.rounded = self.rounded, rounded
+        try:
+            yield self
+        finally:
+            self.rounded = first
+
     def fresh(self, rounded, first_out):
         """Why a forward call on other inputs of the same shape is wrong, or None: a kernel
         returning the previous call's output (a cache keyed by shape) is caught here."""
-        first, self.rounded = self.rounded, rounded
         try:
-            with time_limit(self.timeout):
+            with self.given(rounded), time_limit(self.timeout):
                 again = self._call(False)["out"]
             self.forward_seconds = self.seconds
         except CaseTimeout:
             return f"a second call on new inputs timed out after {self.timeout:g} s"
         except (_Fail, targets.Unsupported) + RAISED as e:
             return f"a second call on new inputs: {_reason(e)}"
-        finally:
-            self.rounded = first
         # a constant output (zeros where every key is masked, NaN rows) repeats without any cache
         live = np.isfinite(first_out) & (first_out != 0)
         constant = not live.any() or np.ptp(first_out[live]) == 0

@@ -291,9 +291,9 @@ def _run_case(split, target, case, dtype, device, align, seed, wanted, timeout):
     for name, value in case.features:
         if name in REGISTRY and REGISTRY[name].recover is not None:
             with split("target"):
-                findings += REGISTRY[name].recover(caller, case, value, rounded,
-                                                   reference_options(case, case_align, rounded))
-    opts = reference_options(case, case_align, rounded)
+                findings += REGISTRY[name].recover(caller, case, value, rounded,      # the options before
+                                                   reference_options(case, case_align, rounded))  # what it learns
+    opts = reference_options(case, case_align, rounded)          # and after: the recovered mask included
     grads = not case.forward_only
     if case.tk > dense.LONG_FROM:
         heap.trim()                           # the target's freed arrays back to the OS (``heap``)

@@ -83,11 +83,8 @@ def _identity_columns(n, first, width, lead):
 
 def _probe(caller, rounded):
     """The target's answer on other inputs (the caller's own time limit, failures and seed)."""
-    first, caller.rounded = caller.rounded, rounded
-    try:
+    with caller.given(rounded):
         return caller()
-    finally:
-        caller.rounded = first
 
 
 def binomial_pvalue(k, n, prob):
