@@ -47,6 +47,10 @@ VARIANTS = {
                        sinks=np.array([0.5, -1.0, 2.0, 0.0]),
                        seqlens_q=np.array([3, 4]), seqlens_k=np.array([5, 3]), scale=0.7),
 }
+# dropout on the weights, on its own and with everything else (a fixed keep mask, p = 0.4)
+KEEP = dict(keep=np.random.default_rng(9).random((2, 4, 4, 5)) >= 0.4, dropout_p=0.4)
+VARIANTS |= {"dropout": KEEP, "dropout, causal bottom-right": KEEP | VARIANTS["causal bottom-right"],
+             "dropout, everything": KEEP | VARIANTS["everything"]}
 
 
 @pytest.mark.parametrize("name", VARIANTS)
