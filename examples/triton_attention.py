@@ -31,12 +31,13 @@ H for q, k and v; on CUDA natively, or on the CPU under ``TRITON_INTERPRET=1``.
 Tile sizes are pinned (no autotuner: its benchmarking needs a GPU).  Nothing here asks
 for a GPU when the module is imported.  Under the interpreter (Triton 3.9), ``tl.dot`` of
 bfloat16 tiles multiplies their raw bit patterns (bfloat16 is held as uint16 there), so
-bfloat16 tiles are widened to float32 after each load (exact) and P is rounded to
-bfloat16 and widened again before ``P V``: the same numbers as the GPU's bfloat16 MMA
-with float32 accumulation.  float32 uses ``input_precision="ieee"`` (Triton's default
+bfloat16 tiles are widened to float32 after each load (exact), and P and dS are rounded
+to bfloat16 and widened again before their products (`_as_input`): the same numbers as
+the GPU's bfloat16 MMA with float32 accumulation.  float32 uses ``input_precision="ieee"`` (Triton's default
 on GPU is TF32, 10 mantissa bits).
 """
 
+import contextlib
 import math
 
 import torch
@@ -102,10 +103,7 @@ def _fwd_kernel(Q, K, V, O, L,
         l_i = l_i * alpha + tl.sum(p, 1)                              # l_new = alpha l_old + rowsum(P~_ij)
         if RESCALE:
             acc = acc * alpha[:, None]                                # O_i <- diag(alpha) O_i ...
-        p_in = p.to(Q.dtype.element_ty)                               # P in the input dtype for P V
-        if UPCAST:
-            p_in = p_in.to(tl.float32)
-        acc = tl.dot(p_in, v, acc, input_precision=PRECISION)         # ... + P~_ij V_j
+        acc = tl.dot(_as_input(p, Q, UPCAST), v, acc, input_precision=PRECISION)   # ... + P~_ij V_j
         m_i = m_new
 
     acc = acc / l_i[:, None]                                          # O_i = diag(l)^-1 O_i
@@ -128,6 +126,32 @@ def _bwd_preprocess(O, DO, Delta,
     o = tl.load(O + b * sob + h * soh + offs_m[:, None] * sot + offs_d[None, :] * sod).to(tl.float32)
     do = tl.load(DO + b * sdb + h * sdh + offs_m[:, None] * sdt + offs_d[None, :] * sdd).to(tl.float32)
     tl.store(Delta + bh.to(tl.int64) * T + offs_m, tl.sum(do * o, 1))   # D_i = rowsum(dO_i * O_i)
+
+
+@triton.jit
+def _tile_p(q, k, Li, offs_m, offs_n, scale, CAUSAL: tl.constexpr, PRECISION: tl.constexpr):
+    """A tile's P_ij = exp(S_ij - L_i), S = scale Q_i K_j^T, masked when causal (both passes)."""
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale          # S_ij
+    if CAUSAL:
+        s = tl.where(offs_m[:, None] >= offs_n[None, :], s, float("-inf"))
+    return tl.exp(s - Li[:, None])
+
+
+@triton.jit
+def _as_input(x, Q, UPCAST: tl.constexpr):
+    """``x`` rounded to the inputs' dtype for the next product (widened back under the
+    interpreter's bfloat16: the numbers of a bfloat16 MMA with float32 accumulation)."""
+    x = x.to(Q.dtype.element_ty)
+    if UPCAST:
+        x = x.to(tl.float32)
+    return x
+
+
+@triton.jit
+def _tile_ds(p, do, v, Di, Q, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+    """dS_ij = P_ij * (dP_ij - D_i), dP_ij = dO_i V_j^T, rounded for its product."""
+    dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)                # dP_ij = dO_i V_j^T
+    return _as_input(p * (dp - Di[:, None]), Q, UPCAST)
 
 
 @triton.jit
@@ -170,20 +194,10 @@ def _bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV,
             do = do.to(tl.float32)
         Li = tl.load(L + row_base + offs_m)                                 # L_i
         Di = tl.load(Delta + row_base + offs_m)                             # D_i
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale      # S_ij
-        if CAUSAL:
-            s = tl.where(offs_m[:, None] >= offs_n[None, :], s, float("-inf"))
-        p = tl.exp(s - Li[:, None])                                         # P_ij = exp(S_ij - L_i)
-        p_in = p.to(Q.dtype.element_ty)
-        if UPCAST:
-            p_in = p_in.to(tl.float32)
-        dv = tl.dot(tl.trans(p_in), do, dv, input_precision=PRECISION)     # dV_j += P_ij^T dO_i
-        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)            # dP_ij = dO_i V_j^T
-        ds = p * (dp - Di[:, None])                                         # dS_ij = P_ij * (dP_ij - D_i)
-        ds_in = ds.to(Q.dtype.element_ty)
-        if UPCAST:
-            ds_in = ds_in.to(tl.float32)
-        dk = tl.dot(tl.trans(ds_in), q, dk, input_precision=PRECISION)     # dK_j += dS_ij^T Q_i
+        p = _tile_p(q, k, Li, offs_m, offs_n, scale, CAUSAL, PRECISION)    # P_ij = exp(S_ij - L_i)
+        dv = tl.dot(tl.trans(_as_input(p, Q, UPCAST)), do, dv, input_precision=PRECISION)   # dV_j += P_ij^T dO_i
+        ds = _tile_ds(p, do, v, Di, Q, UPCAST, PRECISION)                   # dS_ij = P_ij * (dP_ij - D_i)
+        dk = tl.dot(tl.trans(ds), q, dk, input_precision=PRECISION)        # dK_j += dS_ij^T Q_i
     dk = dk * scale                                                         # (S = scale Q K^T)
     tl.store(DK + bh.to(tl.int64) * T * HEAD_D + offs_n[:, None] * HEAD_D + offs_d[None, :],
              dk.to(DK.dtype.element_ty))
@@ -229,16 +243,9 @@ def _bwd_dq_kernel(Q, K, V, DO, L, Delta, DQ,
         if UPCAST:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale      # S_ij
-        if CAUSAL:
-            s = tl.where(offs_m[:, None] >= cols[None, :], s, float("-inf"))
-        p = tl.exp(s - Li[:, None])                                         # P_ij = exp(S_ij - L_i)
-        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)            # dP_ij = dO_i V_j^T
-        ds = p * (dp - Di[:, None])                                         # dS_ij
-        ds_in = ds.to(Q.dtype.element_ty)
-        if UPCAST:
-            ds_in = ds_in.to(tl.float32)
-        dq = tl.dot(ds_in, k, dq, input_precision=PRECISION)               # dQ_i += dS_ij K_j
+        p = _tile_p(q, k, Li, offs_m, cols, scale, CAUSAL, PRECISION)      # P_ij = exp(S_ij - L_i)
+        ds = _tile_ds(p, do, v, Di, Q, UPCAST, PRECISION)                   # dS_ij = P_ij * (dP_ij - D_i)
+        dq = tl.dot(ds, k, dq, input_precision=PRECISION)                  # dQ_i += dS_ij K_j
     dq = dq * scale
     tl.store(DQ + row_base * HEAD_D + offs_m[:, None] * HEAD_D + offs_d[None, :],
              dq.to(DQ.dtype.element_ty))
@@ -282,15 +289,7 @@ def _config(q):
 
 
 def _device(q):
-    return torch.cuda.device(q.device) if q.is_cuda else _Nothing()
-
-
-class _Nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
+    return torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext()
 
 
 class _FlashAttention(torch.autograd.Function):
