@@ -27,6 +27,34 @@ def attention(q, k, v, *, causal, scale, offset=0, axis=-1):
     return (_weights(q, k, causal=causal, scale=scale, offset=offset, axis=axis) @ v).to(dt)
 
 
+def _scores(q, k, *, causal, scale):
+    """S = scale q kᵀ, causal (top-left) keys hidden with -inf when asked."""
+    S = (q @ k.transpose(-1, -2)) * scale
+    if causal:
+        S = S.masked_fill(_mask(q.shape[-2], k.shape[-2], 0, q.device), -torch.inf)
+    return S
+
+
+def _online(q, k, v, *, causal, scale, block, acc_rescaled=True, l_rescaled=True, l_start=0.0):
+    """FlashAttention's loop over key blocks, with m starting at -inf and the rescale
+    exp(m_old - m_new) taken as 1 while m_old is still -inf (nothing to rescale yet)."""
+    dt = q.dtype
+    q, k, v = (t.double() for t in (q, k, v))
+    S = _scores(q, k, causal=causal, scale=scale)
+    m = torch.full(S.shape[:-1], -torch.inf, dtype=S.dtype)
+    l = torch.full(S.shape[:-1], l_start, dtype=S.dtype)
+    acc = torch.zeros(S.shape[:-1] + (v.shape[-1],), dtype=S.dtype)
+    for j0 in range(0, S.shape[-1], block):
+        Sb, vb = S[..., j0:j0 + block], v[..., j0:j0 + block, :]
+        m_new = torch.maximum(m, Sb.amax(-1))
+        alpha = torch.where(torch.isfinite(m), torch.exp(m - m_new), 1.0)
+        p = torch.exp(Sb - torch.where(torch.isfinite(m_new), m_new, 0.0)[..., None])
+        l = (l * alpha if l_rescaled else l) + p.sum(-1)
+        acc = (acc * alpha[..., None] if acc_rescaled else acc) + p @ vb
+        m = m_new
+    return (acc / torch.where(l > 0, l, 1.0)[..., None]).to(dt)
+
+
 def no_causal_mask(q, k, v, *, causal, scale):
     return attention(q, k, v, causal=False, scale=scale)
 
@@ -63,19 +91,7 @@ def layout_bthd_as_bhtd(q, k, v, *, causal, scale):
 
 def stale_max(q, k, v, *, causal, scale, block=32):
     """Online softmax over key blocks of 32 that never rescales l and acc."""
-    dt = q.dtype
-    q, k, v = (t.double() for t in (q, k, v))
-    S = (q @ k.transpose(-1, -2)) * scale
-    if causal:
-        S = S.masked_fill(_mask(q.shape[-2], k.shape[-2], 0, q.device), -torch.inf)
-    m = torch.full(S.shape[:-1], -torch.inf, dtype=S.dtype)
-    l, acc = torch.zeros(S.shape[:-1], dtype=S.dtype), 0.0
-    for j0 in range(0, S.shape[-1], block):
-        Sb = S[..., j0:j0 + block]
-        m = torch.maximum(m, Sb.amax(-1))
-        p = torch.exp(Sb - torch.where(torch.isfinite(m), m, 0.0)[..., None])
-        l, acc = l + p.sum(-1), acc + p @ v[..., j0:j0 + block, :]
-    return (acc / l[..., None]).to(dt)
+    return _online(q, k, v, causal=causal, scale=scale, block=block, acc_rescaled=False, l_rescaled=False)
 
 
 def dropout_left_on(q, k, v, *, causal, scale):
@@ -134,9 +150,7 @@ def bf16_denominator(q, k, v, *, causal, scale, block=16):
     dt = q.dtype
     q, k, v = (t.double() for t in (q, k, v))
     P = _weights(q, k, causal=causal, scale=scale)          # right weights, normalised
-    S = (q @ k.transpose(-1, -2)) * scale
-    if causal:
-        S = S.masked_fill(_mask(q.shape[-2], k.shape[-2], 0, q.device), -torch.inf)
+    S = _scores(q, k, causal=causal, scale=scale)
     e = torch.exp(S - S.amax(-1, keepdim=True))
     l = torch.zeros(S.shape[:-1], dtype=torch.bfloat16)
     for j0 in range(0, S.shape[-1], block):
@@ -160,15 +174,12 @@ def low_precision_accumulator(q, k, v, *, causal, scale, block=2):
     an error that grows with the number of blocks."""
     dt = q.dtype
     q, k, v = (t.double() for t in (q, k, v))
-    S = (q @ k.transpose(-1, -2)) * scale
-    if causal:
-        S = S.masked_fill(_mask(q.shape[-2], k.shape[-2], 0, q.device), -torch.inf)
+    S = _scores(q, k, causal=causal, scale=scale)
     e = torch.exp(S - S.amax(-1, keepdim=True))
     acc = torch.zeros(S.shape[:-1] + (v.shape[-1],), dtype=dt)
     for e_blk, v_blk in zip(e.split(block, dim=-1), v.split(block, dim=-2)):
         acc = _toward_zero(acc.double() + e_blk @ v_blk, dt)
     return (acc.double() / e.sum(-1, keepdim=True)).to(dt)
-
 
 
 class _MaskedAsTold(torch.autograd.Function):
@@ -178,13 +189,10 @@ class _MaskedAsTold(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, causal, bwd_causal, scale):
-        S = (q @ k.transpose(-1, -2)) * scale
-        tq, tk = S.shape[-2:]
-        hidden = _mask(tq, tk, 0, q.device)
-        lse = torch.logsumexp(S.masked_fill(hidden, -torch.inf) if causal else S, dim=-1, keepdim=True)
-        P = torch.exp((S.masked_fill(hidden, -torch.inf) if causal else S) - lse)
-        out = P @ v
-        P_bwd = torch.exp((S.masked_fill(hidden, -torch.inf) if bwd_causal else S) - lse)
+        S, masked = _scores(q, k, causal=False, scale=scale), _scores(q, k, causal=True, scale=scale)
+        lse = torch.logsumexp(masked if causal else S, dim=-1, keepdim=True)
+        out = torch.exp((masked if causal else S) - lse) @ v
+        P_bwd = torch.exp((masked if bwd_causal else S) - lse)
         ctx.save_for_backward(q, k, v, P_bwd, out)
         ctx.scale = scale
         return out
@@ -206,33 +214,6 @@ def backward_unmasked(q, k, v, *, causal, scale):
     """The reverse: the forward masks as told, the backward never does."""
     dt = q.dtype
     return _MaskedAsTold.apply(q.double(), k.double(), v.double(), causal, False, scale).to(dt)
-
-
-def _scores(q, k, *, causal, scale):
-    S = (q @ k.transpose(-1, -2)) * scale
-    if causal:
-        S = S.masked_fill(_mask(q.shape[-2], k.shape[-2], 0, q.device), -torch.inf)
-    return S
-
-
-def _online(q, k, v, *, causal, scale, block, acc_rescaled=True, l_rescaled=True, l_start=0.0):
-    """FlashAttention's loop over key blocks, with m starting at -inf and the rescale
-    exp(m_old - m_new) taken as 1 while m_old is still -inf (nothing to rescale yet)."""
-    dt = q.dtype
-    q, k, v = (t.double() for t in (q, k, v))
-    S = _scores(q, k, causal=causal, scale=scale)
-    m = torch.full(S.shape[:-1], -torch.inf, dtype=S.dtype)
-    l = torch.full(S.shape[:-1], l_start, dtype=S.dtype)
-    acc = torch.zeros(S.shape[:-1] + (v.shape[-1],), dtype=S.dtype)
-    for j0 in range(0, S.shape[-1], block):
-        Sb, vb = S[..., j0:j0 + block], v[..., j0:j0 + block, :]
-        m_new = torch.maximum(m, Sb.amax(-1))
-        alpha = torch.where(torch.isfinite(m), torch.exp(m - m_new), 1.0)
-        p = torch.exp(Sb - torch.where(torch.isfinite(m_new), m_new, 0.0)[..., None])
-        l = (l * alpha if l_rescaled else l) + p.sum(-1)
-        acc = (acc * alpha[..., None] if acc_rescaled else acc) + p @ vb
-        m = m_new
-    return (acc / torch.where(l > 0, l, 1.0)[..., None]).to(dt)
 
 
 def acc_not_rescaled(q, k, v, *, causal, scale):
@@ -257,6 +238,7 @@ def split_merge_no_rescale(q, k, v, *, causal, scale, width=64):
         p = torch.exp(Sb - torch.where(torch.isfinite(m_s), m_s, 0.0))
         acc, l = acc + p @ vb, l + p.sum(-1, keepdim=True)
     return (acc / torch.where(l > 0, l, 1.0)).to(dt)
+
 
 # name -> (kernel, the diagnosis id it must get first)
 GALLERY = {
