@@ -41,7 +41,7 @@ import torch
 
 from parity_tests.common import heap
 
-__all__ = ["attention", "run", "visible", "alibi_slopes", "offsets", "chunk_rows"]
+__all__ = ["attention", "run", "visible", "alibi_slopes", "offsets", "chunk_rows", "keywords", "PLAIN_OPTIONS"]
 
 # Query rows per chunk of the baseline: the (rows, Tk) arrays of one chunk stay
 # near CHUNK_ELEMENTS elements per (batch, head); past Tk = 16384 near
@@ -50,6 +50,18 @@ __all__ = ["attention", "run", "visible", "alibi_slopes", "offsets", "chunk_rows
 CHUNK_ELEMENTS = 2 ** 25
 LONG_CHUNK_ELEMENTS = 2 ** 24
 LONG_FROM = 16384
+
+
+# The reference's options that `attention` takes as they are (its arrays become tensors: `keywords`).
+PLAIN_OPTIONS = ("scale", "causal", "align", "window", "softcap", "seqlens_q", "seqlens_k")
+
+
+def keywords(opts, arrays=("bias", "sinks", "alibi_slopes")):
+    """The reference's options ``opts`` as `attention`'s float64 keywords on the CPU: the plain
+    ones as they are, those of ``arrays`` present as tensors (the other arrays left out)."""
+    kw = {n: opts[n] for n in PLAIN_OPTIONS if n in opts}
+    kw.update({n: torch.as_tensor(opts[n], dtype=torch.float64) for n in arrays if opts.get(n) is not None})
+    return kw
 
 
 def chunk_rows(tk):
@@ -279,8 +291,7 @@ def run(q, k, v, dout, opts, dtype=torch.float64, device="cpu", grads=True, dlse
     first, total = rows or (0, tq)
     chunk = chunk_rows(tk)
     t = lambda a, dt=dtype: torch.as_tensor(a).to(device=device, dtype=dt)
-    kw = {n: opts[n] for n in ("scale", "causal", "align", "window", "softcap", "seqlens_q", "seqlens_k",
-                               "dropout_p") if n in opts}
+    kw = {n: opts[n] for n in PLAIN_OPTIONS + ("dropout_p",) if n in opts}
     if opts.get("alibi_slopes") is not None:
         kw["alibi_slopes"] = t(opts["alibi_slopes"])
     four = lambda a: a.reshape((1,) * (4 - a.dim()) + tuple(a.shape))    # broadcastable to (B, Hq, Tq, Tk)

@@ -43,13 +43,15 @@ A pattern across cases -- the error growing with the sequence length -- is
 found afterwards, over the rows of a whole run (``report``).
 """
 
+import copy
 from dataclasses import dataclass, field, replace
 
 import numpy as np
+import torch
 
 from parity_tests.common import tolerances as tol
 import parity_tests.kernels.mistakes as mistakes
-from parity_tests.kernels import poisoned, row_block
+from parity_tests.kernels import dense, poisoned, row_block
 from parity_tests.kernels.location import locate, ranges
 
 __all__ = ["Diagnosis", "Evidence", "diagnose", "slice_errors", "DENSE_LIMIT"]
@@ -598,13 +600,10 @@ def _rounding_like(n, rows, ev):
 def _max_moved(ev):
     """(still, moved): (B, H, Tq) bool, the query rows whose maximum score lies in the first
     FIRST_KEYS keys (a running maximum that never moves after them) and the others that see a key."""
-    import torch
-    from parity_tests.kernels import dense
-    r, opts = ev.rounded, ev.opts
+    r = ev.rounded
     t = lambda a: torch.as_tensor(np.asarray(a)).double()
-    kw = {k: opts[k] for k in ("scale", "causal", "align", "window", "softcap", "seqlens_q", "seqlens_k") if k in opts}
-    kw.update({k: t(opts[k]) for k in ("sinks", "alibi_slopes") if opts.get(k) is not None})
-    bias = t(opts["bias"]) if opts.get("bias") is not None else torch.zeros((), dtype=torch.float64)
+    kw = dense.keywords(ev.opts)
+    bias = kw.pop("bias", torch.zeros((), dtype=torch.float64))
     tk = r["k"].shape[2]
     first = torch.zeros(tk, dtype=torch.float64).masked_fill(torch.arange(tk) >= FIRST_KEYS, -np.inf)
     with torch.no_grad():
@@ -619,8 +618,6 @@ def _float64_run(ev):
     """The target called once more on the same (rounded) inputs, in float64: a dict of its
     arrays, or what the call gave instead (a refusal, a failure)."""
     if ev.in_float64 is None:
-        import copy
-        import torch
         caller = copy.copy(ev.caller)
         caller.dtype = torch.float64
         ev.in_float64 = caller()

@@ -102,10 +102,7 @@ class Context:
         """m: each row's maximum score (the sink included), from the dense forward."""
         q, k, v, _ = self.inputs
         t = lambda a: torch.as_tensor(a).double()
-        kw = {n: self.opts[n] for n in ("scale", "causal", "align", "window", "softcap", "seqlens_q", "seqlens_k")
-              if n in self.opts}
-        kw.update({n: t(self.opts[n]) for n in ("bias", "sinks", "alibi_slopes") if self.opts.get(n) is not None})
-        m = dense.attention(t(q), t(k), t(v), **kw, rows=self.rows, with_max=True)[2].numpy()
+        m = dense.attention(t(q), t(k), t(v), **dense.keywords(self.opts), rows=self.rows, with_max=True)[2].numpy()
         return np.where(np.isfinite(m), m, 0.0)
 
 

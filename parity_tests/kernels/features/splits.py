@@ -38,11 +38,8 @@ def partials(ctx, splits):
     rows q holds, a block of them numbered as in the whole case with ``ctx.rows``)."""
     q, k, v, _ = ctx.inputs
     t = lambda a: torch.as_tensor(np.asarray(a)).double()
-    kw = {n: ctx.opts[n] for n in ("scale", "causal", "align", "window", "softcap", "seqlens_q", "seqlens_k")
-          if n in ctx.opts}
-    if ctx.opts.get("alibi_slopes") is not None:
-        kw["alibi_slopes"] = t(ctx.opts["alibi_slopes"])
-    bias = t(ctx.opts["bias"]) if ctx.opts.get("bias") is not None else 0.0
+    kw = dense.keywords(ctx.opts, arrays=("bias", "alibi_slopes"))          # no sink: a split has none
+    bias = kw.pop("bias", 0.0)
     tk = k.shape[2]
     width, j = math.ceil(tk / splits), torch.arange(tk)
     parts = []
