@@ -164,23 +164,14 @@ def _halvings(n):
 
 
 def _resized(case, **sizes):
-    """``case`` with new sizes (batch, heads, tq, tk, head_dim, gqa) and the features whose
-    values follow them (a bias's shape, varlen's and paged's lengths) made to fit."""
+    """``case`` with new sizes (batch, heads, tq, tk, head_dim, gqa) and each feature's value
+    made to fit them (``Feature.fit``: a bias's shape, varlen's and paged's lengths)."""
     new = replace(case, **{k: v for k, v in sizes.items() if k != "gqa"})
     if "gqa" in sizes:
         new = new.with_feature("gqa", sizes["gqa"])
     for name, value in case.features:
-        if name == "bias":
-            full = (new.batch, new.heads, new.tq, new.tk)
-            shape = tuple(1 if s == 1 else full[i - len(value) + 4] for i, s in enumerate(value))
-            new = new.with_feature("bias", shape)
-        elif name == "varlen":
-            lq, lk = value
-            fit = lambda ls, t: tuple(min(x, t) for x in ls[:new.batch])
-            new = new.with_feature("varlen", (fit(lq, new.tq), fit(lk, new.tk)))
-        elif name == "paged":
-            size, lengths = value
-            new = new.with_feature("paged", (size, tuple(min(x, new.tk) for x in lengths[:new.batch])))
+        if name in REGISTRY:
+            new = new.with_feature(name, REGISTRY[name].fit(new, value))
     if new.get("gqa") is not None and (new.heads % new.hkv or new.hkv > new.heads):
         return None
     return new

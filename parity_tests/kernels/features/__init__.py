@@ -27,7 +27,9 @@ are seen", each piece here is one function:
   ``paged`` hands ``k_cache``, ``v_cache`` and a block table; ``dropout`` seeds torch there,
   just before each call); ``layout``: the layout of q and out it wants (``paged``: ``bthd``);
   ``widen(case)``: a run-wide feature's form of every case of the run (``paged`` pages each
-  one); ``forward_only``: its cases judge the forward alone;
+  one); ``forward_only``: its cases judge the forward alone; ``fit(case, value)``: its value
+  made to fit a case of new sizes (``check --repro`` shrinking a case: a bias's shape, the
+  sequences' lengths);
 - ``recover(caller, case, value, inputs, opts)``: what it learns from the target itself,
   before the golden is computed (``dropout``: the kernel's mask, put into ``inputs``;
   ``opts`` the reference's options without it); returns what it found wrong, each with
@@ -73,6 +75,7 @@ class Feature:
     widen: object = None            # run-wide: case -> the case as this feature runs it
     forward_only: bool = False      # its cases judge out (and lse) alone
     recover: object = None          # (caller, case, value, inputs, opts) -> findings: learnt from the target
+    fit: object = lambda case, value: value     # (case of new sizes, value) -> the value fitting it
     random: bool = False            # its kernel draws from torch's global RNG (seeded by the check): moving
     #                                 the RNG is no remark, and SDPA's own draw is no yardstick for it
 

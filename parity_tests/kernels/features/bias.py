@@ -21,8 +21,14 @@ def mistakes(ctx, shape):
                   ctx.changed(dbias=0 * ctx.golden_raw["dbias"]), ("dbias",))] if "dbias" in ctx.golden_raw else []
 
 
+def fit(case, shape):
+    """The bias's shape for a case of new sizes: its broadcast (length-1) axes kept."""
+    full = (case.batch, case.heads, case.tq, case.tk)
+    return tuple(1 if s == 1 else full[i - len(shape) + 4] for i, s in enumerate(shape))
+
+
 FEATURE = Feature("bias", "bias= tensor broadcastable to (B, H, Tq, Tk), requiring grad: dbias is checked",
                   keywords=("bias",), cases=cases, label=lambda s: "bias" + "x".join(map(str, s)), draw=draw,
                   reference=lambda case, s, inputs: {"bias": inputs["bias"]},
                   kwargs=lambda case, s, tensors: {"bias": tensors["bias"]}, mistakes=mistakes,
-                  apply=lambda case, rng: case.with_feature("bias", (1, case.heads, case.tq, case.tk)))
+                  apply=lambda case, rng: case.with_feature("bias", (1, case.heads, case.tq, case.tk)), fit=fit)

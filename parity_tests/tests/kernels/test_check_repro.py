@@ -282,3 +282,13 @@ def test_a_case_whose_call_the_script_cannot_rebuild_gets_no_script(tmp_path):
     assert found and all(f.path is None and "dropout: the script calls the kernel plainly" in f.note
                          for f in found), [f.line() for f in found]
     assert not list(tmp_path.rglob("repro.py"))
+
+
+def test_a_shrunk_case_refits_each_features_value():
+    # Feature.fit: a bias keeps its broadcast axes, varlen's and paged's lengths fit the new sizes
+    case = Case(2, 4, 40, 50, 16, True, (("bias", (1, 4, 40, 50)),))
+    assert repro._resized(case, heads=2, tq=8, tk=10).get("bias") == (1, 2, 8, 10)
+    case = Case(2, 2, 40, 50, 16, True, (("varlen", ((40, 17), (50, 3))),))
+    assert repro._resized(case, batch=1, tq=20, tk=10).get("varlen") == ((20,), (10,))
+    case = Case(2, 2, 1, 50, 16, True, (("paged", (16, (50, 7))),))
+    assert repro._resized(case, tk=10).get("paged") == (16, (10, 7))
