@@ -37,6 +37,7 @@ import numpy as np
 
 import parity_tests.kernels.measure as measure
 from parity_tests.kernels.features import REGISTRY
+from parity_tests.kernels.inputs import STRIDE_PAD
 from parity_tests.kernels.targets import SDPA_BACKENDS
 
 __all__ = ["Repro", "write_repros", "shrink", "cause_of", "importable_name", "BUDGET", "SCRIPT"]
@@ -298,7 +299,7 @@ def load(spec):                                       # imported as the check di
 
 def call(fn):
     \"""q, k, v handed as the check did (views of a fused buffer, rows padded past D, or plain), dout backpropagated.\"""
-    g, t, pad = META["grads"], {{n: torch.from_numpy(DATA[n]).to(DEV, DT) for n in ("q", "k", "v", "dout")}}, 8 * (META["strides"] == "padded")
+    g, t, pad = META["grads"], {{n: torch.from_numpy(DATA[n]).to(DEV, DT) for n in ("q", "k", "v", "dout")}}, META["pad"] * (META["strides"] == "padded")
     buf = torch.stack([t[n].transpose(1, 2) for n in "qkv"], 2).requires_grad_(g) if META["strides"] == "fused" else None
     qkv = [lay(buf[:, :, i].transpose(1, 2)) if buf is not None else torch.nn.functional.pad(lay(t[n]), (0, pad))
            .contiguous().requires_grad_(g)[..., :t[n].shape[-1]] for i, n in enumerate("qkv")]
@@ -408,7 +409,7 @@ def _meta(found, target, spec, dtype, device, align, wanted, rounded):
     bounds = {r.tensor: r.bound if r.bound is not None else 0.0 for r in found.rows
               if (r.failed and cause_of(r) == cause_of(found.row)) or r is found.row}
     return {"target": spec, "search": _search(spec), "dtype": dtype, "device": device,
-            "layout": target.layout, "strides": case.get("strides"), "kw": kw, "tensors": tensors,
+            "layout": target.layout, "strides": case.get("strides"), "pad": STRIDE_PAD, "kw": kw, "tensors": tensors,
             "lse": bool({"lse", "lse_grad"} & set(wanted)), "grads": not case.forward_only,
             "ref": {n: v for n, v in opts.items() if n not in arrays}, "arrays": arrays, "bounds": bounds}
 

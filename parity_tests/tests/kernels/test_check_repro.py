@@ -292,3 +292,15 @@ def test_a_shrunk_case_refits_each_features_value():
     assert repro._resized(case, batch=1, tq=20, tk=10).get("varlen") == ((20,), (10,))
     case = Case(2, 2, 1, 50, 16, True, (("paged", (16, (50, 7))),))
     assert repro._resized(case, tk=10).get("paged") == (16, (10, 7))
+
+
+def test_the_script_docs_check_md_shows_is_the_one_written(tmp_path):
+    # docs/check.md, "Handing a failure on": the script shown is what this version writes
+    report = parity_tests.check("parity_tests.tests.kernels.check_gallery:backward_masked", tokens=["17", "45x77"],
+                                head_dims=[32], dtypes=["float32"])
+    (found,) = [f for f in report.repro(str(tmp_path)) if f.cause == "backward-masked"]
+    with open(os.path.join(ROOT, "docs", "check.md")) as f:
+        page = f.read()
+    start = page.index('```python\n"""backward-masked:') + len("```python\n")
+    with open(found.path) as f:
+        assert page[start:page.index("```", start)] == f.read()
