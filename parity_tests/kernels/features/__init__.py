@@ -76,6 +76,8 @@ class Feature:
     forward_only: bool = False      # its cases judge out (and lse) alone
     recover: object = None          # (caller, case, value, inputs, opts) -> findings: learnt from the target
     fit: object = lambda case, value: value     # (case of new sizes, value) -> the value fitting it
+    excludes: tuple = ()            # the features it cannot be combined with, and why:
+    excludes_why: str = ""
     random: bool = False            # its kernel draws from torch's global RNG (seeded by the check): moving
     #                                 the RNG is no remark, and SDPA's own draw is no yardstick for it
 
@@ -122,14 +124,11 @@ def parse_features(features):
     unknown = [f for f in names if f not in REGISTRY]
     if unknown:
         raise ValueError(f"features must be among {', '.join(FEATURES)}; got {', '.join(unknown)}")
-    if "varlen" in names and "bias" in names:
-        raise ValueError("features: bias and varlen cannot be combined (a bias has no packed layout)")
-    if "paged" in names and {"varlen", "lse_grad"} & set(names):
-        raise ValueError("features: paged (a forward-only kvcache call) cannot be combined with "
-                         + " or ".join(sorted({"varlen", "lse_grad"} & set(names))))
-    if "dropout" in names and {"paged", "varlen"} & set(names):
-        raise ValueError("features: dropout (its mask read back from (B, H, Tq, Tk) weights) cannot be combined "
-                         "with " + " or ".join(sorted({"paged", "varlen"} & set(names))))
+    for f in names:                                    # what a feature declares it cannot meet
+        clash = sorted(set(REGISTRY[f].excludes) & set(names))
+        if clash:
+            raise ValueError(f"features: {f} ({REGISTRY[f].excludes_why}) cannot be combined with "
+                             + " or ".join(clash))
     return list(dict.fromkeys(names))
 
 

@@ -231,4 +231,5 @@ FEATURE = Feature("dropout", "dropout_p=float, dropout on the weights after the 
                   "torch's global RNG (seeded by the check) and recovered from the kernel; p = 0, 0.1, 0.5",
                   keywords=("dropout_p",), cases=cases, label=lambda p: f"dropout {p:g}",
                   reference=reference, kwargs=lambda case, p, tensors: {"dropout_p": float(p)},
-                  mistakes=mistakes, hand=hand, recover=recover, random=True)
+                  mistakes=mistakes, hand=hand, recover=recover, random=True,
+                  excludes=("paged", "varlen"), excludes_why="its mask read back from (B, H, Tq, Tk) weights")

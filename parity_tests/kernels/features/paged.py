@@ -197,4 +197,5 @@ FEATURE = Feature("paged", "FlashAttention's kvcache form: k_cache, v_cache (num
                   "block_table, cache_seqlens; q and out (B, T, H, D); bottom-right; forward only",
                   keywords=KEYWORDS, cases=cases, label=label, draw=draw, reference=reference,
                   mistakes=mistakes, run_wide=True, hand=hand, layout="bthd", widen=widen, forward_only=True,
+                  excludes=("varlen", "lse_grad"), excludes_why="a forward-only kvcache call",
                   fit=lambda case, v: (v[0], tuple(min(x, case.tk) for x in v[1][:case.batch])))
