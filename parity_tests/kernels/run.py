@@ -414,8 +414,7 @@ def main(argv=None):
                      _split(args.heads, "--heads", int), _split(args.batch, "--batch", int),
                      args.causal, args.align, args.layout, args.long, _split(args.features, "--features"), args.seed)
     except (ValueError, TypeError) as e:
-        print(f"attention-parity check: error: {e}", file=sys.stderr)
-        return 2
+        return _usage_error(e)
     line = estimate_line(plan)
     if line:
         print(line, file=sys.stderr, flush=True)
@@ -429,6 +428,23 @@ def main(argv=None):
         from parity_tests.common import plots
         plots.announce(report.plot(args.plot))
     return 0 if report.passed else 1
+
+
+# The page that explains what a refused argument should be, by the first word of the refusal.
+ERROR_PAGES = {"target": "docs/check.md#targets", "features": "docs/features.md#the-features",
+               "timeout": "docs/check.md#time-and-memory-limits"}
+
+
+def _usage_error(e, page=None):
+    """Exit status 2 and one line: the refusal, and the page that says what is expected
+    (``page``, or the one for the argument the refusal names, or ``--help``)."""
+    said = str(e)
+    first, _, rest = said.partition(" ")
+    if page is None and first == "target" and ":" in rest.split(" ", 1)[0]:   # target 'mod:fn': ...
+        page = "docs/check.md#on-your-own-function"
+    page = page or ERROR_PAGES.get(first, "attention-parity check --help")
+    print(f"attention-parity check: error: {said} (see {page})", file=sys.stderr)
+    return 2
 
 
 def _print_repros(report, directory):
@@ -459,8 +475,7 @@ def _main_across_ranks(args):
                        causal=args.causal, features=_split(args.features, "--features"), seed=args.seed,
                        timeout=args.timeout, progress=sys.stderr.isatty())
     except (ValueError, TypeError) as e:
-        print(f"attention-parity check: error: {e}", file=sys.stderr)
-        return 2
+        return _usage_error(e, "docs/ranks.md")
     print(report.table() if not args.quiet else str(report).rsplit("\n", 1)[0])
     if report.failures and not args.quiet:
         print("\ndiagnosis:\n" + "\n".join(report.diagnosis_lines()))

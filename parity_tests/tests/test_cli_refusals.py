@@ -111,3 +111,19 @@ def test_check_tokens_beyond_the_memory_free_are_refused_with_the_estimate(capsy
     assert "inputs 22.9 GiB + golden 15.3 GiB + baseline 20.0 GiB + target 11.4 GiB" in err
     assert "more than the 8.0 GiB this machine has free" in err
     assert cli.main([*CHECK_SMALL, "-q"]) == 0                    # a case that fits runs
+
+
+@pytest.mark.parametrize("argv, page", [
+    (["check", "no_such_module_here:attention", "--tokens", "4"], "docs/check.md#on-your-own-function"),
+    (["check", "nonsense", "--tokens", "4"], "docs/check.md#targets"),
+    (["check", "sdpa-math", "--features", "nosuch"], "docs/features.md#the-features"),
+    (["check", "sdpa-math", "--world-size", "2"], "docs/ranks.md"),
+    (["check", "sdpa-math", "--tokens", "abc"], "attention-parity check --help"),
+])
+def test_a_check_refusal_names_the_page_that_says_what_is_expected(argv, page, capsys):
+    from test_docs_links import ROOT, anchors
+    err = _refused(capsys, argv)
+    assert err.count("\n") == 1 and err.rstrip().endswith(f"(see {page})"), err
+    if page.startswith("docs/"):
+        path, _, anchor = page.partition("#")
+        assert (ROOT / path).is_file() and (not anchor or anchor in anchors(ROOT / path)), page
