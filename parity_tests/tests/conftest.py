@@ -7,11 +7,18 @@
   derandomized, so CI runs the same examples every time.  The property tests
   scale their example counts with the profile's ``max_examples``:
   ``PARITY_HYPOTHESIS_PROFILE=thorough pytest`` runs ten times more.
+- The whole suite (``pytest`` with no path, as the README runs it, or ``-m slow``) runs
+  on every core, up to `MAX_WORKERS`, when pytest-xdist is installed (the ``test``
+  extra brings it): the tests are independent and each runs single-threaded.  A
+  run of chosen files or tests stays in one process (starting workers costs more than
+  it saves there); ``-n 0`` or ``-p no:xdist`` keeps any run in one, ``-n N`` sets N.
 - A diagnosis that raises raises (``PARITY_DIAGNOSIS_RAISES``, ``measure.DIAGNOSIS_RAISES``):
   outside the tests the row says "could not diagnose", which a test would pass over.
 """
 
 import os
+
+import pytest
 
 os.environ.setdefault("PARITY_DIAGNOSIS_RAISES", "1")       # here too for the CLI's subprocesses
 
@@ -32,3 +39,20 @@ if settings is not None:
     settings.register_profile("thorough", deadline=None, max_examples=1000,
                               suppress_health_check=[HealthCheck.too_slow])
     settings.load_profile(os.environ.get("PARITY_HYPOTHESIS_PROFILE", "parity"))
+
+
+# Workers for a whole-suite run: each imports PyTorch and collects every test (a few
+# seconds and a few hundred MB), so more than this costs more than it saves.
+MAX_WORKERS = 4
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """A whole-suite run on every core (before xdist reads ``-n``); see the docstring."""
+    whole_suite = not config.args or config.args == list(config.getini("testpaths"))
+    if (config.pluginmanager.hasplugin("xdist") and not hasattr(config, "workerinput") and whole_suite
+            and config.option.numprocesses is None and not config.option.usepdb
+            and not config.option.collectonly):
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        if cores > 1:
+            config.option.numprocesses = min(cores, MAX_WORKERS)
