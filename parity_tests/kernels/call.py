@@ -23,7 +23,7 @@ import torch
 
 import parity_tests.kernels.targets as targets
 from parity_tests.kernels import inputs as inputs_mod
-from parity_tests.kernels.features import REGISTRY
+from parity_tests.kernels.features import REGISTRY, asks, declared_inputs, layout as features_layout
 
 __all__ = ["Caller", "DTYPES", "RAISED", "DEFAULT_TIMEOUT", "CaseTimeout", "time_limit", "pack", "unpack",
            "cu_seqlens"]
@@ -102,13 +102,14 @@ class Caller:
     def __init__(self, target, case, dtype, device, align, wanted, rounded, timeout):
         self.target, self.case, self.dtype, self.device = target, case, DTYPES[dtype], device
         self.align, self.wanted, self.rounded, self.timeout = align, wanted, rounded, timeout
-        self.thd = "varlen" in wanted
-        wide = [REGISTRY[n].layout for n in wanted if n in REGISTRY and REGISTRY[n].layout]
-        self.layout = "thd" if self.thd else wide[0] if wide else target.layout
-        self.lse = bool({"lse", "lse_grad"} & set(wanted))
+        self.layout = features_layout(wanted) or target.layout
+        self.thd = self.layout == "thd"
+        self.lse = asks(wanted, "returns_lse")
         self.fn = target.lse_fn if self.lse and target.lse_fn is not None else target.fn
         self.grads = not case.forward_only
-        self.extras = [n for n in ("bias", "sinks") if n in rounded]
+        # the case's handed inputs (a bias, sinks, slopes), and those the callable differentiates
+        self.handed = {n: i for n, i in declared_inputs(dict(case.features)).items() if i.handed}
+        self.extras = [n for n, i in self.handed.items() if i.grad and n in rounded]
         self.seconds, self.forward_seconds, self.rng_moved = None, None, False
 
     def grad_names(self):
@@ -208,9 +209,9 @@ class Caller:
         lq, lk = c.seqlens or (None, None)
         given, read = self._qkv(grad)
         tensors, leaves = {}, {}
-        for n in ("bias", "sinks", "alibi_slopes"):
+        for n, spec in self.handed.items():
             if n in r:
-                dt = self.dtype if n == "bias" else torch.float32
+                dt = self.dtype if spec.rounded else torch.float32
                 tensors[n] = torch.from_numpy(np.ascontiguousarray(r[n])).to(device=self.device, dtype=dt)
                 if n in self.extras:
                     leaves["d" + n] = tensors[n].requires_grad_(grad)

@@ -53,6 +53,7 @@ from parity_tests.common import tolerances as tol
 import parity_tests.kernels.mistakes as mistakes
 from parity_tests.kernels import dense, poisoned, row_block
 from parity_tests.kernels.location import locate, ranges
+from parity_tests.kernels.features import INPUTS
 
 __all__ = ["Diagnosis", "Evidence", "diagnose", "slice_errors", "DENSE_LIMIT"]
 
@@ -291,7 +292,7 @@ def _tied(ev):
     recomputed alone."""
     case = ev.case
     return case.hkv != case.heads or bool(case.seqlens) or \
-        any(n in ev.rounded for n in ("bias", "sinks", "alibi_slopes", "keep"))
+        any(n in ev.rounded and i.ties for n, i in INPUTS.items())
 
 
 def _recomputed_part(rest, ev):

@@ -46,7 +46,7 @@ from parity_tests.kernels import dense
 from parity_tests.kernels import inputs as inputs_mod
 from parity_tests.kernels.call import Caller, DTYPES, DEFAULT_TIMEOUT, time_limit      # noqa: F401
 from parity_tests.kernels.cases import case_rng
-from parity_tests.kernels.features import REGISTRY
+from parity_tests.kernels.features import INPUTS, REGISTRY, asks, declared_inputs
 from parity_tests.kernels.row import Row
 
 # DTYPES, DEFAULT_TIMEOUT and time_limit are call's, named here for the command's options
@@ -69,7 +69,7 @@ def draw(case, seed=0, wanted=(), fresh=False):
               "k": rng.standard_normal((b, hkv, case.tk, case.head_dim)),
               "v": rng.standard_normal((b, hkv, case.tk, case.dv)),
               "dout": rng.standard_normal((b, h, case.tq, case.dv))}
-    if "lse_grad" in wanted and not case.forward_only:
+    if asks(wanted, "lse_gradient") and not case.forward_only:
         inputs["dlse"] = rng.standard_normal((b, h, case.tq))
     inputs_mod.draw(case, rng, inputs)
     for name, value in case.features:
@@ -260,10 +260,10 @@ def prepared(case, dtype, seed=0, wanted=()):
 def _run_case(split, target, case, dtype, device, align, seed, wanted, timeout):
     case, rounded = prepared(case, dtype, seed, wanted)
     case_align = case.align or align
-    lse_judged = bool({"lse", "lse_grad"} & set(wanted))
-    names = ["out"] + (["lse"] if lse_judged else [])
+    names = ["out"] + (["lse"] if asks(wanted, "returns_lse") else [])
     if not case.forward_only:
-        names += ["dq", "dk", "dv"] + ["d" + n for n in ("bias", "sinks") if n in rounded]
+        names += ["dq", "dk", "dv"] + ["d" + n for n, i in declared_inputs(dict(case.features)).items()
+                                       if i.grad and n in rounded]
     row = lambda tensor, **kw: Row(target=target.name, case=str(case), dims=case.as_dict(), dtype=dtype,
                                    device=device, tensor=tensor, align=case_align, **kw)
     refused = target.refuses(case, dtype, device, case_align)
@@ -278,7 +278,7 @@ def _run_case(split, target, case, dtype, device, align, seed, wanted, timeout):
         return [row(n, error=math.inf, verdict="FAIL", note=got[1], diagnosis=_named_failure(got[1]))
                 for n in names]
     with split("target"):
-        second = caller() if "deterministic" in wanted else None     # before any other call
+        second = caller() if asks(wanted, "repeats") else None     # before any other call
     other = _rounded(draw(case, seed, wanted, fresh=True), dtype)
     with split("target"):
         stale = caller.fresh(other, got["out"])
@@ -307,7 +307,7 @@ def _run_case(split, target, case, dtype, device, align, seed, wanted, timeout):
         bases = [judged({n: a for n, a in baseline(rounded, opts, dtype, device, grads, w).items() if n in names})
                  for w in tol.baseline_formulations(logits)]
     unjudged = None
-    if lse_judged:                        # rows that see no key: not judged (NaN there still FAILS)
+    if "lse" in names:                    # rows that see no key: not judged (NaN there still FAILS)
         unjudged = ~np.isfinite(gold["lse"])
         for base in bases:
             base["lse"] = np.where(unjudged, 0.0, base["lse"])
@@ -445,8 +445,9 @@ def _same_answer(case, align, first, other):
 
 
 def _rounded(raw, dtype):
-    """The drawn inputs rounded to the tested dtype (sinks and slopes to float32), as float64."""
-    low = lambda n: torch.float32 if n in ("sinks", "alibi_slopes") else DTYPES[dtype]
+    """The drawn inputs rounded to the tested dtype (those declared otherwise, sinks and slopes,
+    to float32), as float64."""
+    low = lambda n: torch.float32 if n in INPUTS and not INPUTS[n].rounded else DTYPES[dtype]
     return {n: torch.from_numpy(np.asarray(a)).to(low(n)).to(torch.float64).numpy() for n, a in raw.items()}
 
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 import parity_tests.kernels.measure as measure
-from parity_tests.kernels.features import REGISTRY
+from parity_tests.kernels.features import REGISTRY, asks, declared_inputs
 from parity_tests.kernels.inputs import STRIDE_PAD
 from parity_tests.kernels.targets import SDPA_BACKENDS
 
@@ -303,8 +303,8 @@ def call(fn):
     buf = torch.stack([t[n].transpose(1, 2) for n in "qkv"], 2).requires_grad_(g) if META["strides"] == "fused" else None
     qkv = [lay(buf[:, :, i].transpose(1, 2)) if buf is not None else torch.nn.functional.pad(lay(t[n]), (0, pad))
            .contiguous().requires_grad_(g)[..., :t[n].shape[-1]] for i, n in enumerate("qkv")]
-    extra = {{n: torch.from_numpy(DATA[n]).to(DEV, DT if n == "bias" else torch.float32) for n in META["tensors"]}}
-    learnt = {{"d" + n: extra[n].requires_grad_(g) for n in ("bias", "sinks") if n in extra}}
+    extra = {{n: torch.from_numpy(DATA[n]).to(DEV, torch.float32 if how["float32"] else DT) for n, how in META["tensors"].items()}}
+    learnt = {{"d" + n: extra[n].requires_grad_(g) for n, how in META["tensors"].items() if how["grad"]}}
     out = fn(*qkv, **{{k: tuple(v) if isinstance(v, list) else v for k, v in META["kw"].items()}}, **extra)
     out, lse = out if META["lse"] else (out, None)
     got = {{"out": lay(out), "lse": lse}}
@@ -396,11 +396,13 @@ def _meta(found, target, spec, dtype, device, align, wanted, rounded):
     case = found.case
     case_align = case.align or align
     kw = {"causal": case.causal, "scale": case.scale}
-    placeholders = {n: None for n in ("bias", "sinks", "alibi_slopes")}
+    handed = {n: i for n, i in declared_inputs(dict(case.features)).items() if i.handed}
+    placeholders = {n: None for n in handed}
     for name, value in case.features:
         if name in REGISTRY:
             kw.update(REGISTRY[name].kwargs(case, value, placeholders))
-    tensors = [n for n, v in kw.items() if v is None and n in placeholders]
+    tensors = {n: {"float32": not handed[n].rounded, "grad": handed[n].grad}
+               for n, v in kw.items() if v is None and n in placeholders}
     kw = {n: v for n, v in kw.items() if n not in tensors}
     if target.takes_align:
         kw["align"] = case_align
@@ -410,7 +412,7 @@ def _meta(found, target, spec, dtype, device, align, wanted, rounded):
               if (r.failed and cause_of(r) == cause_of(found.row)) or r is found.row}
     return {"target": spec, "search": _search(spec), "dtype": dtype, "device": device,
             "layout": target.layout, "strides": case.get("strides"), "pad": STRIDE_PAD, "kw": kw, "tensors": tensors,
-            "lse": bool({"lse", "lse_grad"} & set(wanted)), "grads": not case.forward_only,
+            "lse": asks(wanted, "returns_lse"), "grads": not case.forward_only,
             "ref": {n: v for n, v in opts.items() if n not in arrays}, "arrays": arrays, "bounds": bounds}
 
 

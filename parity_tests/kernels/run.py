@@ -118,12 +118,13 @@ def _plan(target, device, dtypes, tokens, head_dims, heads, batch, causal, align
     grid = cases_mod.build_grid(tokens=listify(tokens), head_dims=listify(head_dims), heads=listify(heads),
                                 batch=listify(batch), causal=CAUSAL[causal], long=long, device=device)
     wanted = feat.parse_features(features)
-    if layout == "thd":               # FlashAttention's packed layout: what varlen runs
-        if "varlen" not in wanted:
+    packed = [f for f in wanted if feat.REGISTRY[f].layout == "thd"]      # FlashAttention's packed layout
+    if layout == "thd":
+        if not packed:
             raise ValueError("layout 'thd' (FlashAttention's varlen layout) goes with the feature varlen")
         layout = "bhtd"
-    elif "varlen" in wanted and layout != "bhtd":
-        raise ValueError(f"layout: varlen runs every case in the thd layout, not {layout!r}")
+    elif packed and layout != "bhtd":
+        raise ValueError(f"layout: {packed[0]} runs every case in the thd layout, not {layout!r}")
     tgt = targets.resolve(target, device, layout)
     # inputs as kernels meet them, in every run: each class at its own shape, then at the grid's
     shapes = list(dict.fromkeys((c.batch, c.heads, c.tq, c.tk, c.head_dim) for c in grid))
@@ -248,7 +249,7 @@ def _run(plan, align, seed, progress, timeout=measure.DEFAULT_TIMEOUT, spec=None
             for name, ran in classes_run.items() if not ran]
     return Report(tgt.name, rows, time.perf_counter() - start,
                   {"device": device, "dtypes": names, "align": _one_alignment(rows, align),
-                   "layout": "thd" if "varlen" in wanted else tgt.layout, "features": wanted,
+                   "layout": feat.layout(wanted) or tgt.layout, "features": wanted,
                    "factor": tol.CHECK_FACTOR, "floor_ulps": tol.CHECK_FLOOR_ULPS}, gaps,
                   {"target": tgt, "spec": _repro_spec(tgt, spec), "align": align, "seed": seed, "wanted": wanted,
                    "timeout": timeout})

@@ -6,17 +6,21 @@ are seen", each piece here is one function:
 
 - ``name``, ``help``: its name on the command line and its line in ``--help``
   (and the table of docs/features.md);
-- ``keywords``: what the callable receives on the feature's cases (a callable
-  whose signature lacks one is a usage error before any case runs: `require`);
+- ``keywords``: what the callable receives on the feature's cases, its handed inputs
+  included (a callable whose signature lacks one is a usage error before any case runs:
+  `require`);
 - ``cases(causal, plan)``: the cases it adds (a `cases.Case` carries the feature's
   value in ``case.features``);
 - ``label(value)``: its part of a case's name;
-- ``draw(case, value, rng, inputs)``: its extra inputs (a bias, sinks, slopes),
-  added to the dict of float64 arrays that ``q``, ``k``, ``v``, ``dout`` start;
+- ``inputs``: its extra inputs (`Input`: a bias, sinks, slopes, dropout's keep mask), each
+  declared once with how it is handed, rounded, differentiated and sliced; ``draw(case,
+  value, rng, inputs)`` adds them to the dict of float64 arrays that ``q``, ``k``, ``v``,
+  ``dout`` start;
 - ``reference(case, value, inputs)``: the options it passes to
   ``numpy_ref.reference_attention`` (and, being the same names, to the dense
-  baseline and the catalogue's mistakes);
-- ``kwargs(case, value, tensors)``: the keywords the callable receives;
+  baseline and the catalogue's mistakes); by default its declared inputs, by name;
+- ``kwargs(case, value, tensors)``: the keywords the callable receives; by default its
+  handed inputs, by name, as tensors;
 - ``mistakes(ctx, value)``: the mistakes it invites (``mistakes.Hypothesis``), each the
   reference recomputed with that mistake's options or knob;
 - ``apply(case, rng)``: the feature added to a case of another shape, so that features
@@ -35,26 +39,44 @@ are seen", each piece here is one function:
   ``opts`` the reference's options without it); returns what it found wrong, each with
   ``tensors`` (those it fails), ``id`` and ``sentence``.
 
-Features that change how *every* case runs (``run_wide``: ``lse``, ``lse_grad``,
-``varlen``, ``deterministic``, ``paged``) are read by name in ``measure``; their mistakes are
-tried on every case of a run that asks for them.
+Features that change how *every* case runs are ``run_wide``: their mistakes are tried on
+every case of a run that asks for them, and what they change is a field the runner asks
+(`asks`), never their name: ``returns_lse`` (the callable returns (out, lse), judged too),
+``lse_gradient`` (a random gradient flows back through lse), ``repeats`` (each case is
+called twice and compared bitwise), ``layout`` (``varlen``: FlashAttention's packed
+``thd``; ``paged``: ``bthd``).
 Which built-in targets express a feature is the target's own field
 (``targets.Target.features``).
 """
 
 import inspect
 from dataclasses import dataclass, field, replace
+from functools import partial
 from importlib import import_module
 from itertools import combinations
 
 from parity_tests.kernels import cases, inputs
 
-__all__ = ["Feature", "FEATURES", "REGISTRY", "parse_features", "require", "feature_cases", "label",
-           "ordered", "Plan", "help_line"]
+__all__ = ["Feature", "Input", "FEATURES", "REGISTRY", "INPUTS", "parse_features", "require", "asks",
+           "layout", "declared_inputs", "feature_cases", "label", "ordered", "Plan", "help_line"]
 
 
-def _nothing(*args):
-    return {}
+@dataclass(frozen=True)
+class Input:
+    """An extra input a feature draws (or learns from the target) beside q, k, v."""
+    name: str                  # its name in the inputs, the reference's options and the callable's keywords
+    rounded: bool = True       # rounded to the tested dtype (False: float32, as kernels keep sinks and slopes)
+    grad: bool = False         # the callable differentiates it: "d" + name is judged as a tensor
+    handed: bool = True        # handed to the callable as a tensor (False: learnt from it, dropout's mask)
+    ties: bool = True          # ties heads, batch entries or rows together: no slice is recomputed alone
+
+
+def _declared_options(case, value, inputs, feature=None):
+    return {i.name: inputs[i.name] for i in feature.inputs if i.name in inputs}
+
+
+def _declared_keywords(case, value, tensors, feature=None):
+    return {i.name: tensors[i.name] for i in feature.inputs if i.handed and i.name in tensors}
 
 
 @dataclass(frozen=True)
@@ -65,8 +87,9 @@ class Feature:
     cases: object = lambda causal, plan: []
     label: object = lambda value: ""
     draw: object = lambda case, value, rng, inputs: None
-    reference: object = _nothing
-    kwargs: object = _nothing
+    inputs: tuple = ()              # its extra inputs (`Input`)
+    reference: object = None        # (case, value, inputs) -> options; None: its inputs, by name
+    kwargs: object = None           # (case, value, tensors) -> keywords; None: its handed inputs, by name
     mistakes: object = lambda ctx, value: []
     apply: object = None            # (case, rng) -> the case with this feature added, or None
     run_wide: bool = False          # changes how every case of the run is called or judged
@@ -80,6 +103,17 @@ class Feature:
     excludes_why: str = ""
     random: bool = False            # its kernel draws from torch's global RNG (seeded by the check): moving
     #                                 the RNG is no remark, and SDPA's own draw is no yardstick for it
+    returns_lse: bool = False       # run-wide: the callable returns (out, lse), and lse is judged
+    lse_gradient: bool = False      # run-wide: a random gradient flows back through lse too
+    repeats: bool = False           # run-wide: each case is called twice and compared bitwise
+
+    def __post_init__(self):
+        handed = tuple(i.name for i in self.inputs if i.handed)
+        object.__setattr__(self, "keywords", tuple(dict.fromkeys(self.keywords + handed)))
+        if self.reference is None:
+            object.__setattr__(self, "reference", partial(_declared_options, feature=self))
+        if self.kwargs is None:
+            object.__setattr__(self, "kwargs", partial(_declared_keywords, feature=self))
 
 
 @dataclass(frozen=True)
@@ -150,17 +184,35 @@ def _accepts(fn, keyword):
     return p is not None and p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
 
+def asks(features, field):
+    """Whether any of ``features`` (names; the grid's own variations among them are not
+    features) declares ``field``: what the runner asks instead of a feature's name."""
+    return any(getattr(REGISTRY[n], field) for n in features if n in REGISTRY)
+
+
+def layout(features):
+    """The layout of q and out the features want (None: the target's); the first in registry
+    order wins (varlen's packed thd before paged's bthd)."""
+    return next((REGISTRY[n].layout for n in FEATURES if n in features and REGISTRY[n].layout), None)
+
+
+def declared_inputs(features):
+    """{name: `Input`} of the extra inputs ``features`` (names) declare."""
+    return {i.name: i for n in features if n in REGISTRY for i in REGISTRY[n].inputs}
+
+
 def require(target, features):
     """ValueError, before any case, for a feature the target cannot be given."""
-    if {"lse", "lse_grad"} & set(features) and target.returns_lse is False:
-        raise ValueError(f"features: 'lse' needs a target that returns (out, lse), and {target.name} "
+    lse = [f for f in features if REGISTRY[f].returns_lse]
+    if lse and target.returns_lse is False:
+        raise ValueError(f"features: {lse[0]!r} needs a target that returns (out, lse), and {target.name} "
                          "returns out alone")
     for f in features:
         missing = [kw for kw in REGISTRY[f].keywords if not _accepts(target.fn, kw)]
         if missing:
             raise ValueError(f"features: {f!r} passes {', '.join(k + '=' for k in missing)} to the target, "
                              f"and {target.name}'s signature has no such keyword")
-        if target.features is not None and f not in target.features and f not in ("lse", "lse_grad"):
+        if target.features is not None and f not in target.features and not REGISTRY[f].returns_lse:
             raise ValueError(f"features: {target.name} does not express {f!r} (it expresses "
                              f"{', '.join(sorted(target.features))})")
 
@@ -207,5 +259,6 @@ def _applied(case, group, seed):
 
 # Each module imports this one: the registry is filled last, and lends a case its views.
 REGISTRY = {name: import_module(f"{__name__}.{name}").FEATURE for name in FEATURES}
+INPUTS = declared_inputs(FEATURES)          # every feature's extra inputs, by name
 cases.FEATURE_VIEWS.update(ordered=ordered, label=label,
                            forward_only=lambda name: name in REGISTRY and REGISTRY[name].forward_only)

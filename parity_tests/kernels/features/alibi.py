@@ -8,7 +8,7 @@ import numpy as np
 
 from parity_tests.kernels.cases import Case
 from parity_tests.kernels.dense import alibi_slopes
-from parity_tests.kernels.features import Feature, both_alignments
+from parity_tests.kernels.features import Feature, Input, both_alignments
 
 
 def cases(causal, plan):
@@ -41,8 +41,7 @@ def mistakes(ctx, on):
     return out
 
 
-FEATURE = Feature("alibi", "alibi_slopes= float32 tensor (H,), ALiBi's slopes", keywords=("alibi_slopes",),
+FEATURE = Feature("alibi", "alibi_slopes= float32 tensor (H,), ALiBi's slopes",
                   cases=cases, label=lambda on: "alibi", draw=draw,
-                  reference=lambda case, on, inputs: {"alibi_slopes": inputs["alibi_slopes"]},
-                  kwargs=lambda case, on, tensors: {"alibi_slopes": tensors["alibi_slopes"]}, mistakes=mistakes,
+                  inputs=(Input("alibi_slopes", rounded=False),), mistakes=mistakes,
                   apply=lambda case, rng: case.with_feature("alibi", True))

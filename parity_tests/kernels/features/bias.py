@@ -4,7 +4,7 @@ checked in the bias's own shape (the sum over its broadcast axes).  Shapes (B, H
 the bias (dbias = 0)."""
 
 from parity_tests.kernels.cases import Case
-from parity_tests.kernels.features import Feature
+from parity_tests.kernels.features import Feature, Input
 
 
 def cases(causal, plan):
@@ -28,7 +28,6 @@ def fit(case, shape):
 
 
 FEATURE = Feature("bias", "bias= tensor broadcastable to (B, H, Tq, Tk), requiring grad: dbias is checked",
-                  keywords=("bias",), cases=cases, label=lambda s: "bias" + "x".join(map(str, s)), draw=draw,
-                  reference=lambda case, s, inputs: {"bias": inputs["bias"]},
-                  kwargs=lambda case, s, tensors: {"bias": tensors["bias"]}, mistakes=mistakes,
+                  cases=cases, label=lambda s: "bias" + "x".join(map(str, s)), draw=draw,
+                  inputs=(Input("bias", grad=True),), mistakes=mistakes,
                   apply=lambda case, rng: case.with_feature("bias", (1, case.heads, case.tq, case.tk)), fit=fit)

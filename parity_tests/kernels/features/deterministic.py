@@ -4,4 +4,4 @@ adds and reductions in varying order break it)."""
 from parity_tests.kernels.features import Feature
 
 FEATURE = Feature("deterministic", "nothing new: each case runs twice and must give bitwise-equal results",
-                  run_wide=True)
+                  run_wide=True, repeats=True)

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from parity_tests.kernels.cases import Case
-from parity_tests.kernels.features import Feature
+from parity_tests.kernels.features import Feature, Input
 
 # A correct kernel fails the keep-rate test with this probability per case.
 ALPHA = 1e-6
@@ -232,4 +232,5 @@ FEATURE = Feature("dropout", "dropout_p=float, dropout on the weights after the 
                   keywords=("dropout_p",), cases=cases, label=lambda p: f"dropout {p:g}",
                   reference=reference, kwargs=lambda case, p, tensors: {"dropout_p": float(p)},
                   mistakes=mistakes, hand=hand, recover=recover, random=True,
+                  inputs=(Input("keep", handed=False),),
                   excludes=("paged", "varlen"), excludes_why="its mask read back from (B, H, Tq, Tk) weights")

@@ -22,4 +22,5 @@ def mistakes(ctx, on=True):
                   ctx.changed(lse=np.where(np.isfinite(lse), lse - m, lse)), ("lse",))]
 
 
-FEATURE = Feature("lse", "nothing new: the callable returns (out, lse), natural log", mistakes=mistakes, run_wide=True)
+FEATURE = Feature("lse", "nothing new: the callable returns (out, lse), natural log", mistakes=mistakes, run_wide=True,
+                  returns_lse=True)

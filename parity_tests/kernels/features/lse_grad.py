@@ -15,4 +15,4 @@ def mistakes(ctx, on=True):
 
 
 FEATURE = Feature("lse_grad", "the callable returns (out, lse); a random gradient flows back through lse too",
-                   mistakes=mistakes, run_wide=True)
+                   mistakes=mistakes, run_wide=True, returns_lse=True, lse_gradient=True)

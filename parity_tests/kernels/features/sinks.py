@@ -5,7 +5,7 @@ is checked.  Invited mistakes: the sink left out of the softmax, its gradient dr
 import math
 
 from parity_tests.kernels.cases import Case
-from parity_tests.kernels.features import Feature
+from parity_tests.kernels.features import Feature, Input
 
 
 def cases(causal, plan):
@@ -28,8 +28,7 @@ def mistakes(ctx, size):
                   ctx.changed(dsinks=0 * ctx.golden_raw["dsinks"]), ("dsinks",))]
 
 
-FEATURE = Feature("sinks", "sinks= float32 tensor (H,), requiring grad: dsinks is checked", keywords=("sinks",),
+FEATURE = Feature("sinks", "sinks= float32 tensor (H,), requiring grad: dsinks is checked",
                   cases=cases, label=lambda s: f"sinks {s}", draw=draw,
-                  reference=lambda case, s, inputs: {"sinks": inputs["sinks"]},
-                  kwargs=lambda case, s, tensors: {"sinks": tensors["sinks"]}, mistakes=mistakes,
+                  inputs=(Input("sinks", rounded=False, grad=True),), mistakes=mistakes,
                   apply=lambda case, rng: case.with_feature("sinks", "large"))

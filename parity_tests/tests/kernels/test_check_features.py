@@ -112,6 +112,25 @@ def test_a_keyword_reaches_only_the_cases_of_its_feature():
     assert all(c[0][1] == c[1][1] for c in calls if (c[2] is not None or c[3] is not None) and c[0][2] != 61)
 
 
+def test_extra_inputs_are_handed_in_their_declared_dtypes_and_differentiated_where_declared():
+    seen = {}
+
+    def recording(q, k, v, *, causal, scale, alibi_slopes=None, bias=None, sinks=None):
+        for name, x in (("bias", bias), ("sinks", sinks), ("alibi_slopes", alibi_slopes)):
+            if x is not None:
+                seen.setdefault(name, set()).add((x.dtype, x.requires_grad, q.dtype))
+        return attend(q, k, v, causal=causal, scale=scale, alibi_slopes=alibi_slopes, bias=bias, sinks=sinks)[0]
+    report = parity_tests.check(recording, features=["bias", "sinks", "alibi"],
+                                **{**SMALL, "dtypes": ["float32", "bfloat16"]})
+    assert report.passed, str(report)
+    f32, bf16 = torch.float32, torch.bfloat16
+    assert all(dt == q for dt, _, q in seen["bias"]) and bf16 in {dt for dt, _, _ in seen["bias"]}
+    assert {dt for dt, _, _ in seen["sinks"]} == {dt for dt, _, _ in seen["alibi_slopes"]} == {f32}
+    assert True in {g for _, g, _ in seen["bias"]} and True in {g for _, g, _ in seen["sinks"]}   # (the forward
+    assert {g for _, g, _ in seen["alibi_slopes"]} == {False}                      # alone on a second call)
+    assert {"dbias", "dsinks"} <= {r.tensor for r in report.rows}
+
+
 def test_a_feature_the_signature_lacks_is_a_usage_error_before_any_case(capsys):
     calls = []
 
