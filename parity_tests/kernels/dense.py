@@ -276,7 +276,7 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
 
 
 def run(q, k, v, dout, opts, dtype=torch.float64, device="cpu", grads=True, dlse=None, rows=None,
-        weights="softmax", **knobs):
+        weights="softmax", autograd=False, **knobs):
     """``attention`` on NumPy inputs in ``dtype``: a dict of float64 NumPy arrays, ``out``
     and ``lse`` and, with ``grads`` and a ``dout``, ``dq``, ``dk``, ``dv`` (plus ``dbias``,
     ``dsinks`` when the options hold a bias or sinks), from autograd; ``dlse`` (B, Hq, Tq)
@@ -285,8 +285,12 @@ def run(q, k, v, dout, opts, dtype=torch.float64, device="cpu", grads=True, dlse
     dq and out row by row, dk, dv, dbias and dsinks summed over the chunks, in float32 for
     a half dtype (as a single matmul accumulates them before its one final rounding).
     ``rows``: (first, total) when q, dout and dlse hold query rows first .. of a case with
-    ``total`` query rows (a block of rows of a long case); dk, dv are then those rows' share."""
+    ``total`` query rows (a block of rows of a long case); dk, dv are then those rows' share.
+    Plain options without a knob or ``dlse`` take `_written_out` (the same, its backward
+    written out), unless ``autograd``."""
     grads = grads and dout is not None
+    if not (knobs or autograd) and dlse is None and _plain(opts):
+        return _written_out(q, k, v, dout if grads else None, opts, dtype, device, rows, weights)
     tq, tk = q.shape[-2], k.shape[-2]
     first, total = rows or (0, tq)
     chunk = chunk_rows(tk)
@@ -352,3 +356,102 @@ def _last_keys(opts, total, tk, batch, first):
 
 def _put(parts, name, x):
     parts.setdefault(name, []).append(x)
+
+
+# ---------------------------------------------------------------------------
+# The common case written out: the baseline's cost
+
+# The options `_written_out` takes (every other option, a knob or an upstream gradient on
+# lse goes through `attention` and autograd).
+WRITTEN_OUT_OPTIONS = ("scale", "causal", "align", "dropout_p")
+# Query rows per chunk of `_written_out`, at most: a causal chunk reads the keys up to its
+# last row's, so smaller chunks skip more of the hidden triangle.
+WRITTEN_OUT_ROWS = 256
+
+
+def _plain(opts):
+    """Whether ``opts`` are among `WRITTEN_OUT_OPTIONS` (no keep mask: dropout_p alone is 0)."""
+    return all(n in WRITTEN_OUT_OPTIONS or opts[n] is None for n in opts) and opts.get("keep") is None
+
+
+def _written_out(q, k, v, dout, opts, dtype, device, rows, weights):
+    """``run`` for plain options (`_plain`: scale, causal, alignment), the backward written
+    out from the forward instead of taken by autograd, and the keys no row of a chunk sees
+    left out.  Forward, per chunk of query rows, in ``dtype``:
+
+        S = scale · Q Kᵀ,  S ← −inf where j > i + o (causal),  P = softmax(S)  (or, with
+        ``weights="lse"``, exp(S − lse) with lse in float32 or wider),  O = P V,
+        lse = log Σ_j exp(S_ij);  a row that sees no key: O = 0, lse = −inf.
+
+    Backward (the chapter's Jacobian ∂P_ij/∂S_ik = P_ij(δ_jk − P_ik), summed against dP):
+
+        dV = Pᵀ dO,  dP = dO Vᵀ,  D_i = Σ_j P_ij dP_ij  (= Σ_d dO_id O_id),
+        dS = P ∘ (dP − D),  dQ = scale · dS K,  dK = scale · dSᵀ Q,
+
+    a hidden key's P_ij = 0 giving it dS_ij = 0.  dS is formed in float32 or wider and
+    rounded once, with D from P and dP, as PyTorch's softmax backward forms it (and from the
+    unrounded weights with ``weights="lse"``, as autograd through exp(S − lse) would): the
+    rounding of the autograd path this replaces, so the bound it gives is the same.  Query head h reads kv head h // (Hq/Hkv),
+    so dK, dV sum over each group.  dK, dV sum over the chunks in float32 for a half dtype
+    (as ``run``); ``rows`` as in ``run``.  Tested equal to ``run``'s autograd path in float64
+    (``tests/kernels/test_dense_knobs.py``)."""
+    b, hq, tq, _ = q.shape
+    hkv, tk = k.shape[1], k.shape[2]
+    group = hq // hkv
+    first, total = rows or (0, tq)
+    t = lambda a: torch.as_tensor(a).to(device=device, dtype=dtype)
+    Q, K, V = t(q), t(k), t(v)
+    K, V = (K.repeat_interleave(group, 1), V.repeat_interleave(group, 1)) if group > 1 else (K, V)
+    dO = None if dout is None else t(dout)
+    scale, causal = opts["scale"], opts.get("causal", False)
+    offset = offsets(total, tk, None, None, opts.get("align", "top-left"), 1)[0]
+    acc = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    wide = torch.promote_types(dtype, torch.float32)
+    out = torch.zeros(b, hq, tq, V.shape[-1], dtype=dtype, device=device)
+    lse = torch.full((b, hq, tq), -torch.inf, dtype=dtype, device=device)
+    grads = {} if dO is None else {"dq": torch.zeros_like(Q), "dk": torch.zeros(K.shape, dtype=acc, device=device),
+                                   "dv": torch.zeros(V.shape, dtype=acc, device=device)}
+    chunk = min(chunk_rows(tk), WRITTEN_OUT_ROWS)
+    for r0 in range(0, tq, chunk):
+        r1 = min(tq, r0 + chunk)
+        kend = min(tk, first + r1 + offset) if causal else tk       # keys past kend: hidden from every row
+        if kend <= 0:
+            continue                                                # no row of the chunk sees a key
+        S = (Q[:, :, r0:r1] @ K[:, :, :kend].transpose(-1, -2)).mul_(scale)
+        i = torch.arange(first + r0, first + r1, device=device)[:, None]
+        if causal:
+            S.masked_fill_(torch.arange(kend, device=device)[None, :] > i + offset, -torch.inf)
+        blind = (i[:, 0] + offset < 0) if causal else None          # rows that see no key (top-left, Tq > Tk)
+        if blind is not None and blind.any():
+            S.masked_fill_(blind[:, None], 0.0)
+        else:
+            blind = None
+        L = torch.logsumexp(S, dim=-1)
+        if weights == "lse":
+            Sw = S.to(wide)                                         # lse kept in float32 or wider
+            Pw = torch.exp(Sw - (L[..., None] if wide == dtype else torch.logsumexp(Sw, dim=-1, keepdim=True)))
+            if blind is not None:
+                Pw.masked_fill_(blind[:, None], 0.0)
+            P = Pw.to(dtype)
+        else:
+            P = torch.softmax(S, dim=-1)
+            if blind is not None:
+                P.masked_fill_(blind[:, None], 0.0)
+            Pw = P.to(wide)
+        O = P @ V[:, :, :kend]
+        out[:, :, r0:r1] = O
+        lse[:, :, r0:r1] = L if blind is None else L.masked_fill(blind, -torch.inf)
+        if dO is None:
+            continue
+        dOc = dO[:, :, r0:r1]
+        grads["dv"][:, :, :kend] += (P.transpose(-1, -2) @ dOc).to(acc)
+        dP = (dOc @ V[:, :, :kend].transpose(-1, -2)).to(wide)
+        D = (Pw * dP).sum(-1, keepdim=True)
+        dS = dP.sub_(D).mul_(Pw).to(dtype).mul_(scale)              # as softmax's backward forms it
+        grads["dq"][:, :, r0:r1] = dS @ K[:, :, :kend]
+        grads["dk"][:, :, :kend] += (dS.transpose(-1, -2) @ Q[:, :, r0:r1]).to(acc)
+    if dO is not None and group > 1:
+        for n in ("dk", "dv"):
+            grads[n] = grads[n].view(b, hkv, group, tk, -1).sum(2)
+    result = {"out": out, "lse": lse, **{n: g.to(dtype) for n, g in grads.items()}}
+    return {n: x.to("cpu", torch.float64).numpy() for n, x in result.items()}

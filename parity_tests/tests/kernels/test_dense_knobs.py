@@ -210,7 +210,7 @@ def test_a_backward_masked_otherwise_than_its_forward(fwd_causal):
     q, k, v, dout = _inputs(9, 45, H, seed=7)
     want = _grads_by_hand(q, k, v, dout, fwd_causal, not fwd_causal)
     got = dense.run(q, k, v, dout, {"scale": SCALE, "causal": fwd_causal}, backward_causal=not fwd_causal)
-    right = dense.run(q, k, v, dout, {"scale": SCALE, "causal": fwd_causal})
+    right = dense.run(q, k, v, dout, {"scale": SCALE, "causal": fwd_causal}, autograd=True)
     for n, w in zip(("out", "dq", "dk", "dv"), want):
         np.testing.assert_allclose(got[n], w, rtol=1e-10, atol=1e-12, err_msg=n)
         if n != "out":                                   # the backward alone is wrong
@@ -231,3 +231,45 @@ def test_the_softcap_applied_after_alibi_and_bias():
     got = dense.attention(t(q), t(k), t(v), softcap_last=True, **kw)[0].numpy()
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
     assert np.abs(got - dense.attention(t(q), t(k), t(v), **kw)[0].numpy()).max() > 1e-2
+
+
+# The baseline's common case (``dense._written_out``: plain options, the backward written
+# out) against the autograd path it replaces.
+WRITTEN_OUT_CASES = [  # (Hq, Hkv, Tq, Tk, causal, align, weights, rows)
+    (4, 2, 17, 33, True, "top-left", "softmax", None), (4, 4, 45, 77, True, "bottom-right", "lse", None),
+    (4, 1, 77, 45, True, "top-left", "lse", None), (4, 4, 33, 33, False, "top-left", "softmax", None),
+    (4, 2, 600, 300, True, "top-left", "softmax", (5, 610)), (4, 4, 1, 5, True, "top-left", "softmax", None)]
+
+
+def _both_paths(tq, tk, hkv, causal, align, weights, rows, dtype=torch.float64, seed=0):
+    q, k, v, dout = _inputs(tq, tk, hkv, seed)
+    opts = {"scale": 0.7, "causal": causal, "align": align}
+    run = lambda **knob: dense.run(q, k, v, dout, opts, dtype=dtype, weights=weights, rows=rows, **knob)
+    return run(), run(autograd=True), (q, k, v, dout, opts)
+
+
+@pytest.mark.parametrize("hq, hkv, tq, tk, causal, align, weights, rows", WRITTEN_OUT_CASES)
+def test_the_written_out_backward_is_autograds_in_float64(hq, hkv, tq, tk, causal, align, weights, rows,
+                                                          monkeypatch):
+    calls = []
+    monkeypatch.setattr(dense, "_written_out", lambda *a, _f=dense._written_out: calls.append(1) or _f(*a))
+    written, autograd, _ = _both_paths(tq, tk, hkv, causal, align, weights, rows)
+    assert len(calls) == 1                                     # taken once, and not with autograd=True
+    assert set(written) == set(autograd) == {"out", "lse", "dq", "dk", "dv"}
+    for n, a in autograd.items():
+        seen = np.isfinite(a)
+        assert np.array_equal(np.isfinite(written[n]), seen), n
+        np.testing.assert_allclose(written[n][seen], a[seen], rtol=1e-12, atol=1e-12, err_msg=n)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_written_out_baseline_errs_as_the_autograd_one(dtype):
+    """A baseline's error is the bound's scale: within a factor of 2 either way of the
+    autograd path's on each tensor (a tighter one would false-alarm, a looser one go blind)."""
+    for hq, hkv, tq, tk, causal, align, weights, rows in WRITTEN_OUT_CASES[:5]:
+        written, autograd, (q, k, v, dout, opts) = _both_paths(tq, tk, hkv, causal, align, weights, rows, dtype)
+        rounded = [torch.tensor(x).to(dtype).double().numpy() for x in (q, k, v, dout)]
+        gold = dense.run(*rounded, opts, rows=rows)
+        for n in ("out", "dq", "dk", "dv"):
+            err = lambda r: np.abs(r[n] - gold[n]).max()
+            assert 0.5 <= err(written) / err(autograd) <= 2.0, (n, tq, tk, err(written), err(autograd))
