@@ -293,13 +293,15 @@ def run(args):
         except ImportError:
             pass
     machine = machine_info()
-    try:
+    gc.freeze()                # what exists now (PyTorch's modules) is never garbage: each gc.collect
+    try:                       # before a timed run scans only what the benchmark made
         params = impls.weights(args)
         threads = thread_info()
         gemm = gemm_gflops(np.dtype(args.dtype))
         rng = np.random.default_rng(args.seed)
         rows = [bench_one(args, params, T, rng) for T in args.tokens]
     finally:
+        gc.unfreeze()
         if limiter is not None:
             limiter.restore_original_limits()
     tokens = [r["tokens"] for r in rows]

@@ -56,3 +56,18 @@ def pytest_cmdline_main(config):
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         if cores > 1:
             config.option.numprocesses = min(cores, MAX_WORKERS)
+            if config.option.dist == "no":
+                config.option.dist = "worksteal"      # long tests last do not leave a core idle
+
+
+@pytest.fixture
+def without_input_classes(request, monkeypatch):
+    """``check`` runs its grid and its features' cases alone, without the input classes every
+    run adds (``kernels.inputs.CLASSES``: strides, a scale, large logits, integers, Tq > Tk, at
+    T = 45-77 and D = 40-64): half a small check's cost.  For a default test whose subject is a
+    feature, a verdict or a diagnosis on its own small cases; the classes themselves are
+    test_check_inputs.py's, every README and docs run keeps them, and so does every ``slow``
+    test (the full grids)."""
+    if request.node.get_closest_marker("slow") is None:
+        from parity_tests.kernels import inputs
+        monkeypatch.setattr(inputs, "CLASSES", ())

@@ -7,6 +7,8 @@ import parity_tests
 from parity_tests.kernels import cases, diagnosis
 import crashing_kernels as bad
 
+pytestmark = pytest.mark.usefixtures("without_input_classes")   # (conftest.py)
+
 ONE = dict(dtypes=["float32"], head_dims=[16], heads=[2], batch=[1])
 
 

@@ -13,6 +13,8 @@ from parity_tests.kernels import features as feat
 from crashing_kernels import with_backward
 from feature_gallery import FEATURE_GALLERY, attend, kernel, one_unit_off_every_other_call, varlen, wrong_kernel
 
+pytestmark = pytest.mark.usefixtures("without_input_classes")   # (conftest.py)
+
 # The grid part kept to one small case; the features' own cases are fixed.
 SMALL = dict(tokens=["17"], head_dims=[16], heads=[2], batch=[1], dtypes=["float32"])
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -7,6 +7,8 @@ import torch
 import parity_tests
 from check_gallery import GALLERY
 
+pytestmark = pytest.mark.usefixtures("without_input_classes")   # (conftest.py)
+
 # Small enough for the default run, broad enough to tell the mistakes apart:
 # a length where Tq = Tk (the layout mix-up needs it) and one where they differ
 # (the alignment needs it), more keys than one stale-maximum block of 32.

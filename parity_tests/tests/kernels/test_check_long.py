@@ -188,6 +188,7 @@ def _screening_changes_no_verdict(name, monkeypatch):
     assert expected in {v[3] for v in screened}, screened
 
 
+@pytest.mark.usefixtures("without_input_classes")
 @pytest.mark.parametrize("name", ["no_scale", "mask_one_future", "stale_max", "one_head_wrong"])
 def test_screening_a_large_case_on_a_block_changes_no_verdict(name, monkeypatch):
     """A case recomputed whole has its out mistakes tried on a block of rows first: the

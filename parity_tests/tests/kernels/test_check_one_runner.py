@@ -12,6 +12,8 @@ from parity_tests.kernels.cases import Case
 from parity_tests.kernels.features import REGISTRY, Plan
 from feature_gallery import attend, kernel
 
+pytestmark = pytest.mark.usefixtures("without_input_classes")   # (conftest.py)
+
 SMALL = dict(tokens=["17"], head_dims=[16], heads=[2], batch=[1], dtypes=["float32"])
 
 

@@ -15,6 +15,8 @@ from parity_tests.kernels import cases, measure, row_block, targets
 from parity_tests.kernels.features import REGISTRY, Plan
 import serving_examples as ex
 
+pytestmark = pytest.mark.usefixtures("without_input_classes")   # (conftest.py)
+
 SMALL = dict(tokens=["17"], head_dims=[16], heads=[2], batch=[1], dtypes=["float32"])
 PAGED_TWINS = {"paged-past-seqlens": ex.paged_decode_past_seqlens,
                "paged-off-by-one-page": ex.paged_decode_off_by_one_page,
