@@ -37,11 +37,15 @@ started at 1, split-KV partials merged without their rescale), ``backward_causal
 ``softcap_last`` (the cap applied after ALiBi and the bias: x-transformers' order).
 """
 
+import functools
+
 import torch
 
+from numpy_ref.visibility import window_sides
 from parity_tests.common import heap
 
-__all__ = ["attention", "run", "visible", "alibi_slopes", "offsets", "chunk_rows", "keywords", "PLAIN_OPTIONS"]
+__all__ = ["attention", "run", "sees", "visible", "alibi_slopes", "offsets", "chunk_rows", "keywords",
+           "PLAIN_OPTIONS"]
 
 # Query rows per chunk of the baseline: the (rows, Tk) arrays of one chunk stay
 # near CHUNK_ELEMENTS elements per (batch, head); past Tk = 16384 near
@@ -94,28 +98,32 @@ def offsets(tq, tk, seqlens_q, seqlens_k, align, batch):
     return [alignment_offset(lq, lk, align) for lq, lk in zip(seqlens_q, seqlens_k)]
 
 
+def sees(i, j, *, causal=False, window=None, offset=0, nq=None, nk=None):
+    """Query i sees key j, elementwise over index tensors (broadcast): ``numpy_ref.visibility``'s
+    rule, written once for torch, for whole masks (`visible`) and FlexAttention's ``mask_mod``s
+    alike:  i < nq  and  j < nk  and  i + offset − left ≤ j ≤ i + offset + right, the sides
+    ``numpy_ref.window_sides(causal, window)`` (−1: unbounded; causal: right = 0).  ``offset``,
+    ``nq``, ``nk``: ints, or tensors broadcasting with i and j (one per batch entry)."""
+    left, right = window_sides(causal, window)
+    ok = [c for c in ((i < nq) if nq is not None else None, (j < nk) if nk is not None else None,
+                      (j >= i + offset - left) if left >= 0 else None,
+                      (j <= i + offset + right) if right >= 0 else None) if c is not None]
+    if not ok:
+        return torch.ones(torch.broadcast_shapes(torch.as_tensor(i).shape, torch.as_tensor(j).shape),
+                          dtype=torch.bool, device=getattr(i, "device", None))
+    return functools.reduce(torch.logical_and, ok)
+
+
 def visible(rows, tk, *, causal=False, offset=0, window=None, nq=None, nk=None, window_offset=None,
             device="cpu"):
-    """(len(rows), Tk) bool: True where query ``rows[i]`` sees key j.  The contract's rule:
-    j ≤ i + offset when causal; i + offset − left ≤ j ≤ i + offset + right within a window
-    (−1: unbounded; causal caps the right side at 0); i < nq and j < nk (the lengths)."""
+    """(len(rows), Tk) bool: True where query ``rows[i]`` sees key j (`sees`).  ``window_offset``:
+    the window placed on another diagonal than the causal mask (a catalogued mistake)."""
     i = torch.as_tensor(rows, device=device)[:, None]
     j = torch.arange(tk, device=device)[None, :]
-    seen = torch.ones(len(rows), tk, dtype=torch.bool, device=device)
-    if nq is not None:
-        seen &= i < nq
-    if nk is not None:
-        seen &= j < nk
-    if causal:
-        seen &= j <= i + offset
-    if window is not None:
-        w = offset if window_offset is None else window_offset
-        left, right = window
-        if left >= 0:
-            seen &= j >= i + w - left
-        if right >= 0 and not causal:
-            seen &= j <= i + w + right
-    return seen
+    if window_offset is None or window_offset == offset or window is None:
+        return sees(i, j, causal=causal, window=window, offset=offset, nq=nq, nk=nk)
+    return sees(i, j, causal=causal, offset=offset, nq=nq, nk=nk) & \
+        sees(i, j, window=(window[0], -1 if causal else window[1]), offset=window_offset)
 
 
 def _online(S, v, block, slip):
@@ -420,7 +428,8 @@ def _written_out(q, k, v, dout, opts, dtype, device, rows, weights):
         S = (Q[:, :, r0:r1] @ K[:, :, :kend].transpose(-1, -2)).mul_(scale)
         i = torch.arange(first + r0, first + r1, device=device)[:, None]
         if causal:
-            S.masked_fill_(torch.arange(kend, device=device)[None, :] > i + offset, -torch.inf)
+            S.masked_fill_(~sees(i, torch.arange(kend, device=device)[None, :], causal=True, offset=offset),
+                           -torch.inf)
         blind = (i[:, 0] + offset < 0) if causal else None          # rows that see no key (top-left, Tq > Tk)
         if blind is not None and blind.any():
             S.masked_fill_(blind[:, None], 0.0)

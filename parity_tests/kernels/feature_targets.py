@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from parity_tests.kernels.cases import offset_of
-from parity_tests.kernels.dense import visible
+from parity_tests.kernels.dense import sees, visible
 
 __all__ = ["sdpa", "flex", "flash_targets", "flash_unavailable", "SDPA_FEATURES", "FLEX_FEATURES"]
 
@@ -135,15 +135,9 @@ def flex(unsupported, lse=False):
         mask_mod = None
         if causal or window is not None or packed:
             def mask_mod(b, h, i, j):
-                li, lj, o = place(i, j)
-                ok = doc_q[i] == doc_k[j] if packed else li >= 0
-                if causal:
-                    ok = ok & (lj <= li + o)
-                if window is not None and window[0] >= 0:
-                    ok = ok & (lj >= li + o - window[0])
-                if window is not None and window[1] >= 0:
-                    ok = ok & (lj <= li + o + window[1])
-                return ok
+                li, lj, o = place(i, j)                      # within its document when packed
+                ok = sees(li, lj, causal=causal, window=window, offset=o)
+                return ok & (doc_q[i] == doc_k[j]) if packed else ok
         score_mod = None
         if softcap is not None or alibi_slopes is not None or bias is not None:
             full = None if bias is None else bias.expand(q.shape[0], q.shape[1], tq, tk)

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from parity_tests.kernels import measure
+from parity_tests.kernels.dense import sees
 from parity_tests.kernels.diagnosis import Diagnosis, explains
 
 __all__ = ["owners", "chunks", "simulate", "diagnose", "HYPOTHESES", "DENSE_LIMIT"]
@@ -75,17 +76,9 @@ def _rank_order(positions):
 # The ring, densely, in float64
 
 def _visible(qpos, kpos, causal, window):
-    i, j = torch.from_numpy(qpos)[:, None], torch.from_numpy(kpos)[None, :]
-    seen = torch.ones(len(qpos), len(kpos), dtype=torch.bool)
-    if causal:
-        seen &= j <= i
-    if window is not None:
-        left, right = window
-        if left >= 0:
-            seen &= j >= i - left
-        if right >= 0 and not causal:
-            seen &= j <= i + right
-    return seen
+    """(len(qpos), len(kpos)) bool at the tokens' global positions (a ring's shards hold
+    positions, not rows: the one rule, `dense.sees`, with offset 0)."""
+    return sees(torch.from_numpy(qpos)[:, None], torch.from_numpy(kpos)[None, :], causal=causal, window=window)
 
 
 def _partial(q, k, v, seen, scale):

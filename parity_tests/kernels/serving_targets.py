@@ -15,6 +15,8 @@ import warnings
 
 import torch
 
+from parity_tests.kernels.dense import sees
+
 __all__ = ["flex_paged", "FLEX_PAGED_FEATURES"]
 
 FLEX_PAGED_FEATURES = frozenset({"paged", "gqa", "value_dim", "decode"})
@@ -36,8 +38,7 @@ def flex_paged(unsupported):
         offset = lens - tq                          # bottom-right
 
         def mask_mod(bi, hi, i, j):
-            seen = j < lens[bi]
-            return seen & (j <= i + offset[bi]) if causal else seen
+            return sees(i, j, causal=causal, offset=offset[bi], nk=lens[bi])
         logical = create_block_mask(mask_mod, b, None, tq, block_table.shape[1] * size, device=q.device,
                                     BLOCK_SIZE=(128, size))
         physical = paged.convert_logical_block_mask(logical, kv_len=lens)
