@@ -36,6 +36,7 @@ import numpy as np
 from parity_tests.bench import impls
 from parity_tests.bench.impls import IMPLS, NUMPY_IMPLS, TORCH_IMPLS
 from parity_tests.common import outputs
+from parity_tests.common.help_text import Parser
 from parity_tests.common.verdicts import parse_verb_args
 
 FIT_POINTS = 3   # the growth exponent is fitted over this many largest T
@@ -44,7 +45,7 @@ DEFAULT_TOKENS = [1024, 2048, 4096, 8192, 16384]
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(
+    p = Parser(page="docs/speed.md", 
         prog="attention-parity bench",
         description="Time forward+backward of NumPy vs PyTorch MultiHeadAttention on the CPU.",
         epilog="More: docs/speed.md")

@@ -26,7 +26,7 @@ import torch
 from parity_tests.common import outputs, plots
 from parity_tests.chapter import claims_stats as stats
 from parity_tests.chapter.claims_memory import memory_rows
-from parity_tests.common.help_text import plain
+from parity_tests.common.help_text import Parser, plain
 from parity_tests.common.verdicts import parse_verb_args, print_section, summary, exit_status
 
 # What the chapter states, as numbers the checks compare against.
@@ -48,7 +48,7 @@ COLLAPSE_TRIALS = 1000               # rows of T = 6 scores at d_k = 1024
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="attention-parity claims", description=plain(__doc__),
+    p = Parser(page="docs/chapter.md", prog="attention-parity claims", description=plain(__doc__),
                                 epilog="More: docs/chapter.md",
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seed", type=outputs.seed, default=0,

@@ -26,7 +26,7 @@ from numpy_ref.softmax import (softmax, softmax_jacobian, sum_normalize,
 from parity_tests.common import chapter_values as cv
 from parity_tests.common import plots
 from parity_tests.common.finite_diff import fd_jacobian
-from parity_tests.common.help_text import plain
+from parity_tests.common.help_text import Parser, plain
 from parity_tests.common.verdicts import (fmt, loose, parse_verb_args, print_section, sci,
                                    summary, exit_status, verdict)
 
@@ -76,7 +76,7 @@ def parse_scores(text):
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="attention-parity jacobian", description=plain(__doc__),
+    p = Parser(page="docs/chapter.md", prog="attention-parity jacobian", description=plain(__doc__),
                                 epilog="More: docs/chapter.md",
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--scores", type=parse_scores, default=None,

@@ -22,7 +22,7 @@ import torch_impl
 from parity_tests.chapter import replay_causal as causal
 from parity_tests.chapter.compare import inputs, matrix_rows, seeded, value_row
 from parity_tests.common import chapter_values, plots
-from parity_tests.common.help_text import plain
+from parity_tests.common.help_text import Parser, plain
 from parity_tests.common.verdicts import parse_verb_args, print_section, summary, exit_status
 
 
@@ -134,7 +134,7 @@ def run(values=None, plot_dir=None):
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="attention-parity chapter", description=plain(__doc__),
+    p = Parser(page="docs/chapter.md", prog="attention-parity chapter", description=plain(__doc__),
                                 epilog="More: docs/chapter.md",
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--plot", metavar="DIR", default=None,

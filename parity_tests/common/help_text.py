@@ -7,6 +7,7 @@ line, when it is only the verb's usage as a literal, is dropped too: argparse
 prints its own ``usage:`` line right above.
 """
 
+import argparse
 import re
 
 _LITERAL = re.compile(r"``(.+?)``", re.S)
@@ -23,3 +24,15 @@ def plain(doc):
     text = _REFERENCE.sub(r"\1", text)
     text = re.sub(r"(\S)::$", r"\1:", text, flags=re.M)      # "with ...::" -> "with ...:"
     return re.sub(r"^\s*::$\n?", "", text, flags=re.M)        # a lone "::" line goes
+
+
+class Parser(argparse.ArgumentParser):
+    """A verb's parser whose every usage error names the page that explains the verb
+    (``page``, e.g. ``docs/lab.md#...``): ``error: argument --x: ... (see docs/...)``."""
+
+    def __init__(self, *args, page, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.page = page
+
+    def error(self, message):
+        super().error(f"{message} (see {self.page})")

@@ -26,6 +26,7 @@ import parity_tests.kernels.targets as targets
 from parity_tests.kernels.report import Report, find_growth, find_strides
 from parity_tests.common import options, outputs
 from parity_tests.common import tolerances as tol
+from parity_tests.common.help_text import Parser
 
 __all__ = ["check", "main", "build_parser"]
 
@@ -303,7 +304,7 @@ def build_parser():
     cuda = list(cuda_only) + [n for n in targets.FLASH if n not in cuda_only]
     listing += "\n" + textwrap.fill("on CUDA: " + ", ".join(cuda) + " (flash*: with flash_attn)", 86,
                                     initial_indent="  ", subsequent_indent="  ")
-    p = argparse.ArgumentParser(
+    p = Parser(page="docs/check.md", 
         prog="attention-parity check", formatter_class=argparse.RawDescriptionHelpFormatter,
         usage="attention-parity check [options] TARGET  (or --list, or --merge module:fn)",
         description=textwrap.fill(

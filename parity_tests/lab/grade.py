@@ -38,7 +38,7 @@ from importlib import resources
 import numpy as np
 
 from parity_tests.common import outputs
-from parity_tests.common.help_text import plain
+from parity_tests.common.help_text import Parser, plain
 from parity_tests.common.tolerances import FINITE_DIFF_BOUND, FLOAT64_BOUND
 from parity_tests.lab import diagnose, loader, sandbox
 from parity_tests.lab import exercises_catalog as catalog
@@ -47,9 +47,12 @@ from parity_tests.lab.mistakes import MATCH_BOUND
 NEAR = 1e-4     # float32 arithmetic lands around 1e-7..1e-6 of the float64 reference
 
 
+# The page that explains the verb (its --help and every usage error name it).
+PAGE = "docs/lab.md#2-attention-parity-grade-check-your-own-backward-be-told-which-mistake-you-made"
+
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="attention-parity grade", description=plain(__doc__),
-                                epilog="More: docs/lab.md#2-attention-parity-grade-check-your-own-backward-be-told-which-mistake-you-made",
+    p = Parser(page=PAGE, prog="attention-parity grade", description=plain(__doc__),
+                                epilog=f"More: {PAGE}",
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("target", nargs="?", metavar="FILE[:NAME]", help="your Python file")
     p.add_argument("--exercise", choices=list(catalog.EXERCISES),
@@ -338,14 +341,14 @@ def main(argv=None):
         path, name = split_target(args.target)
         loader.check_path(path)
     except loader.UsageError as e:
-        print(f"attention-parity grade: error: {e}", file=sys.stderr)
+        print(f"attention-parity grade: error: {e} (see {PAGE})", file=sys.stderr)
         return 2
     results = []
     with sandbox.Learner(path, HANDLERS, args.timeout) as learner:
         try:
             todo = learner.ask(f"importing {os.path.basename(path)}", "load", name, args.exercise)
         except loader.UsageError as e:
-            print(f"attention-parity grade: error: {e}", file=sys.stderr)
+            print(f"attention-parity grade: error: {e} (see {PAGE})", file=sys.stderr)
             return 2
         except loader.LearnerError as e:
             print(f"attention-parity grade: {e}")

@@ -25,7 +25,7 @@ import sys
 
 import numpy as np
 
-from parity_tests.common.help_text import plain
+from parity_tests.common.help_text import Parser, plain
 from parity_tests.common import plots
 from parity_tests.common.tolerances import FLOAT64_BOUND
 from parity_tests.common.verdicts import parse_verb_args
@@ -70,7 +70,7 @@ def parse_tile(text):
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="attention-parity backprop", description=plain(__doc__),
+    p = Parser(page="docs/lab.md#1-attention-parity-backprop-every-intermediate-gradient-step-by-step", prog="attention-parity backprop", description=plain(__doc__),
                                 epilog="More: docs/lab.md#1-attention-parity-backprop-every-intermediate-gradient-step-by-step",
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--module", choices=example.MODULES, default="CausalAttention",

@@ -10,7 +10,6 @@ Exit status: 0 when every row passes, 1 when any row fails, 2 for bad arguments
 path that cannot be written: all checked before the run).
 """
 
-import argparse
 import contextlib
 import json
 import math
@@ -23,6 +22,7 @@ from parity_tests.common import faults, options, outputs
 from parity_tests.matrix import harness, variants
 from parity_tests.common import tolerances
 from parity_tests.common.tables import format_table
+from parity_tests.common.help_text import Parser
 
 __all__ = ["main", "build_parser", "format_rows"]
 
@@ -31,7 +31,7 @@ HEADERS = ["module", "config", "mode", "dtype", "device", "check", "tensor",
 
 
 def build_parser():
-    p = argparse.ArgumentParser(
+    p = Parser(page="docs/parity.md", 
         prog="attention-parity",
         description="Run every attention module of the chapter in NumPy (hand-written "
                     "backward) and in PyTorch (autograd) on the same weights, inputs and "
@@ -159,7 +159,7 @@ def main(argv=None):
         if problem:
             raise ValueError(problem)
     except ValueError as e:          # an argument refused after parsing
-        print(f"attention-parity: error: {e}", file=sys.stderr)
+        print(f"attention-parity: error: {e} (see docs/parity.md)", file=sys.stderr)
         return 2
     skipped = [f"{d} on {dev}" for dev in devices for d in dtypes if not harness.dtype_supported(d, dev)]
     if skipped:

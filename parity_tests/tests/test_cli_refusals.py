@@ -119,11 +119,18 @@ def test_check_tokens_beyond_the_memory_free_are_refused_with_the_estimate(capsy
     (["check", "sdpa-math", "--features", "nosuch"], "docs/features.md#the-features"),
     (["check", "sdpa-math", "--world-size", "2"], "docs/ranks.md"),
     (["check", "sdpa-math", "--tokens", "abc"], "attention-parity check --help"),
+    (["check", "sdpa-math", "--timeout", "soon"], "docs/check.md"),
+    (["--plant-fault", "nosuch"], "docs/parity.md"),
+    (["--dtype", "float7"], "docs/parity.md"),
+    (["chapter", "--nope"], "docs/chapter.md"),
+    (["bench", "--tokens", "x"], "docs/speed.md"),
+    (["grade", "no_such_file.py"], "docs/lab.md#2-attention-parity-grade-check-your-own-backward-be-told-which-mistake-you-made"),
+    (["backprop", "--nope"], "docs/lab.md#1-attention-parity-backprop-every-intermediate-gradient-step-by-step"),
 ])
-def test_a_check_refusal_names_the_page_that_says_what_is_expected(argv, page, capsys):
+def test_a_refusal_names_the_page_that_says_what_is_expected(argv, page, capsys):
     from test_docs_links import ROOT, anchors
-    err = _refused(capsys, argv)
-    assert err.count("\n") == 1 and err.rstrip().endswith(f"(see {page})"), err
+    err = _refused(capsys, argv)                 # (argparse's own refusals print the usage above)
+    assert err.rstrip().splitlines()[-1].endswith(f"(see {page})"), err
     if page.startswith("docs/"):
         path, _, anchor = page.partition("#")
         assert (ROOT / path).is_file() and (not anchor or anchor in anchors(ROOT / path)), page
