@@ -371,9 +371,9 @@ def _put(parts, name, x):
 
 # The options `_written_out` takes (every other option, a knob or an upstream gradient on
 # lse goes through `attention` and autograd).
-WRITTEN_OUT_OPTIONS = ("scale", "causal", "align", "dropout_p")
-# Query rows per chunk of `_written_out`, at most: a causal chunk reads the keys up to its
-# last row's, so smaller chunks skip more of the hidden triangle.
+WRITTEN_OUT_OPTIONS = ("scale", "causal", "align", "window", "seqlens_q", "seqlens_k", "dropout_p")
+# Query rows per chunk of `_written_out`, at most: a causal or windowed chunk reads only the
+# keys its rows see, so smaller chunks skip more of what no row sees.
 WRITTEN_OUT_ROWS = 256
 
 
@@ -383,13 +383,13 @@ def _plain(opts):
 
 
 def _written_out(q, k, v, dout, opts, dtype, device, rows, weights):
-    """``run`` for plain options (`_plain`: scale, causal, alignment), the backward written
-    out from the forward instead of taken by autograd, and the keys no row of a chunk sees
-    left out.  Forward, per chunk of query rows, in ``dtype``:
+    """``run`` for plain options (`_plain`: scale, causal, alignment, a window, per-sequence
+    lengths), the backward written out from the forward instead of taken by autograd, and
+    the keys no row of a chunk sees left out.  Forward, per chunk of query rows, in ``dtype``:
 
-        S = scale · Q Kᵀ,  S ← −inf where j > i + o (causal),  P = softmax(S)  (or, with
-        ``weights="lse"``, exp(S − lse) with lse in float32 or wider),  O = P V,
-        lse = log Σ_j exp(S_ij);  a row that sees no key: O = 0, lse = −inf.
+        S = scale · Q Kᵀ,  S ← −inf where query i does not see key j (`sees`),
+        P = softmax(S)  (or, with ``weights="lse"``, exp(S − lse) with lse in float32 or
+        wider),  O = P V,  lse = log Σ_j exp(S_ij);  a row that sees no key: O = 0, lse = −inf.
 
     Backward (the chapter's Jacobian ∂P_ij/∂S_ik = P_ij(δ_jk − P_ik), summed against dP):
 
@@ -399,10 +399,10 @@ def _written_out(q, k, v, dout, opts, dtype, device, rows, weights):
     a hidden key's P_ij = 0 giving it dS_ij = 0.  dS is formed in float32 or wider and
     rounded once, with D from P and dP, as PyTorch's softmax backward forms it (and from the
     unrounded weights with ``weights="lse"``, as autograd through exp(S − lse) would): the
-    rounding of the autograd path this replaces, so the bound it gives is the same.  Query head h reads kv head h // (Hq/Hkv),
-    so dK, dV sum over each group.  dK, dV sum over the chunks in float32 for a half dtype
-    (as ``run``); ``rows`` as in ``run``.  Tested equal to ``run``'s autograd path in float64
-    (``tests/kernels/test_dense_knobs.py``)."""
+    rounding of the autograd path this replaces, so the bound it gives is the same.  Query
+    head h reads kv head h // (Hq/Hkv), so dK, dV sum over each group.  dK, dV sum over the
+    chunks in float32 for a half dtype (as ``run``); ``rows`` as in ``run``.  Tested equal to
+    ``run``'s autograd path in float64 (``tests/kernels/test_dense_knobs.py``)."""
     b, hq, tq, _ = q.shape
     hkv, tk = k.shape[1], k.shape[2]
     group = hq // hkv
@@ -411,8 +411,14 @@ def _written_out(q, k, v, dout, opts, dtype, device, rows, weights):
     Q, K, V = t(q), t(k), t(v)
     K, V = (K.repeat_interleave(group, 1), V.repeat_interleave(group, 1)) if group > 1 else (K, V)
     dO = None if dout is None else t(dout)
-    scale, causal = opts["scale"], opts.get("causal", False)
-    offset = offsets(total, tk, None, None, opts.get("align", "top-left"), 1)[0]
+    scale, causal, window = opts["scale"], opts.get("causal", False), opts.get("window")
+    lq, lk = opts.get("seqlens_q"), opts.get("seqlens_k")
+    offs = offsets(total, tk, lq, lk, opts.get("align", "top-left"), b)
+    left, right = window_sides(causal, window)
+    per_batch = lambda x: torch.as_tensor(x, device=device).view(b, 1, 1, 1)
+    where = dict(causal=causal, window=window, offset=per_batch(offs), nq=None if lq is None else per_batch(lq),
+                 nk=None if lk is None else per_batch(lk))
+    masked = causal or window is not None or lq is not None
     acc = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
     wide = torch.promote_types(dtype, torch.float32)
     out = torch.zeros(b, hq, tq, V.shape[-1], dtype=dtype, device=device)
@@ -422,43 +428,47 @@ def _written_out(q, k, v, dout, opts, dtype, device, rows, weights):
     chunk = min(chunk_rows(tk), WRITTEN_OUT_ROWS)
     for r0 in range(0, tq, chunk):
         r1 = min(tq, r0 + chunk)
-        kend = min(tk, first + r1 + offset) if causal else tk       # keys past kend: hidden from every row
-        if kend <= 0:
+        # the keys [k0, k1) some row of the chunk may see (`sees`: lo(i) and hi(i) never decrease)
+        k0 = max(0, first + r0 + min(offs) - left) if left >= 0 else 0
+        k1 = min(tk, first + r1 + max(offs) + right) if right >= 0 else tk
+        if k1 <= k0:
             continue                                                # no row of the chunk sees a key
-        S = (Q[:, :, r0:r1] @ K[:, :, :kend].transpose(-1, -2)).mul_(scale)
-        i = torch.arange(first + r0, first + r1, device=device)[:, None]
-        if causal:
-            S.masked_fill_(~sees(i, torch.arange(kend, device=device)[None, :], causal=True, offset=offset),
-                           -torch.inf)
-        blind = (i[:, 0] + offset < 0) if causal else None          # rows that see no key (top-left, Tq > Tk)
-        if blind is not None and blind.any():
-            S.masked_fill_(blind[:, None], 0.0)
-        else:
-            blind = None
+        Kc, Vc = K[:, :, k0:k1], V[:, :, k0:k1]
+        S = (Q[:, :, r0:r1] @ Kc.transpose(-1, -2)).mul_(scale)
+        blind = None
+        if masked:
+            i = torch.arange(first + r0, first + r1, device=device).view(1, 1, -1, 1)
+            seen = sees(i, torch.arange(k0, k1, device=device).view(1, 1, 1, -1), **where)   # (B or 1, 1, rows, keys)
+            S.masked_fill_(~seen, -torch.inf)
+            blind = ~seen.any(-1, keepdim=True)                      # rows that see no key
+            if blind.any():
+                S.masked_fill_(blind, 0.0)
+            else:
+                blind = None
         L = torch.logsumexp(S, dim=-1)
         if weights == "lse":
             Sw = S.to(wide)                                         # lse kept in float32 or wider
             Pw = torch.exp(Sw - (L[..., None] if wide == dtype else torch.logsumexp(Sw, dim=-1, keepdim=True)))
             if blind is not None:
-                Pw.masked_fill_(blind[:, None], 0.0)
+                Pw.masked_fill_(blind, 0.0)
             P = Pw.to(dtype)
         else:
             P = torch.softmax(S, dim=-1)
             if blind is not None:
-                P.masked_fill_(blind[:, None], 0.0)
+                P.masked_fill_(blind, 0.0)
             Pw = P.to(wide)
-        O = P @ V[:, :, :kend]
+        O = P @ Vc
         out[:, :, r0:r1] = O
-        lse[:, :, r0:r1] = L if blind is None else L.masked_fill(blind, -torch.inf)
+        lse[:, :, r0:r1] = L if blind is None else L.masked_fill(blind[..., 0], -torch.inf)
         if dO is None:
             continue
         dOc = dO[:, :, r0:r1]
-        grads["dv"][:, :, :kend] += (P.transpose(-1, -2) @ dOc).to(acc)
-        dP = (dOc @ V[:, :, :kend].transpose(-1, -2)).to(wide)
+        grads["dv"][:, :, k0:k1] += (P.transpose(-1, -2) @ dOc).to(acc)
+        dP = (dOc @ Vc.transpose(-1, -2)).to(wide)
         D = (Pw * dP).sum(-1, keepdim=True)
         dS = dP.sub_(D).mul_(Pw).to(dtype).mul_(scale)              # as softmax's backward forms it
-        grads["dq"][:, :, r0:r1] = dS @ K[:, :, :kend]
-        grads["dk"][:, :, :kend] += (dS.transpose(-1, -2) @ Q[:, :, r0:r1]).to(acc)
+        grads["dq"][:, :, r0:r1] = dS @ Kc
+        grads["dk"][:, :, k0:k1] += (dS.transpose(-1, -2) @ Q[:, :, r0:r1]).to(acc)
     if dO is not None and group > 1:
         for n in ("dk", "dv"):
             grads[n] = grads[n].view(b, hkv, group, tk, -1).sum(2)
