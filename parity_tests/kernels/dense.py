@@ -45,7 +45,7 @@ from numpy_ref.visibility import window_sides
 from parity_tests.common import heap
 
 __all__ = ["attention", "run", "sees", "visible", "alibi_slopes", "offsets", "chunk_rows", "keywords",
-           "PLAIN_OPTIONS"]
+           "PLAIN_OPTIONS", "ARRAY_OPTIONS"]
 
 # Query rows per chunk of the baseline: the (rows, Tk) arrays of one chunk stay
 # near CHUNK_ELEMENTS elements per (batch, head); past Tk = 16384 near
@@ -56,13 +56,24 @@ LONG_CHUNK_ELEMENTS = 2 ** 24
 LONG_FROM = 16384
 
 
-# The reference's options that `attention` takes as they are (its arrays become tensors: `keywords`).
-PLAIN_OPTIONS = ("scale", "causal", "align", "window", "softcap", "seqlens_q", "seqlens_k")
+# The reference's options that `attention` takes as they are, and those that become tensors
+# (`keywords`, `run`).  An option outside both is refused (`_known`), never dropped: a feature's
+# new option must be taught to the dense formula before a case can pass without it.
+PLAIN_OPTIONS = ("scale", "causal", "align", "window", "softcap", "seqlens_q", "seqlens_k", "dropout_p")
+ARRAY_OPTIONS = ("bias", "sinks", "alibi_slopes", "keep")
+
+
+def _known(opts):
+    unknown = sorted(set(opts) - set(PLAIN_OPTIONS) - set(ARRAY_OPTIONS))
+    if unknown:
+        raise TypeError(f"dense formula: no such option {', '.join(unknown)} (it takes "
+                        f"{', '.join(PLAIN_OPTIONS + ARRAY_OPTIONS)})")
 
 
 def keywords(opts, arrays=("bias", "sinks", "alibi_slopes")):
     """The reference's options ``opts`` as `attention`'s float64 keywords on the CPU: the plain
     ones as they are, those of ``arrays`` present as tensors (the other arrays left out)."""
+    _known(opts)
     kw = {n: opts[n] for n in PLAIN_OPTIONS if n in opts}
     kw.update({n: torch.as_tensor(opts[n], dtype=torch.float64) for n in arrays if opts.get(n) is not None})
     return kw
@@ -297,13 +308,14 @@ def run(q, k, v, dout, opts, dtype=torch.float64, device="cpu", grads=True, dlse
     Plain options without a knob or ``dlse`` take `_written_out` (the same, its backward
     written out), unless ``autograd``."""
     grads = grads and dout is not None
+    _known(opts)
     if not (knobs or autograd) and dlse is None and _plain(opts):
         return _written_out(q, k, v, dout if grads else None, opts, dtype, device, rows, weights)
     tq, tk = q.shape[-2], k.shape[-2]
     first, total = rows or (0, tq)
     chunk = chunk_rows(tk)
     t = lambda a, dt=dtype: torch.as_tensor(a).to(device=device, dtype=dt)
-    kw = {n: opts[n] for n in PLAIN_OPTIONS + ("dropout_p",) if n in opts}
+    kw = {n: opts[n] for n in PLAIN_OPTIONS if n in opts}
     if opts.get("alibi_slopes") is not None:
         kw["alibi_slopes"] = t(opts["alibi_slopes"])
     four = lambda a: a.reshape((1,) * (4 - a.dim()) + tuple(a.shape))    # broadcastable to (B, Hq, Tq, Tk)

@@ -302,3 +302,10 @@ def test_sees_is_numpy_refs_rule_on_random_configurations():
         got = dense.sees(i, j, causal=causal, window=window, offset=torch.tensor(alignment_offset(nq, nk, align)),
                          nq=torch.tensor(nq), nk=torch.tensor(nk))
         assert np.array_equal(got.numpy(), want), (tq, tk, nq, nk, causal, align, window)
+
+
+def test_an_option_the_dense_formula_does_not_know_is_refused_not_dropped():
+    q, k, v, dout = _inputs(5, 7, H)
+    for call in (lambda o: dense.run(q, k, v, dout, o), lambda o: dense.keywords(o)):
+        with pytest.raises(TypeError, match="no such option q_descale"):
+            call({"scale": 0.5, "causal": True, "q_descale": np.ones(H)})
