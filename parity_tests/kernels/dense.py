@@ -44,7 +44,7 @@ import torch
 from numpy_ref.visibility import window_sides
 from parity_tests.common import heap
 
-__all__ = ["attention", "run", "sees", "visible", "alibi_slopes", "offsets", "chunk_rows", "keywords",
+__all__ = ["attention", "run", "sees", "mask_mod", "visible", "alibi_slopes", "offsets", "chunk_rows", "keywords",
            "PLAIN_OPTIONS", "ARRAY_OPTIONS"]
 
 # Query rows per chunk of the baseline: the (rows, Tk) arrays of one chunk stay
@@ -123,6 +123,14 @@ def sees(i, j, *, causal=False, window=None, offset=0, nq=None, nk=None):
         return torch.ones(torch.broadcast_shapes(torch.as_tensor(i).shape, torch.as_tensor(j).shape),
                           dtype=torch.bool, device=getattr(i, "device", None))
     return functools.reduce(torch.logical_and, ok)
+
+
+def mask_mod(*, causal=False, window=None, offset=0, nq=None, nk=None):
+    """FlexAttention's ``mask_mod(b, h, q_idx, kv_idx)`` of `sees`.  ``offset``, ``nq``, ``nk``:
+    ints, or tensors of one entry per batch (indexed by b: `offsets`, the sequences' lengths)."""
+    at = lambda x, b: x[b] if torch.is_tensor(x) and x.ndim else x
+    return lambda b, h, i, j: sees(i, j, causal=causal, window=window, offset=at(offset, b), nq=at(nq, b),
+                                   nk=at(nk, b))
 
 
 def visible(rows, tk, *, causal=False, offset=0, window=None, nq=None, nk=None, window_offset=None,

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from parity_tests.kernels.cases import offset_of
-from parity_tests.kernels.dense import sees, visible
+from parity_tests.kernels.dense import offsets, sees, visible
 
 __all__ = ["sdpa", "flex", "flash_targets", "flash_unavailable", "SDPA_FEATURES", "FLEX_FEATURES"]
 
@@ -127,7 +127,8 @@ def flex(unsupported, lse=False):
             doc_q, start_q = _documents(cu_seqlens_q, q.device)
             doc_k, start_k = _documents(cu_seqlens_k, q.device)
             lens_q, lens_k = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).long(), (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).long()
-            doc_off = (lens_k - lens_q) if align == "bottom-right" else torch.zeros_like(lens_q)
+            doc_off = torch.tensor(offsets(tq, tk, lens_q.tolist(), lens_k.tolist(), align, len(lens_q)),
+                                   device=q.device)
             place = lambda i, j: (i - start_q[i], j - start_k[j], doc_off[doc_q[i]])
         else:
             off = offset_of(tq, tk, align)

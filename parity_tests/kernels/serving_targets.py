@@ -15,7 +15,7 @@ import warnings
 
 import torch
 
-from parity_tests.kernels.dense import sees
+from parity_tests.kernels.dense import mask_mod, offsets
 
 __all__ = ["flex_paged", "FLEX_PAGED_FEATURES"]
 
@@ -35,12 +35,9 @@ def flex_paged(unsupported):
             pages = block_table[n, : -(-int(lens[n]) // size)].long()
             paged.page_table[n, : len(pages)] = pages
             paged.physical_to_logical[n, pages] = torch.arange(len(pages), device=q.device)
-        offset = lens - tq                          # bottom-right
-
-        def mask_mod(bi, hi, i, j):
-            return sees(i, j, causal=causal, offset=offset[bi], nk=lens[bi])
-        logical = create_block_mask(mask_mod, b, None, tq, block_table.shape[1] * size, device=q.device,
-                                    BLOCK_SIZE=(128, size))
+        offset = torch.tensor(offsets(tq, None, [tq] * b, lens.tolist(), "bottom-right", b), device=q.device)
+        logical = create_block_mask(mask_mod(causal=causal, offset=offset, nk=lens), b, None, tq,
+                                    block_table.shape[1] * size, device=q.device, BLOCK_SIZE=(128, size))
         physical = paged.convert_logical_block_mask(logical, kv_len=lens)
         flat = lambda c: c.reshape(1, num * size, hkv, c.shape[-1]).transpose(1, 2).expand(b, -1, -1, -1)
         attend = flex_attention if not q.is_cuda else _COMPILED.setdefault("flex", torch.compile(flex_attention))

@@ -26,20 +26,23 @@ def _offsets(o, B, Tq, Tk):
     return off.view(B, 1, 1, 1), nq.view(B, 1, 1, 1), nk.view(B, 1, 1, 1)
 
 
-def visible_mask(B, Tq, Tk, **o):
-    """(B, 1, Tq, Tk) bool: query i of batch b sees key j."""
-    off, nq, nk = _offsets(o, B, Tq, Tk)
-    i = torch.arange(Tq).view(1, 1, Tq, 1) + off                  # the query's diagonal
-    j = torch.arange(Tk).view(1, 1, 1, Tk)
-    seen = (j < nk) & (torch.arange(Tq).view(1, 1, Tq, 1) < nq)
+def _sees(i, j, off, nq, nk, o):
+    """Query i sees key j (index tensors, broadcast): i < nq, j < nk and, a = i + off its
+    diagonal, a − left ≤ j ≤ a + right (−1 unbounded; causal: right = 0).  Written here, not
+    taken from numpy_ref or kernels.dense: a witness shares no code with what it witnesses."""
     left, right = o.get("window") or (-1, -1)
-    if o.get("causal"):
-        right = 0
+    right = 0 if o.get("causal") else right
+    seen = (j < nk) & (i < nq)
     if left >= 0:
-        seen &= j >= i - left
+        seen = seen & (j >= i + off - left)
     if right >= 0:
-        seen &= j <= i + right
+        seen = seen & (j <= i + off + right)
     return seen
+
+
+def visible_mask(B, Tq, Tk, **o):
+    """(B, 1, Tq, Tk) bool: query i of batch b sees key j (`_sees`)."""
+    return _sees(torch.arange(Tq).view(1, 1, Tq, 1), torch.arange(Tk).view(1, 1, 1, Tk), *_offsets(o, B, Tq, Tk), o)
 
 
 def dense_attention(q, k, v, dout=None, **o):
@@ -117,8 +120,6 @@ def flex_attention(q, k, v, **o):
     B, Hq, Tq, _ = q.shape
     Tk = k.shape[2]
     off, nq, nk = (x.view(B) for x in _offsets(o, B, Tq, Tk))
-    left, right = o.get("window") or (-1, -1)
-    right = 0 if o.get("causal") else right
     cap, slopes = o.get("softcap"), o.get("alibi_slopes")
     slopes = None if slopes is None else torch.as_tensor(slopes, dtype=torch.float64).expand(B, Hq)
     bias = None if o.get("bias") is None else torch.as_tensor(o["bias"]).expand(B, Hq, Tq, Tk)
@@ -133,12 +134,7 @@ def flex_attention(q, k, v, **o):
         return score
 
     def mask_mod(b, h, i, j):
-        seen = (j < nk[b]) & (i < nq[b])
-        if left >= 0:
-            seen = seen & (j >= i + off[b] - left)
-        if right >= 0:
-            seen = seen & (j <= i + off[b] + right)
-        return seen
+        return _sees(i, j, off[b], nq[b], nk[b], o)
 
     block_mask = create_block_mask(mask_mod, B, None, Tq, Tk, device="cpu")
     with warnings.catch_warnings():          # unfused on CPU without torch.compile: fine here
