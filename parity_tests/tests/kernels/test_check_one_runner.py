@@ -121,21 +121,6 @@ def test_the_offset_is_the_alignments(align):
     assert math.isclose(case.scale, 0.5)
 
 
-def test_the_torch_mask_is_numpy_refs():
-    import torch
-    from numpy_ref import visible_mask
-    rng = np.random.default_rng(0)
-    for _ in range(200):
-        tq, tk = (int(x) for x in rng.integers(1, 12, size=2))
-        causal, align = bool(rng.integers(2)), ("top-left", "bottom-right")[rng.integers(2)]
-        window = None if rng.integers(3) == 0 else tuple(int(x) for x in rng.integers(-1, 5, size=2))
-        nq, nk = int(rng.integers(0, tq + 1)), int(rng.integers(0, tk + 1))
-        want = visible_mask(tq, tk, causal=causal, align=align, window=window, seqlen_q=nq, seqlen_k=nk)
-        off = dense.offsets(tq, tk, [nq], [nk], align, 1)[0]
-        got = dense.visible(torch.arange(tq), tk, causal=causal, offset=off, window=window, nq=nq, nk=nk)
-        assert np.array_equal(got.numpy(), want), (tq, tk, causal, align, window, nq, nk)
-
-
 def test_lse_grad_backpropagates_through_lse():
     right = parity_tests.check(kernel(), features=["lse_grad", "sinks"], **SMALL, causal="yes")
     assert right.passed, str(right)

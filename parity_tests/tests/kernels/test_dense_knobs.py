@@ -286,24 +286,6 @@ def test_the_written_out_baseline_errs_as_the_autograd_one(dtype):
             assert 0.5 <= err(written) / err(autograd) <= 2.0, (n, tq, tk, err(written), err(autograd))
 
 
-def test_sees_is_numpy_refs_rule_on_random_configurations():
-    """``dense.sees``, the one torch form of the rule (masks, FlexAttention's mask_mods, the
-    ranks' positions), equals ``numpy_ref.visible_mask`` on random lengths, alignments and
-    windows, per-sequence lengths included (those as tensors, as a mask_mod indexes them)."""
-    from numpy_ref import alignment_offset, visible_mask
-    rng = np.random.default_rng(5)
-    for _ in range(300):
-        tq, tk = (int(x) for x in rng.integers(1, 40, 2))
-        nq, nk = int(rng.integers(0, tq + 1)), int(rng.integers(0, tk + 1))
-        causal, align = bool(rng.integers(2)), ("top-left", "bottom-right")[rng.integers(2)]
-        window = None if rng.integers(3) == 0 else tuple(int(x) for x in rng.integers(-1, 9, 2))
-        want = visible_mask(tq, tk, causal=causal, align=align, window=window, seqlen_q=nq, seqlen_k=nk)
-        i, j = torch.arange(tq)[:, None], torch.arange(tk)[None, :]
-        got = dense.sees(i, j, causal=causal, window=window, offset=torch.tensor(alignment_offset(nq, nk, align)),
-                         nq=torch.tensor(nq), nk=torch.tensor(nk))
-        assert np.array_equal(got.numpy(), want), (tq, tk, nq, nk, causal, align, window)
-
-
 def test_an_option_the_dense_formula_does_not_know_is_refused_not_dropped():
     q, k, v, dout = _inputs(5, 7, H)
     for call in (lambda o: dense.run(q, k, v, dout, o), lambda o: dense.keywords(o)):
