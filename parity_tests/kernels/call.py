@@ -23,7 +23,7 @@ import torch
 
 import parity_tests.kernels.targets as targets
 from parity_tests.kernels import inputs as inputs_mod
-from parity_tests.kernels.features import REGISTRY, asks, declared_inputs, layout as features_layout
+from parity_tests.kernels.features import REGISTRY, asks, differentiated_inputs, handed_inputs, layout as features_layout
 
 __all__ = ["Caller", "DTYPES", "RAISED", "DEFAULT_TIMEOUT", "CaseTimeout", "time_limit", "pack", "unpack",
            "cu_seqlens"]
@@ -107,9 +107,8 @@ class Caller:
         self.lse = asks(wanted, "returns_lse")
         self.fn = target.lse_fn if self.lse and target.lse_fn is not None else target.fn
         self.grads = not case.forward_only
-        # the case's handed inputs (a bias, sinks, slopes), and those the callable differentiates
-        self.handed = {n: i for n, i in declared_inputs(dict(case.features)).items() if i.handed}
-        self.extras = [n for n, i in self.handed.items() if i.grad and n in rounded]
+        self.handed = handed_inputs(case)                     # a bias, sinks, slopes
+        self.extras = differentiated_inputs(case, rounded)
         self.seconds, self.forward_seconds, self.rng_moved = None, None, False
 
     def grad_names(self):

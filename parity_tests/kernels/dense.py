@@ -398,8 +398,8 @@ WRITTEN_OUT_ROWS = 256
 
 
 def _plain(opts):
-    """Whether ``opts`` are among `WRITTEN_OUT_OPTIONS` (no keep mask: dropout_p alone is 0)."""
-    return all(n in WRITTEN_OUT_OPTIONS or opts[n] is None for n in opts) and opts.get("keep") is None
+    """Whether ``opts`` are among `WRITTEN_OUT_OPTIONS` or None (no keep mask: dropout_p alone is 0)."""
+    return all(n in WRITTEN_OUT_OPTIONS or opts[n] is None for n in opts)
 
 
 def _written_out(q, k, v, dout, opts, dtype, device, rows, weights):

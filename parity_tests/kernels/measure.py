@@ -46,7 +46,7 @@ from parity_tests.kernels import dense
 from parity_tests.kernels import inputs as inputs_mod
 from parity_tests.kernels.call import Caller, DTYPES, DEFAULT_TIMEOUT, time_limit      # noqa: F401
 from parity_tests.kernels.cases import case_rng
-from parity_tests.kernels.features import INPUTS, REGISTRY, asks, declared_inputs
+from parity_tests.kernels.features import INPUTS, REGISTRY, asks, differentiated_inputs
 from parity_tests.kernels.row import Row
 
 # DTYPES, DEFAULT_TIMEOUT and time_limit are call's, named here for the command's options
@@ -262,8 +262,7 @@ def _run_case(split, target, case, dtype, device, align, seed, wanted, timeout):
     case_align = case.align or align
     names = ["out"] + (["lse"] if asks(wanted, "returns_lse") else [])
     if not case.forward_only:
-        names += ["dq", "dk", "dv"] + ["d" + n for n, i in declared_inputs(dict(case.features)).items()
-                                       if i.grad and n in rounded]
+        names += ["dq", "dk", "dv"] + ["d" + n for n in differentiated_inputs(case, rounded)]
     row = lambda tensor, **kw: Row(target=target.name, case=str(case), dims=case.as_dict(), dtype=dtype,
                                    device=device, tensor=tensor, align=case_align, **kw)
     refused = target.refuses(case, dtype, device, case_align)

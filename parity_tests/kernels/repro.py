@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 import parity_tests.kernels.measure as measure
-from parity_tests.kernels.features import REGISTRY, asks, declared_inputs
+from parity_tests.kernels.features import REGISTRY, asks, handed_inputs
 from parity_tests.kernels.inputs import STRIDE_PAD
 from parity_tests.kernels.targets import SDPA_BACKENDS
 
@@ -396,7 +396,7 @@ def _meta(found, target, spec, dtype, device, align, wanted, rounded):
     case = found.case
     case_align = case.align or align
     kw = {"causal": case.causal, "scale": case.scale}
-    handed = {n: i for n, i in declared_inputs(dict(case.features)).items() if i.handed}
+    handed = handed_inputs(case)
     placeholders = {n: None for n in handed}
     for name, value in case.features:
         if name in REGISTRY:

@@ -58,7 +58,7 @@ from itertools import combinations
 from parity_tests.kernels import cases, inputs
 
 __all__ = ["Feature", "Input", "FEATURES", "REGISTRY", "INPUTS", "parse_features", "require", "asks",
-           "layout", "declared_inputs", "feature_cases", "label", "ordered", "Plan", "help_line"]
+           "layout", "declared_inputs", "handed_inputs", "differentiated_inputs", "feature_cases", "label", "ordered", "Plan", "help_line"]
 
 
 @dataclass(frozen=True)
@@ -199,6 +199,17 @@ def layout(features):
 def declared_inputs(features):
     """{name: `Input`} of the extra inputs ``features`` (names) declare."""
     return {i.name: i for n in features if n in REGISTRY for i in REGISTRY[n].inputs}
+
+
+def handed_inputs(case):
+    """{name: `Input`} of the extra inputs the callable is handed on ``case``."""
+    return {n: i for n, i in declared_inputs(dict(case.features)).items() if i.handed}
+
+
+def differentiated_inputs(case, present):
+    """The extra inputs of ``case`` (those ``present`` among the drawn ones) whose gradient
+    the callable gives, and the check judges as ``"d" + name``."""
+    return [n for n, i in handed_inputs(case).items() if i.grad and n in present]
 
 
 def require(target, features):
