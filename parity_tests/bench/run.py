@@ -45,10 +45,9 @@ DEFAULT_TOKENS = [1024, 2048, 4096, 8192, 16384]
 
 
 def parse_args(argv):
-    p = Parser(page="docs/speed.md", 
-        prog="attention-parity bench",
-        description="Time forward+backward of NumPy vs PyTorch MultiHeadAttention on the CPU.",
-        epilog="More: docs/speed.md")
+    p = Parser(
+        page="docs/speed.md", prog="attention-parity bench",
+        description="Time forward+backward of NumPy vs PyTorch MultiHeadAttention on the CPU.")
     p.add_argument("--tokens", type=_int_list, default=None,
                    help="comma-separated token counts T (default: 1024,2048,4096,8192,16384; "
                         "with --golden 8192)")

@@ -49,8 +49,7 @@ COLLAPSE_TRIALS = 1000               # rows of T = 6 scores at d_k = 1024
 
 def parse_args(argv):
     p = Parser(page="docs/chapter.md", prog="attention-parity claims", description=plain(__doc__),
-                                epilog="More: docs/chapter.md",
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seed", type=outputs.seed, default=0,
                    help="seed of every random draw, 0 .. 2**32 - 1 (default 0: verdicts are reproducible); each "
                         "interval is 99%%, so another seed may, rarely, miss one")

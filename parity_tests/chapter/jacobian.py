@@ -77,8 +77,7 @@ def parse_scores(text):
 
 def parse_args(argv):
     p = Parser(page="docs/chapter.md", prog="attention-parity jacobian", description=plain(__doc__),
-                                epilog="More: docs/chapter.md",
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--scores", type=parse_scores, default=None,
                    help="comma-separated attention scores; write --scores=-1,2 when the first "
                         "is negative (default: the chapter's "

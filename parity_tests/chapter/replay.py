@@ -135,8 +135,7 @@ def run(values=None, plot_dir=None):
 
 def parse_args(argv):
     p = Parser(page="docs/chapter.md", prog="attention-parity chapter", description=plain(__doc__),
-                                epilog="More: docs/chapter.md",
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--plot", metavar="DIR", default=None,
                    help="write PNG heatmaps of the attention weights (simplified, causal, "
                         "each head of MultiHeadAttention) and the dropout mask into DIR")

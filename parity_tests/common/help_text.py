@@ -27,10 +27,12 @@ def plain(doc):
 
 
 class Parser(argparse.ArgumentParser):
-    """A verb's parser whose every usage error names the page that explains the verb
-    (``page``, e.g. ``docs/lab.md#...``): ``error: argument --x: ... (see docs/...)``."""
+    """A verb's parser that names the page explaining the verb (``page``, e.g.
+    ``docs/lab.md#...``) in every usage error, ``error: argument --x: ... (see docs/...)``,
+    and, unless given another epilog, at the foot of ``--help`` (``More: docs/...``)."""
 
     def __init__(self, *args, page, **kwargs):
+        kwargs.setdefault("epilog", f"More: {page}")
         super().__init__(*args, **kwargs)
         self.page = page
 

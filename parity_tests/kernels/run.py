@@ -304,8 +304,8 @@ def build_parser():
     cuda = list(cuda_only) + [n for n in targets.FLASH if n not in cuda_only]
     listing += "\n" + textwrap.fill("on CUDA: " + ", ".join(cuda) + " (flash*: with flash_attn)", 86,
                                     initial_indent="  ", subsequent_indent="  ")
-    p = Parser(page="docs/check.md", 
-        prog="attention-parity check", formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = Parser(
+        page="docs/check.md", prog="attention-parity check", formatter_class=argparse.RawDescriptionHelpFormatter,
         usage="attention-parity check [options] TARGET  (or --list, or --merge module:fn)",
         description=textwrap.fill(
             "Hold an attention kernel to the float64 NumPy reference: out, dq, dk, dv on a grid "

@@ -52,8 +52,7 @@ PAGE = "docs/lab.md#2-attention-parity-grade-check-your-own-backward-be-told-whi
 
 def parse_args(argv):
     p = Parser(page=PAGE, prog="attention-parity grade", description=plain(__doc__),
-                                epilog=f"More: {PAGE}",
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("target", nargs="?", metavar="FILE[:NAME]", help="your Python file")
     p.add_argument("--exercise", choices=list(catalog.EXERCISES),
                    help="grade NAME as this exercise (default: by its name or signature)")

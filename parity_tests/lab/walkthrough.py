@@ -70,9 +70,9 @@ def parse_tile(text):
 
 
 def parse_args(argv):
-    p = Parser(page="docs/lab.md#1-attention-parity-backprop-every-intermediate-gradient-step-by-step", prog="attention-parity backprop", description=plain(__doc__),
-                                epilog="More: docs/lab.md#1-attention-parity-backprop-every-intermediate-gradient-step-by-step",
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(page="docs/lab.md#1-attention-parity-backprop-every-intermediate-gradient-step-by-step",
+               prog="attention-parity backprop", description=plain(__doc__),
+               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--module", choices=example.MODULES, default="CausalAttention",
                    help="the chapter module to walk through (default: CausalAttention)")
     p.add_argument("--dropout", type=parse_dropout, default=0.0,

@@ -31,8 +31,8 @@ HEADERS = ["module", "config", "mode", "dtype", "device", "check", "tensor",
 
 
 def build_parser():
-    p = Parser(page="docs/parity.md", 
-        prog="attention-parity",
+    p = Parser(
+        page="docs/parity.md", prog="attention-parity",
         description="Run every attention module of the chapter in NumPy (hand-written "
                     "backward) and in PyTorch (autograd) on the same weights, inputs and "
                     "random upstream gradient, and compare the output, the input gradient "
