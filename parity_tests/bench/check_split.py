@@ -2,7 +2,7 @@
 
 For each length T, one causal case of ``attention-parity check`` (batch 1, one head,
 D = 64, float32, on the CPU) is run twice, each in a process of its own
-(``python -m parity_tests.kernels.check_split``, so that its peak memory is its own):
+(``python -m parity_tests.kernels.time_split``, so that its peak memory is its own):
 with PyTorch's SDPA as the target (it passes), and with SDPA called with ``scale=1.0``
 (the 1/sqrt(D) scale left out: it fails, so the diagnosis runs).  Each case's wall time
 is split into the target's calls, the float32 baseline, the float64 golden, the diagnosis
@@ -25,7 +25,7 @@ KERNELS = ("sdpa", "no-scale")
 
 
 def _one(T, kernel):
-    done = subprocess.run([sys.executable, "-m", "parity_tests.kernels.check_split", str(T), kernel],
+    done = subprocess.run([sys.executable, "-m", "parity_tests.kernels.time_split", str(T), kernel],
                           capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"check_split {T} {kernel} exited {done.returncode}: {done.stderr.strip()[-500:]}")

@@ -254,7 +254,7 @@ CHECK_ZERO_FLOOR = {"float64": 256 * 2.0 ** -53, "float32": 256 * 2.0 ** -24,
 # backward on dS = P ∘ (dP − D) a term u |lse| P D that does not shrink with dS.  With
 # standard-normal inputs |lse| <= log Tk + 4 (<= 16 at Tk <= 16384, LOGIT_SCALE) and the
 # term is the size of the ordinary rounding; on the heavy-tailed inputs every check draws
-# (``kernels/inputs.py``: scores of 900 .. 2900) it is 60 .. 180 u, past the plain
+# (``kernels/variations.py``: scores of 900 .. 2900) it is 60 .. 180 u, past the plain
 # computation's error in dq and dk.  Measured before this rule, a correct float32 kernel
 # with P = exp(S − lse) failed dq or dk at 1.06 .. 3.13 x the bound in 5 seeds of 10.
 #

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 import parity_tests.kernels.targets as targets
-from parity_tests.kernels import inputs as inputs_mod
+from parity_tests.kernels import variations
 from parity_tests.kernels.features import REGISTRY, asks, differentiated_inputs, handed_inputs, layout as features_layout
 
 __all__ = ["Caller", "DTYPES", "RAISED", "DEFAULT_TIMEOUT", "CaseTimeout", "time_limit", "pack", "unpack",
@@ -191,7 +191,7 @@ class Caller:
         given, read = {}, {}
         for n, x in t.items():
             x = targets.to_layout(x, self.layout)
-            pad = inputs_mod.STRIDE_PAD if strides == "padded" else 0
+            pad = variations.STRIDE_PAD if strides == "padded" else 0
             leaf = torch.nn.functional.pad(x, (0, pad)).contiguous().requires_grad_(grad)
             given[n] = leaf[..., : x.shape[-1]] if pad else leaf
             read[n] = lambda leaf=leaf, d=x.shape[-1]: None if leaf.grad is None else \

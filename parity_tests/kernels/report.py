@@ -8,7 +8,7 @@ gradient that never arrived, an input written into); ``not supported`` (the targ
 refused the case: never counted as a pass).  Beside the verdict, never deciding it:
 ``err/SDPA``, out's error over PyTorch's SDPA's own on the same case in the same
 dtype (a kernel keeping its softmax in bfloat16 passes its bound but shows 2-4x, measured),
-and ``time/SDPA``, the target's forward time over SDPA's (``measure.YARDSTICK_CALLS``).
+and ``time/SDPA``, the target's forward time over SDPA's (``runner.YARDSTICK_CALLS``).
 
 After a run, failing rows that no catalogued mistake explains are looked at
 together: when a tensor passes at every shorter key length and fails at every
@@ -59,7 +59,7 @@ def _ratio(x):
 
 def find_growth(rows):
     """Mark failing rows that match nothing but fail only above some key length."""
-    from parity_tests.kernels.diagnosis import Diagnosis
+    from parity_tests.kernels.diagnosis.diagnose import Diagnosis
     groups = {}
     for r in rows:
         if r.verdict in ("pass", "FAIL") and r.error is not None:
@@ -89,9 +89,9 @@ def find_growth(rows):
 
 
 def find_strides(rows):
-    """Name failing rows when only the cases whose q, k, v are views (``inputs.py``'s strides
+    """Name failing rows when only the cases whose q, k, v are views (``variations.py``'s strides
     cases) fail and every contiguous case passes: the kernel reads as if contiguous."""
-    from parity_tests.kernels.diagnosis import Diagnosis
+    from parity_tests.kernels.diagnosis.diagnose import Diagnosis
     judged = [r for r in rows if r.verdict in ("pass", "FAIL")]
     strided = lambda r: "strides" in r.dims.get("features", ())
     failing = [r for r in judged if r.failed]
@@ -112,7 +112,7 @@ class Report:
     rows: list = field(default_factory=list)
     seconds: float = 0.0
     settings: dict = field(default_factory=dict)
-    # input classes (``inputs.CLASSES``) that never ran: every case of theirs refused, why
+    # input classes (``variations.CLASSES``) that never ran: every case of theirs refused, why
     gaps: list = field(default_factory=list)
     # what a kernel run needs to rerun its cases (`repro`): target, spec, align, seed, wanted, timeout
     context: dict = field(default=None, compare=False)

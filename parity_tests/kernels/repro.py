@@ -5,7 +5,7 @@ smallest case that still fails with that cause is found and written as a script 
 drops into their own suite: ``DIR/<cause>/repro.py`` and ``DIR/<cause>/inputs.npz``.
 
 Shrinking starts from the cheapest failing case of the cause and re-runs shrunk copies of
-it through the one case runner (``measure.run_case``: new inputs drawn for each shape, the
+it through the one case runner (``runner.run_case``: new inputs drawn for each shape, the
 same seed).  A copy is kept when the same tensor still FAILS, above its bound, with the same
 diagnosis id.  In turn, each time taking the smallest candidate that keeps the failure:
 
@@ -35,9 +35,9 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-import parity_tests.kernels.measure as measure
+import parity_tests.kernels.runner as runner
 from parity_tests.kernels.features import REGISTRY, asks, handed_inputs
-from parity_tests.kernels.inputs import STRIDE_PAD
+from parity_tests.kernels.variations import STRIDE_PAD
 from parity_tests.kernels.targets import SDPA_BACKENDS
 
 __all__ = ["Repro", "write_repros", "shrink", "cause_of", "importable_name", "BUDGET", "SCRIPT"]
@@ -144,8 +144,8 @@ class _Trial:
         self.runs += 1
         limit = min(self.timeout or left, left)
         try:
-            with measure.one_thread_if_small(case, self.device):
-                return measure.run_case(self.target, case, self.dtype, self.device, self.align, self.seed,
+            with runner.one_thread_if_small(case, self.device):
+                return runner.run_case(self.target, case, self.dtype, self.device, self.align, self.seed,
                                         self.wanted, limit)
         except ValueError:                      # a shape the features cannot draw
             return []
@@ -240,7 +240,7 @@ def _features(trial, case):
 
 
 def shrink(target, case, tensor, cause, dtype, device, align="top-left", seed=0, wanted=(),
-           timeout=measure.DEFAULT_TIMEOUT, budget=BUDGET, rows=None):
+           timeout=runner.DEFAULT_TIMEOUT, budget=BUDGET, rows=None):
     """``(case, row, rows, runs, seconds, note)``: the smallest case found in ``budget``
     seconds on which ``tensor`` still FAILS with ``cause``; ``row`` its row, ``rows`` all
     of its rows; ``note`` says when the lengths were kept or the budget ran out.  ``rows``:
@@ -406,7 +406,7 @@ def _meta(found, target, spec, dtype, device, align, wanted, rounded):
     kw = {n: v for n, v in kw.items() if n not in tensors}
     if target.takes_align:
         kw["align"] = case_align
-    opts = measure.reference_options(case, align, rounded)
+    opts = runner.reference_options(case, align, rounded)
     arrays = [n for n, v in opts.items() if isinstance(v, np.ndarray)]
     bounds = {r.tensor: r.bound if r.bound is not None else 0.0 for r in found.rows
               if (r.failed and cause_of(r) == cause_of(found.row)) or r is found.row}
@@ -423,7 +423,7 @@ def _cause_dir(cause):
 
 def write_one(directory, found, target, spec, dtype, device, align, seed, wanted):
     """``DIR/<cause>/repro.py`` and ``inputs.npz`` for a shrunk case; returns the script's path."""
-    case, rounded = measure.prepared(found.case, dtype, seed, wanted)     # as the case runner draws them
+    case, rounded = runner.prepared(found.case, dtype, seed, wanted)     # as the case runner draws them
     meta = _meta(replace(found, case=case), target, spec, dtype, device, align, wanted, rounded)
     builtin = NO_BUILTIN
     if spec is None or spec in SDPA_BACKENDS:           # a built-in: rebuilt in the script

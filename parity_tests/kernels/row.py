@@ -1,5 +1,5 @@
 """One row of a check: one tensor of one case in one dtype on one device, its error, bound
-and verdict (``report`` holds the rows; the case runner, ``measure``, fills them)."""
+and verdict (``report`` holds the rows; the case runner, ``runner``, fills them)."""
 
 import math
 from dataclasses import dataclass
@@ -34,7 +34,7 @@ class Row:
     sdpa_seconds: float = None        # PyTorch's SDPA's best forward on the same case, where it expresses it
     sdpa_error: float = None          # SDPA's own error on out, in the same dtype (out's row only)
     split: dict = None                # the case's wall seconds: target, baseline, golden, diagnosis, other, wall
-    case_def: object = None           # the cases.Case that ran (as handed to measure.run_case): --repro reruns it
+    case_def: object = None           # the cases.Case that ran (as handed to runner.run_case): --repro reruns it
 
     @property
     def passed(self):

@@ -20,8 +20,8 @@ import torch
 
 import parity_tests.kernels.cases as cases_mod
 import parity_tests.kernels.features as feat
-import parity_tests.kernels.measure as measure
-from parity_tests.kernels import inputs
+import parity_tests.kernels.runner as runner
+from parity_tests.kernels import variations
 import parity_tests.kernels.targets as targets
 from parity_tests.kernels.report import Report, find_growth, find_strides
 from parity_tests.common import options, outputs
@@ -40,9 +40,9 @@ def _dtypes(dtypes, device):
     if isinstance(dtypes, str):
         dtypes = [dtypes]
     names = [options.dtype_name(d) for d in dtypes]
-    unknown = [d for d in names if d not in measure.DTYPES]
+    unknown = [d for d in names if d not in runner.DTYPES]
     if unknown or not names:
-        raise ValueError(f"dtypes must be among {', '.join(measure.DTYPES)}; got {', '.join(unknown) or 'none'}")
+        raise ValueError(f"dtypes must be among {', '.join(runner.DTYPES)}; got {', '.join(unknown) or 'none'}")
     return list(dict.fromkeys(names))
 
 
@@ -73,7 +73,7 @@ def _progress_line(name, total, start):
 
 def check(target, *, device="cpu", dtypes=None, tokens=None, head_dims=None, heads=None, batch=None,
           causal="both", align="top-left", layout="bhtd", long=False, seed=0, progress=False,
-          features=None, timeout=measure.DEFAULT_TIMEOUT, merge=False, world_size=None,
+          features=None, timeout=runner.DEFAULT_TIMEOUT, merge=False, world_size=None,
           sharding=("contiguous", "head-tail")):
     """Hold ``target`` (a built-in name, ``"module.path:callable"`` or a callable taking
     ``(q, k, v, *, causal, scale)``) to the float64 reference; returns a `Report`
@@ -84,9 +84,9 @@ def check(target, *, device="cpu", dtypes=None, tokens=None, head_dims=None, hea
     (SDPA's ``is_causal``) or "bottom-right" (FlashAttention's); ``features``: names among
     ``features.FEATURES`` (gqa, value_dim, window, softcap, alibi, bias, sinks, varlen, lse,
     lse_grad, decode, deterministic), each adding its cases on top of the grid; ``timeout``: seconds the
-    target may take on one case (default ``measure.DEFAULT_TIMEOUT``, 0 or None: no limit),
+    target may take on one case (default ``runner.DEFAULT_TIMEOUT``, 0 or None: no limit),
     past which the case FAILS "timed out" -- a pure-Python loop is stopped, one long call
-    into C only when it returns (``measure.time_limit``).
+    into C only when it returns (``runner.time_limit``).
     ``merge=True``: ``target`` is a merge of partial states, ``fn(out_a, lse_a, out_b, lse_b)
     -> (out, lse)``, held to ``numpy_ref.merge_states`` (``parity_tests.kernels.merge``).
 
@@ -129,7 +129,7 @@ def _plan(target, device, dtypes, tokens, head_dims, heads, batch, causal, align
     tgt = targets.resolve(target, device, layout)
     # inputs as kernels meet them, in every run: each class at its own shape, then at the grid's
     shapes = list(dict.fromkeys((c.batch, c.heads, c.tq, c.tk, c.head_dim) for c in grid))
-    classes = inputs.grid_cases(CAUSAL[causal], shapes)
+    classes = variations.grid_cases(CAUSAL[causal], shapes)
     added = [tried[0] for _, tried in classes]
     if wanted:
         feat.require(tgt, wanted)                          # a usage error, before any case runs
@@ -143,7 +143,7 @@ def _plan(target, device, dtypes, tokens, head_dims, heads, batch, causal, align
 
 class CheckPlan(NamedTuple):
     """What a run does: the target, device, dtypes, the cases, the features asked for, and
-    the input classes as ``[(name, [case, fallback, ...])]`` (``inputs.grid_cases``; the
+    the input classes as ``[(name, [case, fallback, ...])]`` (``variations.grid_cases``; the
     first of each is in ``grid``)."""
     target: object
     device: str
@@ -174,7 +174,7 @@ def _refuse_what_does_not_fit(grid, dtypes, device):
     gib = lambda n: f"{n / 2 ** 30:.1f} GiB"
     for case in grid:
         for d in dtypes:
-            parts = measure.case_memory(case, d, device)
+            parts = runner.case_memory(case, d, device)
             for i, (free, where) in enumerate(((host_free, "this machine has"), (device_free, f"{device} has"))):
                 need = sum(p[i] for p in parts.values())
                 if free is not None and need > free:
@@ -199,16 +199,16 @@ BASE_BYTES = 0.4 * 2 ** 30
 
 def estimate(plan):
     """(seconds, peak host bytes, the longest case) a run is expected to take: each case's
-    pairs at SECONDS_PER_PAIR, its memory by ``measure.case_memory`` over BASE_BYTES."""
+    pairs at SECONDS_PER_PAIR, its memory by ``runner.case_memory`` over BASE_BYTES."""
     device, names, grid = plan.device, plan.dtypes, plan.grid
     seconds, peak, longest = 0.0, 0.0, None
     for case in grid:
         pairs = case.batch * case.heads * case.tq * case.tk
-        pairs /= 2 if case.causal and case.tk > measure.dense.LONG_FROM else 1
+        pairs /= 2 if case.causal and case.tk > runner.dense.LONG_FROM else 1
         for d in names:
             s = pairs * SECONDS_PER_PAIR[device]
             seconds += s
-            peak = max(peak, BASE_BYTES + sum(p[0] for p in measure.case_memory(case, d, device).values()))
+            peak = max(peak, BASE_BYTES + sum(p[0] for p in runner.case_memory(case, d, device).values()))
             if longest is None or s > longest[0]:
                 longest = (s, case, d)
     return seconds, peak, longest
@@ -224,7 +224,7 @@ def estimate_line(plan):
             f"(the longest: {case} in {dtype})")
 
 
-def _run(plan, align, seed, progress, timeout=measure.DEFAULT_TIMEOUT, spec=None):
+def _run(plan, align, seed, progress, timeout=runner.DEFAULT_TIMEOUT, spec=None):
     tgt, device, names, wanted = plan.target, plan.device, plan.dtypes, plan.wanted
     work = [(case, d) for d in names for case in plan.grid]
     fallbacks = {tried[0]: (name, tried[1:]) for name, tried in plan.classes}
@@ -264,8 +264,8 @@ def _repro_spec(tgt, spec):
 
 
 def _run_one(tgt, case, dtype, device, align, seed, wanted, timeout):
-    with measure.one_thread_if_small(case, device):
-        return measure.run_case(tgt, case, dtype, device, align, seed, wanted, timeout)
+    with runner.one_thread_if_small(case, device):
+        return runner.run_case(tgt, case, dtype, device, align, seed, wanted, timeout)
 
 
 def _refused(rows):
@@ -339,9 +339,9 @@ def build_parser():
                    help="add one head of D = 64 at T = 16384 and 65536 (docs/check.md#long-cases)")
     p.add_argument("--seed", type=outputs.seed, default=0,
                    help="seed of the inputs drawn, 0 .. 2**32 - 1 (default: 0)")
-    p.add_argument("--timeout", type=_seconds, default=measure.DEFAULT_TIMEOUT, metavar="SECONDS",
+    p.add_argument("--timeout", type=_seconds, default=runner.DEFAULT_TIMEOUT, metavar="SECONDS",
                    help="seconds the target may take on one case before it FAILS 'timed out' "
-                        f"(default: {measure.DEFAULT_TIMEOUT:g}; 0: no limit)")
+                        f"(default: {runner.DEFAULT_TIMEOUT:g}; 0: no limit)")
     p.add_argument("--merge", metavar="module:fn",
                    help="check a merge of partial states fn(out_a, lse_a, out_b, lse_b) -> (out, lse) "
                         "instead of a kernel (docs/serving.md#merging-partial-states)")
@@ -353,7 +353,7 @@ def build_parser():
     p.add_argument("--plot", metavar="DIR", help="write a heat map of each failing tensor's error over its "
                    "bound to DIR")
     p.add_argument("--repro", metavar="DIR", help="shrink each failing cause to its smallest case and write "
-                   "DIR/<cause>/repro.py and inputs.npz (see docs/check.md#handing-a-failure-on)")
+                   "DIR/<cause>/repro.py and variations.npz (see docs/check.md#handing-a-failure-on)")
     p.add_argument("--quiet", "-q", action="store_true", help="print only failing rows and the summary")
     return p
 
@@ -386,7 +386,7 @@ def main(argv=None):
         for name, text in targets.builtin_names(args.device).items():
             print(f"{name:<17} {text}")
         if args.device == "cuda" and "flash" not in targets.builtin_names("cuda"):
-            from parity_tests.kernels.feature_targets import flash_unavailable
+            from parity_tests.kernels.targets.features import flash_unavailable
             print(f"(FlashAttention's {', '.join(targets.FLASH)} skipped: {flash_unavailable()})")
         return 0
     if args.repro is not None and (args.merge or args.world_size is not None):

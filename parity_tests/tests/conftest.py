@@ -63,11 +63,11 @@ def pytest_cmdline_main(config):
 @pytest.fixture
 def without_input_classes(request, monkeypatch):
     """``check`` runs its grid and its features' cases alone, without the input classes every
-    run adds (``kernels.inputs.CLASSES``: strides, a scale, large logits, integers, Tq > Tk, at
+    run adds (``kernels.variations.CLASSES``: strides, a scale, large logits, integers, Tq > Tk, at
     T = 45-77 and D = 40-64): half a small check's cost.  For a default test whose subject is a
     feature, a verdict or a diagnosis on its own small cases; the classes themselves are
     test_check_inputs.py's, every README and docs run keeps them, and so does every ``slow``
     test (the full grids)."""
     if request.node.get_closest_marker("slow") is None:
-        from parity_tests.kernels import inputs
-        monkeypatch.setattr(inputs, "CLASSES", ())
+        from parity_tests.kernels import variations
+        monkeypatch.setattr(variations, "CLASSES", ())

@@ -23,11 +23,18 @@ def _imports(path):
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("parity_tests"):
-            found.add(node.module)
-            found.update(f"{node.module}.{a.name}" for a in node.names)
+            names = [f"{node.module}.{a.name}" for a in node.names]
+            found.update(names)
+            if not all(_is_module(n) for n in names):       # `from room import submodule` needs only those
+                found.add(node.module)
         elif isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.startswith("parity_tests"))
     return found
+
+
+def _is_module(name):
+    path = REPO.joinpath(*name.split("."))
+    return path.with_suffix(".py").exists() or (path / "__init__.py").exists()
 
 
 def _room(module):
@@ -169,8 +176,32 @@ def test_the_architecture_layout_is_the_layout():
     for folder in (ROOT / "tests").iterdir():
         if folder.is_dir() and folder.name != "__pycache__":
             assert f"{folder.name}/" in tests_line, folder.name
-    diagram = next(b for b in _architecture_blocks() if any("kernels/measure.py" in l for l in b))
+    diagram = next(b for b in _architecture_blocks() if any("kernels/runner.py" in l for l in b))
     steps = [l.split()[1] for l in diagram if re.match(r"^\s+\d ", l)]
     assert steps == ["draw", "target", "golden", "baseline", "judge", "diagnosis"]
     for module in re.findall(r"kernels/[\w/]+\.py", "\n".join(diagram)):
         assert (ROOT / module).exists(), module
+
+
+def test_the_layout_names_every_room_of_the_checker_and_every_module_in_it():
+    """kernels/ is a core of modules and rooms (features/, targets/, diagnosis/, merge/,
+    ranks/): the layout block lists each room on its own indented line, and names every
+    module of the core and of each room where it describes them."""
+    layout = next(b for b in _architecture_blocks() if b[0].startswith("numpy_ref/"))
+    start = next(i for i, l in enumerate(layout) if l.startswith("  kernels/"))
+    end = next(i for i in range(start + 1, len(layout)) if re.match(r"^  \S", layout[i]))
+    block = layout[start:end]
+    room_lines = {l.split()[0]: i for i, l in enumerate(block) if re.match(r"^    \S", l)}
+    rooms = sorted(p.name for p in (ROOT / "kernels").iterdir() if (p / "__init__.py").exists())
+    assert sorted(r.rstrip("/") for r in room_lines) == rooms
+    first_room = min(room_lines.values())
+    core = " ".join(block[:first_room])
+    for path in (ROOT / "kernels").glob("*.py"):
+        if path.stem != "__init__":
+            assert re.search(rf"\b{path.stem}\b", core), f"kernels/{path.name} is not in the layout"
+    bounds = sorted(room_lines.values()) + [len(block)]
+    for room, i in room_lines.items():
+        text = " ".join(block[i:bounds[bounds.index(i) + 1]])
+        for path in (ROOT / "kernels" / room).glob("*.py"):
+            if path.stem != "__init__" and room != "features/":      # features/: one module per feature, its own table
+                assert re.search(rf"\b{path.stem}\b", text), f"kernels/{room}{path.name} is not in the layout"

@@ -55,7 +55,7 @@ from functools import partial
 from importlib import import_module
 from itertools import combinations
 
-from parity_tests.kernels import cases, inputs
+from parity_tests.kernels import cases, variations
 
 __all__ = ["Feature", "Input", "FEATURES", "REGISTRY", "INPUTS", "parse_features", "require", "asks",
            "layout", "declared_inputs", "handed_inputs", "differentiated_inputs", "feature_cases", "label", "ordered", "Plan", "help_line"]
@@ -139,8 +139,8 @@ def ordered(values):
 
 def label(name, value):
     feature = REGISTRY.get(name)
-    if feature is None:                                # the grid's own variations (inputs.py)
-        return inputs.label(name, value)
+    if feature is None:                                # the grid's own variations (variations.py)
+        return variations.label(name, value)
     return feature.label(value)
 
 

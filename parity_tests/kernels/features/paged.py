@@ -29,7 +29,7 @@ import torch
 from parity_tests.kernels import dense
 from parity_tests.kernels.cases import Case, case_rng
 from parity_tests.kernels.features import Feature
-from parity_tests.kernels.poisoned import Poisoned
+from parity_tests.kernels.diagnosis.poisoned import Poisoned
 
 KEYWORDS = ("block_table", "cache_seqlens")
 DEFAULT_PAGE = 16           # the page size of the run's own cases, paged

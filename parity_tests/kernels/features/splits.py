@@ -21,7 +21,7 @@ import torch
 from parity_tests.kernels import dense
 from parity_tests.kernels.cases import Case
 from parity_tests.kernels.features import Feature
-from parity_tests.kernels.poisoned import Poisoned
+from parity_tests.kernels.diagnosis.poisoned import Poisoned
 
 COUNTS = (1, 2, 3, 7, 133)
 

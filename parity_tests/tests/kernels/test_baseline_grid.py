@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from parity_tests.common.tolerances import BASELINE_FORMULATIONS
-from parity_tests.kernels import dense, measure
+from parity_tests.kernels import dense, runner
 from parity_tests.kernels.cases import build_grid
-from parity_tests.kernels.inputs import grid_cases
+from parity_tests.kernels.variations import grid_cases
 
 TENSORS = ("out", "lse", "dq", "dk", "dv")
 # Pairs Tq x Tk past which a case runs under slow only (the 2049 x 2049 shape).
@@ -39,15 +39,15 @@ CASES = [pytest.param(case, align, id=f"{case} {align}",
 
 def _both_paths(case, align, dtype, weights, monkeypatch):
     """(golden, written-out result, autograd result) on the case's inputs rounded to ``dtype``."""
-    inputs = measure._rounded(measure.draw(case), dtype)
-    opts = measure.reference_options(case, align, inputs)
+    inputs = runner._rounded(runner.draw(case), dtype)
+    opts = runner.reference_options(case, align, inputs)
     taken = []
     monkeypatch.setattr(dense, "_written_out", lambda *a, _f=dense._written_out: taken.append(1) or _f(*a))
     run = lambda **path: dense.run(inputs["q"], inputs["k"], inputs["v"], inputs["dout"], opts,
-                                   measure.DTYPES[dtype], weights=weights, **path)
+                                   runner.DTYPES[dtype], weights=weights, **path)
     written, autograd = run(), run(autograd=True)
     assert taken == [1], "the written-out path was not taken on plain options"
-    return measure.golden(inputs, opts), written, autograd
+    return runner.golden(inputs, opts), written, autograd
 
 
 @pytest.mark.parametrize("case, align", CASES)

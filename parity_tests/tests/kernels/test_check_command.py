@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from parity_tests import cli
-from parity_tests.kernels import cases, dense, measure
+from parity_tests.kernels import cases, dense, runner
 from parity_tests.common import tolerances as tol
 
 SMALL = ["--tokens", "17,45x77", "--head-dim", "16", "--heads", "2"]
@@ -20,7 +20,7 @@ def test_a_passing_target_exits_0_with_rows_and_json(tmp_path, capsys):
     assert cli.main(["check", "sdpa-math", *SMALL, "--json", str(path)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split()[:5] == ["case", "dtype", "tensor", "error", "baseline"]
-    # (2 lengths x 2 causal + the 7 cases every run draws, inputs.py) x 4 tensors x 2 dtypes
+    # (2 lengths x 2 causal + the 7 cases every run draws, variations.py) x 4 tensors x 2 dtypes
     assert lines[-1].startswith("sdpa-math: 88 rows, 88 pass, 0 FAIL, 0 not supported")
     report = json.loads(path.read_text())
     row = report["rows"][0]
@@ -83,10 +83,10 @@ def _dense(q, k, v, dout, scale, offset):
 
 def test_golden_pads_rows_that_see_no_key_with_zeros():
     case = cases.Case(1, 2, 9, 4, 8, True)            # bottom-right: rows 0..4 see nothing
-    inputs = measure.draw(case)
+    inputs = runner.draw(case)
     q, k, v, dout = (inputs[n] for n in ("q", "k", "v", "dout"))
     offset = case.offset("bottom-right")
-    gold = measure.golden(inputs, measure.reference_options(case, "bottom-right", inputs))
+    gold = runner.golden(inputs, runner.reference_options(case, "bottom-right", inputs))
     assert np.all(gold["out"][..., :5, :] == 0) and np.all(gold["dq"][..., :5, :] == 0)
     want = _dense(q[..., 5:, :], k, v, dout[..., 5:, :], case.scale, offset + 5)
     for got, exp in zip((gold["out"][..., 5:, :], gold["dq"][..., 5:, :], gold["dk"], gold["dv"]), want):
@@ -98,12 +98,12 @@ def test_golden_pads_rows_that_see_no_key_with_zeros():
                                       (("varlen", ((70, 33), (50, 12))),)], ids=str)
 def test_baseline_in_chunks_is_the_dense_computation(features, monkeypatch):
     case = cases.Case(2, 2, 70, 50, 8, True, features)
-    inputs = measure.draw(case, wanted=("lse_grad",))
-    opts = measure.reference_options(case, "bottom-right", inputs)
-    whole = measure.baseline(inputs, opts, "float64", "cpu")
+    inputs = runner.draw(case, wanted=("lse_grad",))
+    opts = runner.reference_options(case, "bottom-right", inputs)
+    whole = runner.baseline(inputs, opts, "float64", "cpu")
     monkeypatch.setattr(dense, "CHUNK_ELEMENTS", 64 * 50 // 4)       # two chunks: 64 rows, then 6
-    chunked = measure.baseline(inputs, opts, "float64", "cpu")
-    gold = measure.golden(inputs, opts)
+    chunked = runner.baseline(inputs, opts, "float64", "cpu")
+    gold = runner.golden(inputs, opts)
     assert set(whole) == set(chunked) == set(gold)
     for n in gold:
         np.testing.assert_allclose(whole[n], gold[n], rtol=1e-12, atol=1e-12, err_msg=n)
@@ -123,10 +123,10 @@ def test_tokens_parse():
 
 
 def test_small_cases_run_on_one_torch_thread_and_the_count_is_restored(monkeypatch):
-    """Below measure.ONE_THREAD_BELOW pairs the whole case (target included) runs on one
+    """Below runner.ONE_THREAD_BELOW pairs the whole case (target included) runs on one
     PyTorch thread; a larger case on the process's own count, restored afterwards."""
     import parity_tests
-    from parity_tests.kernels import measure
+    from parity_tests.kernels import runner
     seen = {}
 
     def fn(q, k, v, *, causal, scale):
@@ -135,7 +135,7 @@ def test_small_cases_run_on_one_torch_thread_and_the_count_is_restored(monkeypat
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        monkeypatch.setattr(measure, "ONE_THREAD_BELOW", 64 * 64)
+        monkeypatch.setattr(runner, "ONE_THREAD_BELOW", 64 * 64)
         assert parity_tests.check(fn, tokens=["17", "64"], head_dims=[16], heads=[1], dtypes=["float32"],
                                   causal="yes").passed
         assert seen[17] == {1} and seen[64] == {2} and torch.get_num_threads() == 2

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 import parity_tests
-from parity_tests.kernels import cases, diagnosis
+from parity_tests.kernels import cases
+from parity_tests.kernels.diagnosis import diagnose
 import crashing_kernels as bad
 
 pytestmark = pytest.mark.usefixtures("without_input_classes")   # (conftest.py)
@@ -14,9 +15,9 @@ ONE = dict(dtypes=["float32"], head_dims=[16], heads=[2], batch=[1])
 
 def test_a_case_of_exactly_dense_limit_pairs_is_diagnosed_densely():
     case = cases.Case(1, 2, 4096, 4096, 1, True)             # B H Tq Tk = 2^25 = DENSE_LIMIT
-    assert case.batch * case.heads * case.tq * case.tk == diagnosis.DENSE_LIMIT
-    assert diagnosis.fits_densely(case)
-    assert not diagnosis.fits_densely(cases.Case(1, 2, 4096, 4097, 1, True))
+    assert case.batch * case.heads * case.tq * case.tk == diagnose.DENSE_LIMIT
+    assert diagnose.fits_densely(case)
+    assert not diagnose.fits_densely(cases.Case(1, 2, 4096, 4097, 1, True))
 
 
 
@@ -77,7 +78,7 @@ PRECISION = {"lower-precision", "grows-with-length"}
 
 def _without(monkeypatch, *ids):
     """The chapter's catalogue without the entries ``ids``: what a kernel matching none reads as."""
-    from parity_tests.kernels import mistakes
+    from parity_tests.kernels.diagnosis import mistakes
     chapter = mistakes.chapter
     monkeypatch.setattr(mistakes, "chapter", lambda ctx: [h for h in chapter(ctx) if h.id not in ids])
 
@@ -93,7 +94,7 @@ def test_a_rescale_left_out_is_never_read_as_a_precision(name, expected, monkeyp
     _without(monkeypatch, expected, "stale-max", "acc-not-rescaled", "split-no-rescale")
     for float64 in ("runs", "refused"):      # refused: its size alone must tell (and its rows, for out)
         if float64 == "refused":
-            monkeypatch.setattr(diagnosis, "_float64_run", lambda ev: "not supported: float64")
+            monkeypatch.setattr(diagnose, "_float64_run", lambda ev: "not supported: float64")
         report = parity_tests.check(kernel, **GROWTH)
         assert report.failures
         for row, d in report.diagnoses:
@@ -148,18 +149,19 @@ def test_a_kernel_in_bfloat16_whatever_its_input_is_still_read_as_bfloat16():
 
 
 def test_a_diagnosis_that_raises_leaves_the_fail_and_says_it_could_not_diagnose(monkeypatch):
-    from parity_tests.kernels import measure, mistakes
+    from parity_tests.kernels import runner
+    from parity_tests.kernels.diagnosis import mistakes
 
     def broken(ctx):
         raise IndexError("planted in the catalogue")
     monkeypatch.setattr(mistakes, "catalogue", broken)
-    monkeypatch.delenv(measure.DIAGNOSIS_RAISES, raising=False)
+    monkeypatch.delenv(runner.DIAGNOSIS_RAISES, raising=False)
     report = parity_tests.check(_times(1.5), tokens=["17"], causal="yes", **ONE)
     assert not report.passed and report.failures
     assert all(r.verdict == "FAIL" for r in report.rows if r.tensor == "out")
     assert {d.sentence for _, d in report.diagnoses} == {"could not diagnose: IndexError: planted in the catalogue"}
     assert len(report.diagnoses) == len(report.failures) and report.diagnosis is None
     assert "could not diagnose: IndexError" in str(report)
-    monkeypatch.setenv(measure.DIAGNOSIS_RAISES, "1")            # the suite's own setting: the defect raises
+    monkeypatch.setenv(runner.DIAGNOSIS_RAISES, "1")            # the suite's own setting: the defect raises
     with pytest.raises(IndexError, match="planted in the catalogue"):
         parity_tests.check(_times(1.5), tokens=["17"], causal="yes", **ONE)

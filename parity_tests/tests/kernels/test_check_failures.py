@@ -138,14 +138,14 @@ def test_timeout_on_the_command_line(capsys):
 
 def test_a_time_limit_leaves_an_outer_alarm_in_place():
     import signal
-    from parity_tests.kernels import measure
+    from parity_tests.kernels import runner
     if not hasattr(signal, "setitimer"):
         pytest.skip("no SIGALRM here")
     fired = []
     previous = signal.signal(signal.SIGALRM, lambda *_: fired.append(True))
     signal.setitimer(signal.ITIMER_REAL, 60.0)
     try:
-        with measure.time_limit(5.0):
+        with runner.time_limit(5.0):
             pass
         remaining, _ = signal.getitimer(signal.ITIMER_REAL)
         assert 50.0 < remaining <= 60.0 and signal.getsignal(signal.SIGALRM) is not signal.SIG_DFL

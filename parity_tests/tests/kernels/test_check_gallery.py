@@ -65,14 +65,14 @@ def test_an_error_growing_with_length_is_named():
 
 
 def test_a_case_too_large_to_recompute_whole_is_diagnosed_on_its_worst_slice(monkeypatch):
-    from parity_tests.kernels import diagnosis, row_block
+    from parity_tests.kernels.diagnosis import diagnose, row_block
     kernel = GALLERY["one_head_wrong"][0]
     grid = {**SMALL, "tokens": ["17"], "heads": [3]}
-    monkeypatch.setattr(diagnosis, "DENSE_LIMIT", 17 * 17)          # one (batch, head) slice fits
+    monkeypatch.setattr(diagnose, "DENSE_LIMIT", 17 * 17)          # one (batch, head) slice fits
     report = parity_tests.check(kernel, causal="yes", **grid)
     assert report.diagnosis == "no-causal-mask"
     assert "judged on (batch, head) (0, 1) alone" in report.failures[0].diagnosis.sentence
-    monkeypatch.setattr(diagnosis, "DENSE_LIMIT", 17 * 17 - 1)      # not even one: a block of its rows
+    monkeypatch.setattr(diagnose, "DENSE_LIMIT", 17 * 17 - 1)      # not even one: a block of its rows
     monkeypatch.setattr(row_block, "MAX_ROWS", 8)
     report = parity_tests.check(kernel, causal="yes", **grid)
     assert report.diagnosis == "no-causal-mask"

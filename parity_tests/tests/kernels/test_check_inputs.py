@@ -1,4 +1,4 @@
-"""Inputs as kernels meet them (``kernels/inputs.py``), and what a kernel must not do:
+"""Inputs as kernels meet them (``kernels/variations.py``), and what a kernel must not do:
 each kernel here is right but for one thing the grid's plain cases never show."""
 
 import pytest

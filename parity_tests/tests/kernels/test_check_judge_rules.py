@@ -10,10 +10,10 @@ import torch
 
 import parity_tests
 from parity_tests.common import tolerances as tol
-from parity_tests.kernels import inputs, measure, targets
+from parity_tests.kernels import runner, targets, variations
 from parity_tests.kernels.cases import Case, case_rng
 from parity_tests.kernels.features import REGISTRY
-from parity_tests.kernels.diagnosis import Diagnosis
+from parity_tests.kernels.diagnosis.diagnose import Diagnosis
 from parity_tests.kernels.report import Row, find_growth, find_strides
 from check_gallery import GALLERY
 from crashing_kernels import sdpa
@@ -23,7 +23,7 @@ SMALL = Case(1, 2, 17, 17, 16, True)
 
 
 def _rows(fn, case, dtype="float32", wanted=(), align="top-left"):
-    return {r.tensor: r for r in measure.run_case(targets.resolve(fn), case, dtype, "cpu", align=align,
+    return {r.tensor: r for r in runner.run_case(targets.resolve(fn), case, dtype, "cpu", align=align,
                                                   wanted=tuple(wanted))}
 
 
@@ -80,11 +80,11 @@ def test_an_input_class_run_in_one_dtype_is_no_gap_and_classes_keep_the_runs_mas
     report = parity_tests.check(float32_at_d40_only, tokens=["17"], head_dims=[16], heads=[2], batch=[1],
                                 dtypes=["float32", "bfloat16"], causal="no")
     assert report.passed, str(report)
-    assert len(report.gaps) == len(inputs.CLASSES) - 1, report.gaps
+    assert len(report.gaps) == len(variations.CLASSES) - 1, report.gaps
     assert not any(g.startswith("q, k, v rows padded past D") for g in report.gaps), report.gaps
     assert not any(r.dims["causal"] for r in report.rows)
     for causal in ((True,), (False,)):
-        assert all(c.causal in causal for _, tried in inputs.grid_cases(causal, [(1, 2, 17, 17, 16)]) for c in tried)
+        assert all(c.causal in causal for _, tried in variations.grid_cases(causal, [(1, 2, 17, 17, 16)]) for c in tried)
 
 
 def test_ignoring_strides_is_named_only_when_a_contiguous_case_passed():

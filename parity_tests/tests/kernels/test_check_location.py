@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import parity_tests
-from parity_tests.kernels.location import locate
+from parity_tests.kernels.diagnosis.location import locate
 from crashing_kernels import sdpa
 
 

@@ -12,7 +12,10 @@ import pytest
 import torch
 
 import parity_tests
-from parity_tests.kernels import cases, check_split, dense, diagnosis, measure, row_block, targets
+from parity_tests.kernels import cases, dense, targets
+from parity_tests.kernels.diagnosis import diagnose
+from parity_tests.kernels import runner, time_split
+from parity_tests.kernels.diagnosis import row_block
 from check_gallery import GALLERY
 
 ONE = dict(tokens=["256"], heads=[1], batch=[1], head_dims=[64], dtypes=["float32"], causal="yes")
@@ -33,7 +36,7 @@ def mask_one_future(q, k, v, *, causal, scale):
 @pytest.fixture
 def rows_only(monkeypatch):
     """A (256, 256) slice is too large to recompute whole: blocks of 64 query rows."""
-    monkeypatch.setattr(diagnosis, "DENSE_LIMIT", 256 * 256 - 1)
+    monkeypatch.setattr(diagnose, "DENSE_LIMIT", 256 * 256 - 1)
     monkeypatch.setattr(row_block, "MAX_ROWS", 64)
 
 
@@ -81,13 +84,13 @@ def test_the_block_is_centred_on_the_worst_row_and_stays_inside_the_case():
 def test_a_case_carries_its_time_split_and_the_parts_add_up():
     case = cases.Case(1, 1, 128, 128, 64, True)
     start = time.perf_counter()
-    rows = measure.run_case(targets.resolve(no_scale), case, "float32", "cpu")
+    rows = runner.run_case(targets.resolve(no_scale), case, "float32", "cpu")
     wall = time.perf_counter() - start
     split = rows[0].split
     assert all(r.split is split for r in rows) and rows[0].failed
     assert set(split) == {"target", "baseline", "golden", "diagnosis", "other", "wall"}
     assert all(split[p] > 0 for p in ("target", "baseline", "golden", "diagnosis"))
-    assert math.isclose(sum(split[p] for p in measure.SPLIT_PARTS) + split["other"], split["wall"], rel_tol=1e-9)
+    assert math.isclose(sum(split[p] for p in runner.SPLIT_PARTS) + split["other"], split["wall"], rel_tol=1e-9)
     assert split["wall"] <= wall
     assert rows[0].as_dict()["split"]["diagnosis"] == split["diagnosis"]
 
@@ -95,8 +98,8 @@ def test_a_case_carries_its_time_split_and_the_parts_add_up():
 def test_a_parts_time_is_the_sum_of_its_blocks(monkeypatch):
     # the target is called up to three times a case (first, determinism repeat, fresh inputs)
     ticks = iter([0.0, 1.0, 3.0, 10.0, 14.0, 20.0, 25.0, 30.0])
-    monkeypatch.setattr(measure, "time", type("Clock", (), {"perf_counter": staticmethod(lambda: next(ticks))}))
-    split = measure.Split()
+    monkeypatch.setattr(runner, "time", type("Clock", (), {"perf_counter": staticmethod(lambda: next(ticks))}))
+    split = runner.Split()
     for part in ("target", "target", "golden"):
         with split(part):
             pass
@@ -111,9 +114,9 @@ def test_at_16384_tokens_a_planted_mistake_is_named(kernel, expected):
     # its time beside a passing check's of the same case is printed, not asserted
     case = cases.Case(1, 1, 16384, 16384, 64, True)
     timed = {}
-    for name, target in (("pass", check_split.sdpa), ("fail", kernel)):
+    for name, target in (("pass", time_split.sdpa), ("fail", kernel)):
         start = time.perf_counter()
-        rows = {r.tensor: r for r in measure.run_case(targets.resolve(target), case, "float32", "cpu",
+        rows = {r.tensor: r for r in runner.run_case(targets.resolve(target), case, "float32", "cpu",
                                                       timeout=None)}
         timed[name] = time.perf_counter() - start
         if name == "pass":
@@ -208,16 +211,16 @@ def _forward_predictions(case, wanted, rows=None):
     """{(id, n-th of that id): out} of each catalogued mistake on ``case``, recomputed on the
     whole case or (``rows`` = (first, end)) on that block of query rows alone, as
     ``row_block.on_rows`` hands it to the catalogue."""
-    from parity_tests.kernels import mistakes
+    from parity_tests.kernels.diagnosis import mistakes
     align = case.align or "top-left"
-    inputs = measure._rounded(measure.draw(case, 0, wanted), "float32")
-    opts = measure.reference_options(case, align, inputs)
-    gold = measure.golden(inputs, opts, grads=False)
+    inputs = runner._rounded(runner.draw(case, 0, wanted), "float32")
+    opts = runner.reference_options(case, align, inputs)
+    gold = runner.golden(inputs, opts, grads=False)
     first, end = rows or (0, case.tq)
     cut = lambda a: a[:, :, first:end]
     q, k, v, dout = inputs["q"], inputs["k"], inputs["v"], inputs["dout"]
     ctx = mistakes.Context(case, align, (cut(q), k, v, cut(dout)), None, opts, {n: cut(a) for n, a in gold.items()},
-                           diagnosis.judged, wanted, rows=None if rows is None else (first, case.tq))
+                           diagnose.judged, wanted, rows=None if rows is None else (first, case.tq))
     seen, out = {}, {}
     for hyp in mistakes.catalogue(ctx):
         if "out" in hyp.tensors and hyp.id not in mistakes.whole_case(case):

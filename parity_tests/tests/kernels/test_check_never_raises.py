@@ -8,7 +8,8 @@ from itertools import combinations
 
 import pytest
 
-from parity_tests.kernels import diagnosis, row_block, run
+from parity_tests.kernels import run
+from parity_tests.kernels.diagnosis import diagnose, row_block
 from parity_tests.kernels.cases import Case, case_rng
 from parity_tests.kernels.features import FEATURES, REGISTRY, parse_features
 import every_mistake
@@ -51,7 +52,7 @@ def as_if(size, monkeypatch):
         monkeypatch.setattr(row_block, "MAX_ROWS", 8)
         monkeypatch.setattr(row_block, "MIN_ROWS", 8)
     if size == "rows":
-        monkeypatch.setattr(diagnosis, "DENSE_LIMIT", 1)
+        monkeypatch.setattr(diagnose, "DENSE_LIMIT", 1)
 
 
 def check_mistakes(names, features):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import parity_tests
-from parity_tests.kernels import dense, measure
+from parity_tests.kernels import dense, runner
 from parity_tests.kernels.cases import Case
 from parity_tests.kernels.features import REGISTRY, Plan
 from feature_gallery import attend, kernel
@@ -32,11 +32,11 @@ def test_a_plain_case_is_judged_the_same_with_and_without_features():
 
 def test_inputs_are_seeded_by_the_case_fields_not_its_label(monkeypatch):
     case = Case(1, 2, 5, 7, 8, True, (("window", (2, 1)),))
-    before = measure.draw(case, seed=3)
+    before = runner.draw(case, seed=3)
     monkeypatch.setattr(Case, "__str__", lambda self: "renamed")
-    after = measure.draw(case, seed=3)
+    after = runner.draw(case, seed=3)
     assert all(np.array_equal(before[n], after[n]) for n in before)
-    assert not np.array_equal(measure.draw(case, seed=4)["q"], before["q"])
+    assert not np.array_equal(runner.draw(case, seed=4)["q"], before["q"])
 
 
 def _stale(**knobs):
@@ -111,7 +111,7 @@ def test_every_feature_case_is_seeded_and_labelled_apart():
     plan = Plan(seed=0, takes_align=True)
     cases = [c for f in REGISTRY.values() for cz in (True, False) for c in f.cases(cz, plan)]
     assert len({str(c) for c in cases}) == len(cases)
-    assert len({measure.draw(c)["q"].tobytes() for c in cases}) == len(cases)
+    assert len({runner.draw(c)["q"].tobytes() for c in cases}) == len(cases)
 
 
 @pytest.mark.parametrize("align", ["top-left", "bottom-right"])

@@ -13,7 +13,7 @@ import torch
 
 import parity_tests
 from parity_tests import cli
-from parity_tests.kernels import measure, repro, targets
+from parity_tests.kernels import repro, runner, targets
 from parity_tests.kernels.cases import Case
 from parity_tests.kernels.report import Report
 
@@ -114,7 +114,7 @@ def _assert_small_script(found):
 def _one_case_report(spec, case, dtype="float32"):
     """The report of one case of ``spec`` (what ``check`` gives, without its whole grid)."""
     target = targets.resolve(spec)
-    rows = measure.run_case(target, case, dtype, "cpu")
+    rows = runner.run_case(target, case, dtype, "cpu")
     return Report(target.name, rows, context={"target": target, "spec": spec, "align": "top-left", "seed": 0,
                                               "wanted": (), "timeout": None})
 

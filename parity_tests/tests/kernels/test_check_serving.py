@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import parity_tests
-from parity_tests.kernels import cases, measure, row_block, targets
+from parity_tests.kernels import cases, runner, targets
+from parity_tests.kernels.diagnosis import row_block
 from parity_tests.kernels.features import REGISTRY, Plan
 import serving_examples as ex
 
@@ -35,7 +36,7 @@ def _own_cases(feature, fn, causal=True):
 
 
 def _run(fn, case, feature, dtype="float32"):
-    return measure.run_case(targets.resolve(fn), case, dtype, "cpu", wanted=(feature,))
+    return runner.run_case(targets.resolve(fn), case, dtype, "cpu", wanted=(feature,))
 
 
 def _nothing_unread_is_finite(k_cache, v_cache, block_table, cache_seqlens):

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from numpy_ref import reference_attention
-from parity_tests.kernels import rank_diagnosis, rank_world
+from parity_tests.kernels.ranks import diagnosis as rank_diagnosis
+from parity_tests.kernels.ranks import world as rank_world
 from parity_tests.kernels.cases import Case
 from parity_tests.kernels.ranks import check_ranks, shard_positions
 from examples import ring_attention

@@ -268,7 +268,7 @@ class WrongResult(Exception):
 
 def _target(fn):
     if isinstance(fn, str):                              # a built-in, by name
-        from parity_tests.kernels import rank_targets
+        from parity_tests.kernels.ranks import builtin as rank_targets
         return rank_targets.builtin(fn)
     return fn
 

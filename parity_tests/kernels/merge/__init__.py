@@ -36,7 +36,7 @@ from numpy_ref import merge as ref
 from parity_tests.common import options, outputs
 from parity_tests.common import tolerances as tol
 from parity_tests.kernels import targets
-from parity_tests.kernels.merge_diagnosis import bad_entries, diagnose_case
+from parity_tests.kernels.merge.diagnosis import bad_entries, diagnose_case
 from parity_tests.kernels.report import Report
 from parity_tests.kernels.row import Row
 

@@ -27,7 +27,7 @@ import math
 import numpy as np
 
 from numpy_ref import merge as ref
-from parity_tests.kernels.diagnosis import Diagnosis, MATCH_SHARE
+from parity_tests.kernels.diagnosis.diagnose import Diagnosis, MATCH_SHARE
 
 __all__ = ["diagnose_case", "bad_entries", "base2_prediction", "unnormalised_prediction",
            "naive_bad_rows"]

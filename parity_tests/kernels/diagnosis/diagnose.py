@@ -50,9 +50,10 @@ import numpy as np
 import torch
 
 from parity_tests.common import tolerances as tol
-import parity_tests.kernels.mistakes as mistakes
-from parity_tests.kernels import dense, poisoned, row_block
-from parity_tests.kernels.location import locate, ranges
+import parity_tests.kernels.diagnosis.mistakes as mistakes
+from parity_tests.kernels import dense
+from parity_tests.kernels.diagnosis import poisoned, row_block
+from parity_tests.kernels.diagnosis.location import locate, ranges
 from parity_tests.kernels.features import INPUTS
 
 __all__ = ["Diagnosis", "Evidence", "diagnose", "slice_errors", "DENSE_LIMIT"]
@@ -128,7 +129,7 @@ class Diagnosis:
 
 @dataclass
 class Evidence:
-    """Everything one failing case offers its diagnosis (``measure.run_case`` fills it)."""
+    """Everything one failing case offers its diagnosis (``runner.run_case`` fills it)."""
     case: object
     align: str
     dtype: str

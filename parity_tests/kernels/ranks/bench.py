@@ -1,4 +1,4 @@
-"""Where the time of a check across ranks goes: ``python -m parity_tests.kernels.rank_bench``.
+"""Where the time of a check across ranks goes: ``python -m parity_tests.kernels.ranks.bench``.
 
 One causal case per length (one head of one sequence, D 64, head-tail sharding, float32),
 through ``check_ranks``, split into: starting the ranks; the ranks' compute (the slower

@@ -39,11 +39,10 @@ import torch
 
 from parity_tests.common import heap
 from parity_tests.common import tolerances as tol
-import parity_tests.kernels.diagnosis as diagnosis
-from parity_tests.kernels.diagnosis import judged
+from parity_tests.kernels.diagnosis import diagnose
+from parity_tests.kernels.diagnosis.diagnose import judged
 import parity_tests.kernels.targets as targets
-from parity_tests.kernels import dense
-from parity_tests.kernels import inputs as inputs_mod
+from parity_tests.kernels import dense, variations
 from parity_tests.kernels.call import Caller, DTYPES, DEFAULT_TIMEOUT, time_limit      # noqa: F401
 from parity_tests.kernels.cases import case_rng
 from parity_tests.kernels.features import INPUTS, REGISTRY, asks, differentiated_inputs
@@ -53,7 +52,7 @@ from parity_tests.kernels.row import Row
 __all__ = ["run_case", "DTYPES", "DEFAULT_TIMEOUT", "time_limit", "case_memory", "draw", "judged",
            "tensor_errors", "golden", "baseline", "Split", "SPLIT_PARTS"]
 
-GRADS = diagnosis.GRADS
+GRADS = diagnose.GRADS
 
 
 # ----------------------------------------------------------------------------
@@ -71,7 +70,7 @@ def draw(case, seed=0, wanted=(), fresh=False):
               "dout": rng.standard_normal((b, h, case.tq, case.dv))}
     if asks(wanted, "lse_gradient") and not case.forward_only:
         inputs["dlse"] = rng.standard_normal((b, h, case.tq))
-    inputs_mod.draw(case, rng, inputs)
+    variations.draw(case, rng, inputs)
     for name, value in case.features:
         if name in REGISTRY:
             REGISTRY[name].draw(case, value, rng, inputs)
@@ -116,7 +115,7 @@ def case_memory(case, dtype, device):
     ``chunk_rows`` per (batch, head)); target -- its output and gradients, and their
     float64 copies.  Not counted: the target's own workspace (a kernel that forms the
     (Tq, Tk) scores adds B H Tq Tk elements per array it keeps) and a failing case's
-    diagnosis (bounded by ``diagnosis.DENSE_LIMIT``, or a block of rows: ``row_block``).
+    diagnosis (bounded by ``diagnose.DENSE_LIMIT``, or a block of rows: ``row_block``).
     """
     size = torch.empty((), dtype=DTYPES[dtype]).element_size()
     bh, d = case.batch * case.heads, max(case.head_dim, case.dv)
@@ -324,7 +323,7 @@ def _run_case(split, target, case, dtype, device, align, seed, wanted, timeout):
         for n in f.tensors:
             if n in rows:
                 rows[n].verdict = "FAIL"
-                rows[n].diagnosis = diagnosis.Diagnosis(f.id, f"{n}: {f.sentence}")
+                rows[n].diagnosis = diagnose.Diagnosis(f.id, f"{n}: {f.sentence}")
                 if n in failing:
                     failing.remove(n)
     yardstick = _yardstick(case, dtype, device, case_align, rounded, timeout, gold, den)
@@ -345,7 +344,7 @@ def _run_case(split, target, case, dtype, device, align, seed, wanted, timeout):
                 if n not in failing:
                     failing.append(n)
     if failing:
-        evidence = diagnosis.Evidence(case, case_align, dtype, device, wanted, rounded, opts, gold, gold_raw,
+        evidence = diagnose.Evidence(case, case_align, dtype, device, wanted, rounded, opts, gold, gold_raw,
                                       den, bounds, arrays, got, second, caller, logits,
                                       lambda low: baseline(rounded, opts, low, device, not case.forward_only))
         with split("diagnosis"):
@@ -360,14 +359,14 @@ DIAGNOSIS_RAISES = "PARITY_DIAGNOSIS_RAISES"
 
 
 def _diagnose(failing, rows, evidence):
-    """``diagnosis.diagnose``, its failure written on each failing row (`DIAGNOSIS_RAISES`)."""
+    """``diagnose.diagnose``, its failure written on each failing row (`DIAGNOSIS_RAISES`)."""
     try:
-        diagnosis.diagnose(failing, rows, evidence)
+        diagnose.diagnose(failing, rows, evidence)
     except Exception as e:
         if os.environ.get(DIAGNOSIS_RAISES) == "1":
             raise
         for n in failing:
-            rows[n].diagnosis = diagnosis.Diagnosis("not-diagnosed", f"could not diagnose: {type(e).__name__}: {e}")
+            rows[n].diagnosis = diagnose.Diagnosis("not-diagnosed", f"could not diagnose: {type(e).__name__}: {e}")
 
 
 def _random(case):
@@ -414,7 +413,7 @@ def _yardstick(case, dtype, device, align, rounded, timeout, gold, den):
     """(seconds, {"out": error}) of PyTorch's SDPA's forward on the same case, or None where
     SDPA cannot express the case: what each row's time and out's error are set beside (never
     a verdict)."""
-    from parity_tests.kernels.feature_targets import SDPA_FEATURES
+    from parity_tests.kernels.targets.features import SDPA_FEATURES
     features = {n for n, _ in case.features if n in REGISTRY}
     if not features <= SDPA_FEATURES or _random(case):      # SDPA's own draw: not the kernel's
         return None
@@ -457,7 +456,7 @@ MUST_NOT = (("the kernel wrote into", "wrote-into-input"), ("returned the previo
 def _named_failure(reason):
     for words, hid in MUST_NOT:
         if words in reason:
-            return diagnosis.Diagnosis(hid, reason)
+            return diagnose.Diagnosis(hid, reason)
     return None
 
 

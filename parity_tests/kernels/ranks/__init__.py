@@ -6,14 +6,14 @@ on CPU, NCCL on CUDA), and for each case:
 1. draws q, k, v, dO in float64 and rounds them to the tested dtype once;
 2. computes the golden result once (``numpy_ref.reference_attention``, float64,
    blockwise, O(T) memory) and the baseline (the plain PyTorch computation of the whole
-   sequence in the tested dtype: ``measure.baseline``, the check's one dense formula);
+   sequence in the tested dtype: ``runner.baseline``, the check's one dense formula);
 3. gives rank r its shard along the sequence (`shard_positions`): *contiguous*, rows
    ``[r T / N, (r + 1) T / N)``, or *head-tail* (zig-zag), the sequence cut into 2N
    chunks and rank r holding chunks r and 2N - 1 - r, which balances causal work;
 4. each rank calls ``fn(q, k, v, *, causal, scale, group, q_positions, k_positions)``
    (global row indices, int64) on its shard, backpropagates its shard of dO, and sends
    back out (and lse), dq, dk, dv for its rows;
-5. the parent puts them back in global order and judges each tensor as ``measure`` does:
+5. the parent puts them back in global order and judges each tensor as ``runner`` does:
    error against the golden result <= ``tolerances.check_bound(dtype, baseline error)``,
    one `Row` per tensor, the case label naming the world size and the sharding.
    A failing tensor is located by rank and key range and tested against the mistakes
@@ -35,9 +35,10 @@ import torch
 
 from parity_tests.common import options
 from parity_tests.common import tolerances as tol
-import parity_tests.kernels.measure as measure
-import parity_tests.kernels.rank_diagnosis as rank_diagnosis
-from parity_tests.kernels import rank_world, targets
+import parity_tests.kernels.runner as runner
+import parity_tests.kernels.ranks.diagnosis as rank_diagnosis
+from parity_tests.kernels import targets
+from parity_tests.kernels.ranks import world as rank_world
 from parity_tests.kernels.cases import Case
 from parity_tests.kernels.report import Report
 from parity_tests.kernels.row import Row
@@ -87,14 +88,14 @@ def _label(case, world_size, sharding):
 
 
 def _inputs(case, seed, dtype):
-    """The case's q, k, v, dout rounded to ``dtype`` (``measure.draw``: seeded by the case's fields)."""
-    drawn = measure.draw(case, seed)
-    return {n: torch.from_numpy(drawn[n]).to(measure.DTYPES[dtype]).to(torch.float64).numpy()
+    """The case's q, k, v, dout rounded to ``dtype`` (``runner.draw``: seeded by the case's fields)."""
+    drawn = runner.draw(case, seed)
+    return {n: torch.from_numpy(drawn[n]).to(runner.DTYPES[dtype]).to(torch.float64).numpy()
             for n in ("q", "k", "v", "dout")}
 
 
 def _denominators(gold):
-    den = measure.denominators(gold)
+    den = runner.denominators(gold)
     if "lse" in gold:
         den["lse"] = max(1.0, float(np.abs(gold["lse"]).max(initial=0.0)))
     return den
@@ -133,9 +134,9 @@ def _dtypes(dtypes, device):
     if dtypes is None:
         return ["float32", "bfloat16"]
     names = [options.dtype_name(d) for d in ([dtypes] if isinstance(dtypes, str) else dtypes)]
-    bad = [d for d in names if d not in measure.DTYPES]
+    bad = [d for d in names if d not in runner.DTYPES]
     if bad or not names:
-        raise ValueError(f"dtypes must be among {', '.join(measure.DTYPES)}; got {', '.join(bad) or 'none'}")
+        raise ValueError(f"dtypes must be among {', '.join(runner.DTYPES)}; got {', '.join(bad) or 'none'}")
     return list(dict.fromkeys(names))
 
 
@@ -180,7 +181,7 @@ def _features(features, fn, name):
 
 def _target(fn, device):
     """``(name, what each rank receives)``: a callable sent by reference, or a built-in's name."""
-    from parity_tests.kernels import rank_targets
+    from parity_tests.kernels.ranks import builtin as rank_targets
     if isinstance(fn, str) and fn in rank_targets.BUILTINS:
         rank_targets.available(fn, device)               # ValueError, with the reason, when not here
         return fn, fn, rank_targets.builtin(fn)
@@ -308,12 +309,12 @@ def _run_case(ranks, name, sent, case, dtype, device, shardings, wanted, seed, t
     wants_lse = "lse" in wanted
     inputs = _inputs(case, seed, dtype)
     rounded = [inputs[n] for n in ("q", "k", "v", "dout")]
-    opts = measure.reference_options(case, "top-left", inputs)
+    opts = runner.reference_options(case, "top-left", inputs)
     names = ["out"] + (["lse"] if wants_lse else []) + ["dq", "dk", "dv"]
     t0 = time.perf_counter()
-    gold = measure.golden(inputs, opts)
+    gold = runner.golden(inputs, opts)
     t1 = time.perf_counter()
-    base = measure.baseline(inputs, opts, dtype, device)
+    base = runner.baseline(inputs, opts, dtype, device)
     times["golden"] += t1 - t0
     times["baseline"] += time.perf_counter() - t1
     unjudged = ~np.isfinite(gold["lse"])                     # rows that see no key
@@ -322,7 +323,7 @@ def _run_case(ranks, name, sent, case, dtype, device, shardings, wanted, seed, t
             part["lse"] = np.where(unjudged, 0.0, part["lse"])
     gold = {n: gold[n] for n in names}
     den = _denominators(gold)
-    base_err = {n: measure.tensor_errors(_four(base[n]), _four(gold[n]), den[n])[0] for n in names}
+    base_err = {n: runner.tensor_errors(_four(base[n]), _four(gold[n]), den[n])[0] for n in names}
     bounds = {n: tol.check_bound(dtype, base_err[n]) for n in names}
     rows = []
     for sharding in shardings:
@@ -357,7 +358,7 @@ def _judge(row, got, gold, den, bounds, names, rounded, case, positions, shardin
     owner = rank_diagnosis.owners(positions)
     rows, failing = {}, []
     for n in names:
-        err, where = measure.tensor_errors(_four(got[n]), _four(gold[n]), den[n])[:2]
+        err, where = runner.tensor_errors(_four(got[n]), _four(gold[n]), den[n])[:2]
         ok = err <= bounds[n]
         rows[n] = row(n, error=err, verdict="pass" if ok else "FAIL", where=where,
                       note="" if ok or where is None else f"rank {owner[where[2]]}")

@@ -28,9 +28,9 @@ hypothesis that predicts no failure of the tensor is not claimed.
 import numpy as np
 import torch
 
-from parity_tests.kernels import measure
+from parity_tests.kernels import runner
 from parity_tests.kernels.dense import sees
-from parity_tests.kernels.diagnosis import Diagnosis, explains
+from parity_tests.kernels.diagnosis.diagnose import Diagnosis, explains
 
 __all__ = ["owners", "chunks", "simulate", "diagnose", "HYPOTHESES", "DENSE_LIMIT"]
 
@@ -245,15 +245,15 @@ def _failing_ranks(a, ref, denom, bound, positions):
 
 
 def _best(n, a, ref, denom, bound, predictions, owner, positions, case):
-    err = measure.tensor_errors(_four(a), _four(ref), denom)[0]
+    err = runner.tensor_errors(_four(a), _four(ref), denom)[0]
     _, where = locate(n, a, ref, denom, positions)
     failing = _failing_ranks(a, ref, denom, bound, positions)
     best, closest = None, None
     for hid, (title, pred) in predictions.items():
-        pred_err, pred_where = measure.tensor_errors(_four(pred[n]), _four(ref), denom)[:2]
+        pred_err, pred_where = runner.tensor_errors(_four(pred[n]), _four(ref), denom)[:2]
         if pred_err <= bound:
             continue                                   # it predicts no failure of this tensor
-        residual = measure.tensor_errors(_four(a), _four(pred[n]), denom)[0]
+        residual = runner.tensor_errors(_four(a), _four(pred[n]), denom)[0]
         same_place = _failing_ranks(pred[n], ref, denom, bound, positions) == failing
         same_size = 0.5 <= pred_err / err <= 2.0
         entry = (residual, hid, title, pred_err, pred_where)
