@@ -128,6 +128,15 @@ class Case:
                 "features": [n for n, _ in self.features]}
 
 
+def halvings(n):
+    """n // 2, n // 4, ..., 1, smallest first: the sizes a shrunk case tries."""
+    out = []
+    while n > 1:
+        n //= 2
+        out.append(n)
+    return sorted(set(out))
+
+
 def case_rng(seed, case, *salt):
     """A generator fixed by the seed and the case's fields (never by its label)."""
     key = repr((seed,) + astuple(case) + salt)

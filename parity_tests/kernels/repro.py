@@ -36,6 +36,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 import parity_tests.kernels.runner as runner
+from parity_tests.kernels.cases import halvings
 from parity_tests.kernels.features import REGISTRY, asks, handed_inputs
 from parity_tests.kernels.variations import STRIDE_PAD
 from parity_tests.kernels.targets import SDPA_BACKENDS
@@ -155,26 +156,17 @@ class _Trial:
         return found == self.cause or found in RUN_WIDE.get(self.cause, ())
 
 
-def _halvings(n):
-    """n // 2, n // 4, ..., 1, smallest first."""
-    out = []
-    while n > 1:
-        n //= 2
-        out.append(n)
-    return sorted(set(out))
-
-
-def _resized(case, **sizes):
-    """``case`` with new sizes (batch, heads, tq, tk, head_dim, gqa) and each feature's value
-    made to fit them (``Feature.fit``: a bias's shape, varlen's and paged's lengths)."""
-    new = replace(case, **{k: v for k, v in sizes.items() if k != "gqa"})
-    if "gqa" in sizes:
-        new = new.with_feature("gqa", sizes["gqa"])
+def _resized(case, values=(), **sizes):
+    """``case`` with new sizes (batch, heads, tq, tk, head_dim), the features' new ``values``,
+    and each feature's value made to fit them (``Feature.fit``: a bias's shape, varlen's and
+    paged's lengths, GQA's kv heads); None when one cannot fit."""
+    new, values = replace(case, **sizes), dict(values)
     for name, value in case.features:
         if name in REGISTRY:
-            new = new.with_feature(name, REGISTRY[name].fit(new, value))
-    if new.get("gqa") is not None and (new.heads % new.hkv or new.hkv > new.heads):
-        return None
+            fitted = REGISTRY[name].fit(new, values.get(name, value))
+            if fitted is None:
+                return None
+            new = new.with_feature(name, fitted)
     return new
 
 
@@ -215,18 +207,18 @@ def _lengths(trial, case):
     joint = [_resized(case, tq=max(1, case.tq >> s), tk=max(1, case.tk >> s)) for s in range(k, 0, -1)]
     case, lost = _smallest(trial, case, joint)
     for size in ("tq", "tk"):
-        case, lost = _smallest(trial, case, [_resized(case, **{size: n}) for n in _halvings(getattr(case, size))])
+        case, lost = _smallest(trial, case, [_resized(case, **{size: n}) for n in halvings(getattr(case, size))])
         case = _bisect(trial, case, lost, size)
     return case
 
 
 def _heads(trial, case):
-    if case.get("gqa") is None:
-        return _smallest(trial, case, [_resized(case, heads=h) for h in _halvings(case.heads)])[0]
-    group = case.heads // case.hkv
-    pairs = sorted({(kv * g, -g, kv) for kv in _halvings(case.hkv) + [case.hkv]
-                    for g in _halvings(group) + [group]} - {(case.heads, -group, case.hkv)})
-    return _smallest(trial, case, [_resized(case, heads=h, gqa=kv) for h, _, kv in pairs])[0]
+    """Fewer heads, smallest first, as the case's features allow (``Feature.head_counts``)."""
+    counts = [(h, {}) for h in halvings(case.heads)]
+    for name, value in case.features:
+        if name in REGISTRY and REGISTRY[name].head_counts is not None:
+            counts = [(h, {name: v}) for h, v in REGISTRY[name].head_counts(case, value)]
+    return _smallest(trial, case, [_resized(case, values, heads=h) for h, values in counts])[0]
 
 
 def _features(trial, case):
@@ -255,7 +247,7 @@ def shrink(target, case, tensor, cause, dtype, device, align="top-left", seed=0,
         before = case                         # out may let the heads or lengths go
         if not keep_lengths:
             case = _lengths(trial, case)
-        case = _smallest(trial, case, [_resized(case, batch=b) for b in _halvings(case.batch)])[0]
+        case = _smallest(trial, case, [_resized(case, batch=b) for b in halvings(case.batch)])[0]
         case = _heads(trial, case)
         case = _smallest(trial, case, [_resized(case, head_dim=d) for d in HEAD_DIMS if d < case.head_dim])[0]
         case = _features(trial, case)

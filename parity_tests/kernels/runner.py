@@ -17,7 +17,8 @@ its features add (``features/<name>.py``).  For each case:
    criterion), each held to ``tolerances.check_bound`` of the baseline's, the
    cosine with the reference, where the largest error sits.  lse is judged on the
    rows that see a key (kernels store −inf, +inf or 0 on the others, never NaN);
-   with ALiBi, FlashAttention's causal form of lse is accepted as well.
+   another form a feature declares (``Feature.lse_form``: ALiBi's in FlashAttention) is
+   accepted as well.
 5. Beside the verdict: SDPA's forward on the same case (out's error, the time), where
    SDPA expresses the case.
 6. ``deterministic``: the case runs twice, every tensor must be bitwise equal.
@@ -175,14 +176,6 @@ def denominators(gold):
 
 # ----------------------------------------------------------------------------
 # The case runner
-
-def _alibi_fa_form(gold_lse, case, align, slopes):
-    """lse in FlashAttention's causal ALiBi form: + slope_h · (i + offset) per row."""
-    lens = case.seqlens or (None, None)
-    offs = np.array(dense.offsets(case.tq, case.tk, lens[0], lens[1], align, case.batch))
-    i = np.arange(case.tq)[None, None, :] + offs[:, None, None]                  # (B, 1, Tq)
-    return gold_lse + np.asarray(slopes)[None, :, None] * i
-
 
 class Split:
     """Where one case's wall time goes: ``with split("golden"): ...`` adds that block's
@@ -378,7 +371,7 @@ def _judge(n, value, gold, bases, den, zero, dtype, logits, unjudged, case, alig
     """(row, bound, the target's judged array or None) of tensor ``n``: max and mean error
     against the golden result, each held to `tolerances.check_bound` of the baseline's (the
     larger over the baseline's formulations ``bases``).  lse is judged on the rows that see a
-    key (NaN there still FAILS); with ALiBi, FlashAttention's causal form is accepted too and
+    key (NaN there still FAILS); a feature's other lse form (``Feature.lse_form``) is accepted too and
     ``gold[n]`` becomes the form the kernel returns."""
     errors = [tensor_errors(base[n], gold[n], den[n]) for base in bases]
     base_err, base_mean = max(e[0] for e in errors), max(e[2] for e in errors)
@@ -392,13 +385,14 @@ def _judge(n, value, gold, bases, den, zero, dtype, logits, unjudged, case, alig
     a, ref, note = judged({n: value})[n], gold[n], ""
     if n == "lse":
         a = np.where(unjudged & ~np.isnan(a), 0.0, a)
-        if case.get("alibi"):
-            fa = np.where(unjudged, 0.0, judged({"lse": _alibi_fa_form(gold_raw["lse"], case, align,
-                                                                        rounded["alibi_slopes"])})["lse"])
-            if tensor_errors(a, fa, den[n])[0] < tensor_errors(a, ref, den[n])[0]:
-                ref, note = fa, "lse in FlashAttention's causal ALiBi form (+slope j)"
-            else:
-                note = "lse in the reference's ALiBi form"
+        for name, value in case.features:                 # another lse form a feature's kernels return
+            if name in REGISTRY and REGISTRY[name].lse_form is not None:
+                form, said, else_said = REGISTRY[name].lse_form(case, value, align, gold_raw["lse"], rounded)
+                form = np.where(unjudged, 0.0, judged({"lse": form})["lse"])
+                if tensor_errors(a, form, den[n])[0] < tensor_errors(a, ref, den[n])[0]:
+                    ref, note = form, said
+                else:
+                    note = else_said
         gold[n] = ref
     err, where, mean, cosine = tensor_errors(a, ref, den[n])
     mean_bound = max(tol.check_bound(dtype, base_mean, logits), bound if zero else 0.0)

@@ -130,14 +130,14 @@ def chapter(ctx):
                   "the next key)", fwd(shift=1)),
                 H("mask-one-past", "the causal mask shifted one diagonal the other way (each "
                   "query misses its own key)", fwd(shift=-1))]
-    if ctx.aligned_apart and (case.causal or case.get("window") or case.get("alibi")):
-        if case.get("decode") and ctx.align == "bottom-right":
-            out.append(H("decode-top-left", "the decode queries placed top-left (query i sees keys j <= i; "
-                         "bottom-right is meant: the last query sees every key)", fwd({"align": "top-left"})))
-        else:
-            what = "causal alignment" if not (case.get("window") or case.get("alibi")) else "alignment"
-            out.append(H("other-alignment", f"{ctx.other_align} {what} (the check assumed {ctx.align})",
-                         fwd({"align": ctx.other_align})))
+    features = [REGISTRY[n] for n, _ in case.features if n in REGISTRY]
+    aligned = any(f.aligned for f in features)
+    if ctx.aligned_apart and (case.causal or aligned):
+        named = [m for f in features if f.alignment_mistake is not None for m in [f.alignment_mistake(ctx)] if m]
+        hid, says = named[0] if named else \
+            ("other-alignment", f"{ctx.other_align} {'alignment' if aligned else 'causal alignment'} "
+                                f"(the check assumed {ctx.align})")
+        out.append(H(hid, says, fwd({"align": ctx.other_align})))
     d = case.head_dim
     if d > 1:
         default = 1.0 / math.sqrt(d)

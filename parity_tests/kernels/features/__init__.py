@@ -98,7 +98,7 @@ class Feature:
     widen: object = None            # run-wide: case -> the case as this feature runs it
     forward_only: bool = False      # its cases judge out (and lse) alone
     recover: object = None          # (caller, case, value, inputs, opts) -> findings: learnt from the target
-    fit: object = lambda case, value: value     # (case of new sizes, value) -> the value fitting it
+    fit: object = lambda case, value: value     # (case of new sizes, value) -> the value fitting it, or None
     excludes: tuple = ()            # the features it cannot be combined with, and why:
     excludes_why: str = ""
     random: bool = False            # its kernel draws from torch's global RNG (seeded by the check): moving
@@ -106,6 +106,11 @@ class Feature:
     returns_lse: bool = False       # run-wide: the callable returns (out, lse), and lse is judged
     lse_gradient: bool = False      # run-wide: a random gradient flows back through lse too
     repeats: bool = False           # run-wide: each case is called twice and compared bitwise
+    aligned: bool = False           # its keys or weights move with the alignment of Tq ≠ Tk (a window, ALiBi)
+    alignment_mistake: object = None  # (ctx) -> (id, says) naming the other alignment in its own terms, or None
+    lse_form: object = None         # (case, value, align, lse, inputs) -> (lse, note, note_else): another lse
+    #                                 kernels return for it, accepted when closer (ALiBi's FlashAttention form)
+    head_counts: object = None      # (case, value) -> [(heads, value)], smallest first: what a shrunk case may take
 
     def __post_init__(self):
         handed = tuple(i.name for i in self.inputs if i.handed)

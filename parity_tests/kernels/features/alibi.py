@@ -7,7 +7,7 @@ alignment's offset left out or with its sign flipped."""
 import numpy as np
 
 from parity_tests.kernels.cases import Case
-from parity_tests.kernels.dense import alibi_slopes
+from parity_tests.kernels.dense import alibi_slopes, offsets
 from parity_tests.kernels.features import Feature, Input, both_alignments
 
 
@@ -41,7 +41,18 @@ def mistakes(ctx, on):
     return out
 
 
+def flash_lse(case, on, align, lse, inputs):
+    """lse in FlashAttention's causal ALiBi form: + slope_h · (i + offset) per row (its bias is
+    slope · j, which differs from −slope · |i + o − j| by a constant per row on the keys a
+    causal row sees, so out is the same and only lse moves)."""
+    lens = case.seqlens or (None, None)
+    offs = np.array(offsets(case.tq, case.tk, lens[0], lens[1], align, case.batch))
+    i = np.arange(case.tq)[None, None, :] + offs[:, None, None]                  # (B, 1, Tq)
+    return (lse + np.asarray(inputs["alibi_slopes"])[None, :, None] * i,
+            "lse in FlashAttention's causal ALiBi form (+slope j)", "lse in the reference's ALiBi form")
+
+
 FEATURE = Feature("alibi", "alibi_slopes= float32 tensor (H,), ALiBi's slopes",
                   cases=cases, label=lambda on: "alibi", draw=draw,
                   inputs=(Input("alibi_slopes", rounded=False),), mistakes=mistakes,
-                  apply=lambda case, rng: case.with_feature("alibi", True))
+                  apply=lambda case, rng: case.with_feature("alibi", True), aligned=True, lse_form=flash_lse)

@@ -14,5 +14,13 @@ def cases(causal, plan):
     return [replace(c, align="bottom-right") for c in out] if plan.takes_align else out
 
 
+def top_left(ctx):
+    """A decode kernel's alignment mistake, named in its terms: the queries placed top-left."""
+    if ctx.align == "bottom-right":
+        return ("decode-top-left", "the decode queries placed top-left (query i sees keys j <= i; "
+                "bottom-right is meant: the last query sees every key)")
+    return None
+
+
 FEATURE = Feature("decode", "Tq of 1 to a few queries against a long Tk, bottom-right; forward only",
-                  cases=cases, label=lambda on: "decode", forward_only=True)
+                  cases=cases, label=lambda on: "decode", forward_only=True, alignment_mistake=top_left)

@@ -5,7 +5,7 @@ of its group instead of summed over the group (the adjoint of the repeat is a su
 
 import numpy as np
 
-from parity_tests.kernels.cases import Case
+from parity_tests.kernels.cases import Case, halvings
 from parity_tests.kernels.features import Feature
 
 
@@ -44,5 +44,19 @@ def apply(case, rng):
     return case.with_feature("gqa", case.heads // 2 if case.heads % 2 == 0 else 1) if case.heads > 1 else None
 
 
+def head_counts(case, kv_heads):
+    """A shrunk case keeps whole groups: (heads, kv heads) with fewer kv heads or smaller
+    groups, fewest heads first (the larger group first among equals)."""
+    group = case.heads // kv_heads
+    pairs = sorted({(kv * g, -g, kv) for kv in halvings(kv_heads) + [kv_heads] for g in halvings(group) + [group]}
+                   - {(case.heads, -group, kv_heads)})
+    return [(h, kv) for h, _, kv in pairs]
+
+
+def fit(case, kv_heads):
+    """The kv heads, when the query heads are still whole groups of them."""
+    return kv_heads if kv_heads <= case.heads and case.heads % kv_heads == 0 else None
+
+
 FEATURE = Feature("gqa", "k and v with fewer heads than q (MQA included)", cases=cases, mistakes=mistakes,
-                  apply=apply)
+                  apply=apply, head_counts=head_counts, fit=fit)

@@ -56,4 +56,5 @@ def apply(case, rng):
 FEATURE = Feature("window", "window=(left, right), FlashAttention's window_size", keywords=("window",),
                   cases=cases, label=lambda w: f"window({w[0]},{w[1]})",
                   reference=lambda case, w, inputs: {"window": tuple(w)},
-                  kwargs=lambda case, w, tensors: {"window": tuple(w)}, mistakes=mistakes, apply=apply)
+                  kwargs=lambda case, w, tensors: {"window": tuple(w)}, mistakes=mistakes, apply=apply,
+                  aligned=True)

@@ -304,3 +304,15 @@ def test_the_script_docs_check_md_shows_is_the_one_written(tmp_path):
     start = page.index('```python\n"""backward-masked:') + len("```python\n")
     with open(found.path) as f:
         assert page[start:page.index("```", start)] == f.read()
+
+
+def test_a_gqa_case_shrinks_its_kv_heads_and_its_groups_as_the_feature_declares():
+    """``Feature.head_counts``: a failing GQA case at Hq/Hkv = 8/4 shrinks to whole groups,
+    fewest heads first; a case whose failure needs two kv heads keeps two."""
+    from parity_tests.kernels.cases import Case
+    case = Case(1, 8, 33, 33, 16, True, (("gqa", 4),))
+    smallest = repro._heads(lambda c: True, case)
+    assert (smallest.heads, smallest.hkv) == (1, 1)
+    two_kv = repro._heads(lambda c: c.hkv >= 2, case)
+    assert (two_kv.heads, two_kv.hkv) == (2, 2)
+    assert repro._resized(case, {"gqa": 3}, heads=8) is None          # 8 query heads are no whole groups of 3
