@@ -35,7 +35,9 @@ def cases(causal, plan):
 def partials(ctx, splits):
     """(out_s (S, B, H, Tq, Dv), lse_s (S, B, H, Tq), m_s (S, B, H, Tq)) in float64: the
     reference's options with the keys outside each range masked by a −inf bias (Tq: the
-    rows q holds, a block of them numbered as in the whole case with ``ctx.rows``)."""
+    rows q holds, a block of them numbered as in the whole case with ``ctx.rows``).  One dense
+    pass per split, not a tile loop: the splits are the kernel's key ranges, and each
+    partial state is what a mistaken merge then combines."""
     q, k, v, _ = ctx.inputs
     t = lambda a: torch.as_tensor(np.asarray(a)).double()
     kw = dense.keywords(ctx.opts, arrays=("bias", "alibi_slopes"))          # no sink: a split has none

@@ -138,14 +138,17 @@ def golden(t_states, t_dout, t_dlse, order):
 # ----------------------------------------------------------------------------
 # Plain PyTorch merges: the baseline
 
-def plain_merge(out_a, lse_a, out_b, lse_b):
-    """The merge as the online softmax writes it: m = max, α = exp(lse − m), empty terms 0."""
+def plain_merge(out_a, lse_a, out_b, lse_b, base2=False):
+    """The merge as the online softmax writes it: m = max, α = exp(lse − m), empty terms 0.
+    ``base2``: lse read as log2 and merged with exp2 (a mistake on natural-log states; the
+    ranks' diagnosis simulates a ring that makes it)."""
+    exp, log = (torch.exp2, torch.log2) if base2 else (torch.exp, torch.log)
     m = torch.maximum(lse_a, lse_b).detach()
     m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
-    alpha_a, alpha_b = torch.exp(lse_a - m), torch.exp(lse_b - m)
+    alpha_a, alpha_b = exp(lse_a - m), exp(lse_b - m)
     total = alpha_a + alpha_b
     safe = torch.where(total == 0, torch.ones_like(total), total)
-    lse = torch.where(total == 0, torch.full_like(total, -math.inf), m + torch.log(safe))
+    lse = torch.where(total == 0, torch.full_like(total, -math.inf), m + log(safe))
     term = lambda alpha, o, l: alpha[..., None] * torch.where(torch.isneginf(l)[..., None], 0, o)
     out = (term(alpha_a, out_a, lse_a) + term(alpha_b, out_b, lse_b)) / safe[..., None]
     return out.to(out_a.dtype), lse

@@ -31,6 +31,7 @@ import torch
 from parity_tests.kernels import runner
 from parity_tests.kernels.dense import sees
 from parity_tests.kernels.diagnosis.diagnose import Diagnosis, explains
+from parity_tests.kernels.merge import plain_merge
 
 __all__ = ["owners", "chunks", "simulate", "diagnose", "HYPOTHESES", "DENSE_LIMIT"]
 
@@ -94,25 +95,12 @@ def _partial(q, k, v, seen, scale):
     return (e @ v) / l_safe[..., None], lse
 
 
-def _merge(a, b, base2=False):
-    (out_a, lse_a), (out_b, lse_b) = a, b
-    exp, log = (torch.exp2, torch.log2) if base2 else (torch.exp, torch.log)
-    m = torch.maximum(lse_a, lse_b).detach()
-    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-    w_a, w_b = exp(lse_a - m), exp(lse_b - m)
-    total = w_a + w_b
-    seen = total > 0
-    total = torch.where(seen, total, torch.ones_like(total))
-    lse = torch.where(seen, m + log(total), torch.full_like(total, -torch.inf))
-    return (w_a / total)[..., None] * out_a + (w_b / total)[..., None] * out_b, lse
-
-
 def _combine(partials, merge, weights):
     if merge == "sum":
         return sum(o for o, _ in partials), None
     state = partials[0]
     for p in partials[1:]:
-        state = _merge(state, p, base2=merge == "base2")
+        state = plain_merge(*state, *p, base2=merge == "base2")
     if merge == "equal":
         return weights[..., None] * sum(o for o, _ in partials), state[1]
     return state
@@ -121,7 +109,9 @@ def _combine(partials, merge, weights):
 def simulate(rounded, case, positions, *, mask="global", merge="lse", reduce=True, weights=None):
     """out, lse, dq, dk, dv (float64 arrays, global order) of the ring with one thing changed:
     ``mask="rank-order"``; ``merge`` "base2", "equal" (``weights``: (B, H, T), a constant per
-    row) or "sum" (forward only); ``reduce=False``."""
+    row) or "sum" (forward only); ``reduce=False``.  Its own loop, not the golden's tiles:
+    its blocks are the ranks' shards in the sharding's order, and autograd through each
+    partial carries a wrong mask, merge or reduction into the gradients as the ring would."""
     q, k, v, dout = (torch.from_numpy(np.asarray(a, dtype=np.float64)) for a in rounded)
     n = len(positions)
     seen_at = positions if mask == "global" else _rank_order(positions)
