@@ -205,3 +205,11 @@ def test_the_layout_names_every_room_of_the_checker_and_every_module_in_it():
         for path in (ROOT / "kernels" / room).glob("*.py"):
             if path.stem != "__init__" and room != "features/":      # features/: one module per feature, its own table
                 assert re.search(rf"\b{path.stem}\b", text), f"kernels/{room}{path.name} is not in the layout"
+
+
+def test_the_readme_layout_names_every_room_of_the_checker():
+    readme = (REPO / "README.md").read_text()
+    layout = readme[readme.index("## Layout"):readme.index("## Documentation")]
+    for p in (ROOT / "kernels").iterdir():
+        if (p / "__init__.py").exists():
+            assert f"{p.name}/" in layout, f"kernels/{p.name}/ is not in the README's Layout"

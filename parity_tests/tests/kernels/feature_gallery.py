@@ -281,3 +281,8 @@ def wrong_kernel(mistake):
     """The gallery kernel of ``mistake`` and the features to check it with (lse always on)."""
     features = FEATURE_GALLERY[mistake]
     return kernel(mistake, packed="varlen" in features), list(dict.fromkeys(features + ["lse"]))
+
+
+# Three of dropout's mistakes as ``check`` targets (the README's example).
+dropout_no_rescale, dropout_before_softmax, dropout_backward_mask = (
+    kernel(m, returns_lse=False) for m in ("dropout-no-rescale", "dropout-before-softmax", "dropout-backward-mask"))
