@@ -1,8 +1,8 @@
 """Calling a target on one case: the tensors it is handed, what it must give back, time limits.
 
-`Caller` hands a target its case in its layout (``bhtd``, ``bthd``, or with ``varlen``
-the packed ``thd`` views of NaN-tailed buffers; q, k, v as views of a fused or padded
-buffer where the case says so), with ``causal``, ``scale``, ``align`` when it takes it and
+`Caller` hands a target its case in its layout (`Dense`: ``bhtd`` or ``bthd``, q, k, v as
+views of a fused or padded buffer where the case says so; or the layout a feature declares,
+varlen's packed ``thd``), with ``causal``, ``scale``, ``align`` when it takes it and
 the keywords of the case's features; backpropagates dO (and dlse); and returns float64
 arrays in the reference's shapes, or why it cannot be judged.  A target that raises
 (anything, even ``sys.exit``) FAILS the case with what it raised, and so does an output or
@@ -13,7 +13,6 @@ its forward.  Each call has a time limit (`time_limit`).
 """
 
 import contextlib
-import math
 import signal
 import threading
 import time
@@ -25,13 +24,10 @@ import parity_tests.kernels.targets as targets
 from parity_tests.kernels import variations
 from parity_tests.kernels.features import REGISTRY, asks, differentiated_inputs, handed_inputs, layout as features_layout
 
-__all__ = ["Caller", "DTYPES", "RAISED", "DEFAULT_TIMEOUT", "CaseTimeout", "time_limit", "pack", "unpack",
-           "cu_seqlens"]
+__all__ = ["Caller", "Dense", "DTYPES", "RAISED", "DEFAULT_TIMEOUT", "CaseTimeout", "time_limit"]
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32,
           "bfloat16": torch.bfloat16, "float16": torch.float16}
-# The padding of a packed buffer past its last token, filled with NaN.
-NAN_TAIL = 64
 
 
 class _Fail(Exception):
@@ -70,29 +66,60 @@ def _unchanged(handed, kept):
             raise _Fail(f"the kernel wrote into {n}: its values changed during the call (work on a copy)")
 
 
-def cu_seqlens(lengths, device):
-    return torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32, device=device)
+class Dense:
+    """The target's dense layout, ``bhtd`` or ``bthd``: what q, k, v, out, lse and their
+    gradients look like on the target's side.  A layout a feature declares instead
+    (``Feature.layout``: varlen's packed one) has the same methods.
+
+    q, k, v are handed with the case's strides (``variations``): views of one fused
+    (B, T, 3, H, D) buffer, as a fused qkv projection leaves, or rows padded past D."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def handed(self, case, t, grad):
+        """(given, read): the q, k, v handed (leaves of autograd), and for each a function
+        giving its gradient as (B, H, T, D) (None when none arrived)."""
+        strides = case.get("strides")
+        if strides == "fused":
+            buf = torch.stack([t[n].transpose(1, 2) for n in ("q", "k", "v")], dim=2).requires_grad_(grad)
+            given = {n: targets.to_layout(buf[:, :, i].transpose(1, 2), self.name) for i, n in enumerate(t)}
+            read = {n: (lambda i=i: None if buf.grad is None else buf.grad[:, :, i].transpose(1, 2))
+                    for i, n in enumerate(t)}
+            return given, read
+        given, read = {}, {}
+        for n, x in t.items():
+            x = targets.to_layout(x, self.name)
+            pad = variations.STRIDE_PAD if strides == "padded" else 0
+            leaf = torch.nn.functional.pad(x, (0, pad)).contiguous().requires_grad_(grad)
+            given[n] = leaf[..., : x.shape[-1]] if pad else leaf
+            read[n] = lambda leaf=leaf, d=x.shape[-1]: None if leaf.grad is None else \
+                targets.from_layout(leaf.grad[..., :d], self.name)
+        return given, read
+
+    def keywords(self, case, device):
+        """What the callable receives besides q, k, v to read this layout."""
+        return {}
+
+    def output(self, out, case):
+        """out (detached), as the target returned it -> (B, H, Tq, Dv)."""
+        return targets.from_layout(out, self.name)
+
+    def upstream(self, dout, case):
+        """dO (B, H, Tq, Dv) -> the target's layout."""
+        return targets.to_layout(dout, self.name)
+
+    def lse_shape(self, case):
+        return (case.batch, case.heads, case.tq)
+
+    def lse_output(self, lse, case):
+        return lse
+
+    def lse_upstream(self, dlse, case):
+        return dlse
 
 
-def pack(x, lengths, tail=NAN_TAIL):
-    """(B, H, T, D) -> (total, H, D): sequence b's first lengths[b] rows, one after another,
-    in a buffer whose ``tail`` rows past the end are NaN (a kernel reading there shows it)."""
-    total = int(sum(lengths))
-    buf = torch.full((total + tail,) + tuple(x.shape[1:2]) + tuple(x.shape[3:]), torch.nan,
-                     dtype=x.dtype, device=x.device)
-    if total:
-        buf[:total] = torch.cat([x[n, :, :int(t)].transpose(0, 1) for n, t in enumerate(lengths)])
-    return buf
-
-
-def unpack(x, lengths, tq, fill=0.0):
-    """(total, H, ...) -> (B, H, T, ...), rows past each length filled with ``fill``."""
-    out = torch.full((len(lengths), x.shape[1], tq) + tuple(x.shape[2:]), fill, dtype=x.dtype, device=x.device)
-    start = 0
-    for n, t in enumerate(lengths):
-        out[n, :, :int(t)] = x[start:start + int(t)].transpose(0, 1)
-        start += int(t)
-    return out
+LAYOUTS = {name: Dense(name) for name in ("bhtd", "bthd")}
 
 
 class Caller:
@@ -102,8 +129,8 @@ class Caller:
     def __init__(self, target, case, dtype, device, align, wanted, rounded, timeout):
         self.target, self.case, self.dtype, self.device = target, case, DTYPES[dtype], device
         self.align, self.wanted, self.rounded, self.timeout = align, wanted, rounded, timeout
-        self.layout = features_layout(wanted) or target.layout
-        self.thd = self.layout == "thd"
+        declared = features_layout(wanted) or target.layout
+        self.layout = LAYOUTS[declared] if isinstance(declared, str) else declared
         self.lse = asks(wanted, "returns_lse")
         self.fn = target.lse_fn if self.lse and target.lse_fn is not None else target.fn
         self.grads = not case.forward_only
@@ -168,45 +195,10 @@ class Caller:
         return None if constant or not np.array_equal(again[live], first_out[live]) else \
             "returned the previous call's output for new inputs of the same shape (a result cached by shape?)"
 
-    def _qkv(self, grad):
-        """The q, k, v the target is handed, in its layout and with the case's strides, and
-        for each a function giving its gradient as (B, H, T, D) (None when none arrived)."""
-        c, r, dt = self.case, self.rounded, self.dtype
-        lq, lk = c.seqlens or (None, None)
-        t = {n: torch.from_numpy(r[n]).to(device=self.device, dtype=dt) for n in ("q", "k", "v")}
-        if self.thd:                          # views of buffers whose tail is NaN
-            bufs = {n: pack(x, lq if n == "q" else lk).requires_grad_(grad) for n, x in t.items()}
-            given = {n: b[: int(sum(lq if n == "q" else lk))] for n, b in bufs.items()}
-            read = {n: (lambda n=n: None if bufs[n].grad is None else unpack(
-                bufs[n].grad[: given[n].shape[0]], lq if n == "q" else lk, c.tq if n == "q" else c.tk))
-                for n in t}
-            return given, read
-        strides = c.get("strides")
-        if strides == "fused":                # one (B, T, 3, H, D) buffer, as a fused qkv projection leaves
-            buf = torch.stack([t[n].transpose(1, 2) for n in ("q", "k", "v")], dim=2).requires_grad_(grad)
-            given = {n: targets.to_layout(buf[:, :, i].transpose(1, 2), self.layout) for i, n in enumerate(t)}
-            read = {n: (lambda i=i: None if buf.grad is None else buf.grad[:, :, i].transpose(1, 2))
-                    for i, n in enumerate(t)}
-            return given, read
-        given, read = {}, {}
-        for n, x in t.items():
-            x = targets.to_layout(x, self.layout)
-            pad = variations.STRIDE_PAD if strides == "padded" else 0
-            leaf = torch.nn.functional.pad(x, (0, pad)).contiguous().requires_grad_(grad)
-            given[n] = leaf[..., : x.shape[-1]] if pad else leaf
-            read[n] = lambda leaf=leaf, d=x.shape[-1]: None if leaf.grad is None else \
-                targets.from_layout(leaf.grad[..., :d], self.layout)
-        return given, read
-
-    def _back(self, x, lengths, t, fill=0.0):
-        if self.thd:
-            return unpack(x.detach()[: int(sum(lengths))], lengths, t, fill)
-        return targets.from_layout(x.detach(), self.layout)
-
     def _call(self, grad):
         c, r = self.case, self.rounded
-        lq, lk = c.seqlens or (None, None)
-        given, read = self._qkv(grad)
+        t = {n: torch.from_numpy(r[n]).to(device=self.device, dtype=self.dtype) for n in ("q", "k", "v")}
+        given, read = self.layout.handed(c, t, grad)
         tensors, leaves = {}, {}
         for n, spec in self.handed.items():
             if n in r:
@@ -220,9 +212,7 @@ class Caller:
                 kw.update(REGISTRY[name].kwargs(c, value, tensors))
         if self.target.takes_align:
             kw["align"] = self.align
-        if self.thd:
-            kw.update(cu_seqlens_q=cu_seqlens(lq, self.device), cu_seqlens_k=cu_seqlens(lk, self.device),
-                      max_seqlen_q=int(max(lq)), max_seqlen_k=int(max(lk)))
+        kw.update(self.layout.keywords(c, self.device))
         args = {n: given[n] for n in ("q", "k", "v")}
         for name, value in c.features:            # a feature may hand the callable another form
             if name in REGISTRY and REGISTRY[name].hand is not None:
@@ -234,12 +224,12 @@ class Caller:
         with torch.set_grad_enabled(grad):
             result = self.fn(*args.values(), **kw)
         out, lse = self._split(result, given["q"])
-        got = {"out": self._back(out, lq, c.tq).to("cpu", torch.float64).numpy()}
+        got = {"out": self.layout.output(out.detach(), c).to("cpu", torch.float64).numpy()}
         if lse is not None:
             got["lse"] = self._lse(lse)
         if grad and out.requires_grad:
             try:
-                self._backward(out, lse, lq)
+                self._backward(out, lse)
             except targets.Unsupported as e:
                 return {**got, **{n: f"backward refused: {_reason(e)}" for n in self.grad_names()}}
             except RAISED as e:
@@ -258,15 +248,15 @@ class Caller:
             got[n] = self._grad(n, leaf.grad, leaf)
         return got
 
-    def _backward(self, out, lse, lq):
+    def _backward(self, out, lse):
         g = torch.from_numpy(self.rounded["dout"]).to(device=self.device, dtype=out.dtype)
-        outs, ups = [out], [pack(g, lq, tail=0) if self.thd else targets.to_layout(g, self.layout)]
+        outs, ups = [out], [self.layout.upstream(g, self.case)]
         if "dlse" in self.rounded:
             if not lse.requires_grad:
                 raise _Fail("lse does not require grad: the gradient through lse cannot reach q and k")
             dl = torch.from_numpy(self.rounded["dlse"]).to(device=self.device, dtype=lse.dtype)
             outs.append(lse)
-            ups.append(pack(dl[..., None], lq, tail=0)[..., 0].transpose(0, 1) if self.thd else dl)
+            ups.append(self.layout.lse_upstream(dl, self.case))
         torch.autograd.backward(outs, ups)
 
     def _grad(self, n, g, given):
@@ -292,8 +282,7 @@ class Caller:
         if wrong:
             raise _Fail(wrong)
         if lse is not None:
-            c = self.case
-            shape = (c.heads, int(sum(c.seqlens[0]))) if self.thd else (c.batch, c.heads, c.tq)
+            shape = self.layout.lse_shape(self.case)
             if not isinstance(lse, torch.Tensor) or tuple(lse.shape) != shape:
                 got = tuple(lse.shape) if isinstance(lse, torch.Tensor) else type(lse).__name__
                 raise _Fail(f"wrong lse: {got}, expected shape {shape}")
@@ -302,10 +291,7 @@ class Caller:
         return out, lse
 
     def _lse(self, lse):
-        lse = lse.detach()
-        if self.thd:
-            lse = unpack(lse.transpose(0, 1), self.case.seqlens[0], self.case.tq, fill=-math.inf)
-        return lse.to("cpu", torch.float64).numpy()
+        return self.layout.lse_output(lse.detach(), self.case).to("cpu", torch.float64).numpy()
 
 
 # ----------------------------------------------------------------------------

@@ -119,7 +119,7 @@ def _plan(target, device, dtypes, tokens, head_dims, heads, batch, causal, align
     grid = cases_mod.build_grid(tokens=listify(tokens), head_dims=listify(head_dims), heads=listify(heads),
                                 batch=listify(batch), causal=CAUSAL[causal], long=long, device=device)
     wanted = feat.parse_features(features)
-    packed = [f for f in wanted if feat.REGISTRY[f].layout == "thd"]      # FlashAttention's packed layout
+    packed = [f for f in wanted if feat.layout_name(feat.REGISTRY[f].layout) == "thd"]  # FlashAttention's packed layout
     if layout == "thd":
         if not packed:
             raise ValueError("layout 'thd' (FlashAttention's varlen layout) goes with the feature varlen")
@@ -250,7 +250,7 @@ def _run(plan, align, seed, progress, timeout=runner.DEFAULT_TIMEOUT, spec=None)
             for name, ran in classes_run.items() if not ran]
     return Report(tgt.name, rows, time.perf_counter() - start,
                   {"device": device, "dtypes": names, "align": _one_alignment(rows, align),
-                   "layout": feat.layout(wanted) or tgt.layout, "features": wanted,
+                   "layout": feat.layout_name(feat.layout(wanted)) or tgt.layout, "features": wanted,
                    "factor": tol.CHECK_FACTOR, "floor_ulps": tol.CHECK_FLOOR_ULPS}, gaps,
                   {"target": tgt, "spec": _repro_spec(tgt, spec), "align": align, "seed": seed, "wanted": wanted,
                    "timeout": timeout})

@@ -94,7 +94,8 @@ class Feature:
     apply: object = None            # (case, rng) -> the case with this feature added, or None
     run_wide: bool = False          # changes how every case of the run is called or judged
     hand: object = None             # (case, value, args, kw, device) -> (args, kw): what the callable gets
-    layout: str = None              # the layout of q and out it wants (None: the target's)
+    layout: object = None           # the layout it wants (None: the target's): a name ("bthd"), or the
+    #                                 methods of call.Dense for another (varlen's packed thd)
     widen: object = None            # run-wide: case -> the case as this feature runs it
     forward_only: bool = False      # its cases judge out (and lse) alone
     recover: object = None          # (caller, case, value, inputs, opts) -> findings: learnt from the target
@@ -199,6 +200,11 @@ def layout(features):
     """The layout of q and out the features want (None: the target's); the first in registry
     order wins (varlen's packed thd before paged's bthd)."""
     return next((REGISTRY[n].layout for n in FEATURES if n in features and REGISTRY[n].layout), None)
+
+
+def layout_name(layout):
+    """A layout's name: ``"bthd"`` as it is, a declared layout's ``name`` (varlen's ``"thd"``)."""
+    return layout if layout is None or isinstance(layout, str) else layout.name
 
 
 def declared_inputs(features):

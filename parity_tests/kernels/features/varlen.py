@@ -7,12 +7,83 @@ a zero-length sequence, one-token sequences, lengths not multiples of 64 or 128,
 Tq ≠ Tk per sequence.  Invited mistakes: no boundary between the sequences, the last
 sequence left out."""
 
+import math
+
 import numpy as np
+import torch
 
 from parity_tests.kernels.cases import Case
 from parity_tests.kernels.features import Feature
 
 KEYWORDS = ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")
+# The padding of a packed buffer past its last token, filled with NaN.
+NAN_TAIL = 64
+
+
+def cu_seqlens(lengths, device):
+    return torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32, device=device)
+
+
+def pack(x, lengths, tail=NAN_TAIL):
+    """(B, H, T, D) -> (total, H, D): sequence b's first lengths[b] rows, one after another,
+    in a buffer whose ``tail`` rows past the end are NaN (a kernel reading there shows it)."""
+    total = int(sum(lengths))
+    buf = torch.full((total + tail,) + tuple(x.shape[1:2]) + tuple(x.shape[3:]), torch.nan,
+                     dtype=x.dtype, device=x.device)
+    if total:
+        buf[:total] = torch.cat([x[n, :, :int(t)].transpose(0, 1) for n, t in enumerate(lengths)])
+    return buf
+
+
+def unpack(x, lengths, tq, fill=0.0):
+    """(total, H, ...) -> (B, H, T, ...), rows past each length filled with ``fill``."""
+    out = torch.full((len(lengths), x.shape[1], tq) + tuple(x.shape[2:]), fill, dtype=x.dtype, device=x.device)
+    start = 0
+    for n, t in enumerate(lengths):
+        out[n, :, :int(t)] = x[start:start + int(t)].transpose(0, 1)
+        start += int(t)
+    return out
+
+
+class Packed:
+    """The layout ``thd`` (the methods of ``call.Dense``): q (total_q, H, D), k and v
+    (total_k, Hkv, D), views of buffers whose tail is NaN; out and dO packed as q, lse
+    (H, total_q); the callable also receives ``cu_seqlens_q/k`` and ``max_seqlen_q/k``."""
+    name = "thd"
+
+    @staticmethod
+    def _lengths(case):
+        lq, lk = case.seqlens
+        return {"q": (lq, case.tq), "k": (lk, case.tk), "v": (lk, case.tk)}
+
+    def handed(self, case, t, grad):
+        lens = self._lengths(case)
+        bufs = {n: pack(x, lens[n][0]).requires_grad_(grad) for n, x in t.items()}
+        given = {n: b[: int(sum(lens[n][0]))] for n, b in bufs.items()}
+        read = {n: (lambda n=n: None if bufs[n].grad is None else unpack(
+            bufs[n].grad[: given[n].shape[0]], *lens[n])) for n in t}
+        return given, read
+
+    def keywords(self, case, device):
+        lq, lk = case.seqlens
+        return dict(cu_seqlens_q=cu_seqlens(lq, device), cu_seqlens_k=cu_seqlens(lk, device),
+                    max_seqlen_q=int(max(lq)), max_seqlen_k=int(max(lk)))
+
+    def output(self, out, case):
+        lq = case.seqlens[0]
+        return unpack(out[: int(sum(lq))], lq, case.tq)
+
+    def upstream(self, dout, case):
+        return pack(dout, case.seqlens[0], tail=0)
+
+    def lse_shape(self, case):
+        return (case.heads, int(sum(case.seqlens[0])))
+
+    def lse_output(self, lse, case):
+        return unpack(lse.transpose(0, 1), case.seqlens[0], case.tq, fill=-math.inf)
+
+    def lse_upstream(self, dlse, case):
+        return pack(dlse[..., None], case.seqlens[0], tail=0)[..., 0].transpose(0, 1)
 
 
 def cases(causal, plan):
@@ -109,7 +180,7 @@ def apply(case, rng):
 
 
 FEATURE = Feature("varlen", "with --layout thd, FlashAttention's packed varlen layout and cu_seqlens",
-                  keywords=KEYWORDS, cases=cases, label=label, draw=draw, reference=reference, mistakes=mistakes, run_wide=True, layout="thd",
+                  keywords=KEYWORDS, cases=cases, label=label, draw=draw, reference=reference, mistakes=mistakes, run_wide=True, layout=Packed(),
                   apply=apply, widen=with_lengths, excludes=("bias",), excludes_why="a bias has no packed layout",
                   fit=lambda case, lens: tuple(tuple(min(x, t) for x in ls[:case.batch])
                                                for ls, t in zip(lens, (case.tq, case.tk))))
