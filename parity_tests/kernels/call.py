@@ -22,7 +22,7 @@ import torch
 
 import parity_tests.kernels.targets as targets
 from parity_tests.kernels import variations
-from parity_tests.kernels.features import REGISTRY, asks, differentiated_inputs, handed_inputs, layout as features_layout
+from parity_tests.kernels.features import REGISTRY, At, asks, differentiated_inputs, handed_inputs, layout as features_layout
 
 __all__ = ["Caller", "Dense", "DTYPES", "RAISED", "DEFAULT_TIMEOUT", "CaseTimeout", "time_limit"]
 
@@ -127,7 +127,7 @@ class Caller:
     reference's shapes: ``{tensor: array | ("FAIL", why) | "not supported: why"}``."""
 
     def __init__(self, target, case, dtype, device, align, wanted, rounded, timeout):
-        self.target, self.case, self.dtype, self.device = target, case, DTYPES[dtype], device
+        self.target, self.case, self.dtype, self.dtype_name, self.device = target, case, DTYPES[dtype], dtype, device
         self.align, self.wanted, self.rounded, self.timeout = align, wanted, rounded, timeout
         declared = features_layout(wanted) or target.layout
         self.layout = LAYOUTS[declared] if isinstance(declared, str) else declared
@@ -207,16 +207,17 @@ class Caller:
                 if n in self.extras:
                     leaves["d" + n] = tensors[n].requires_grad_(grad)
         kw = {"causal": c.causal, "scale": c.scale}
+        at = lambda value: At(c, value, r, device=self.device, dtype=self.dtype_name, align=self.align, tensors=tensors)
         for name, value in c.features:
             if name in REGISTRY:
-                kw.update(REGISTRY[name].kwargs(c, value, tensors))
+                kw.update(REGISTRY[name].kwargs(at(value)))
         if self.target.takes_align:
             kw["align"] = self.align
         kw.update(self.layout.keywords(c, self.device))
         args = {n: given[n] for n in ("q", "k", "v")}
         for name, value in c.features:            # a feature may hand the callable another form
             if name in REGISTRY and REGISTRY[name].hand is not None:
-                args, kw = REGISTRY[name].hand(c, value, args, kw, self.device)
+                args, kw = REGISTRY[name].hand(at(value), args, kw)
         handed = {**args, **tensors, **{n: x for n, x in kw.items() if isinstance(x, torch.Tensor)}}
         kept = {n: x.detach().clone() for n, x in handed.items()}
         rng = torch.get_rng_state()

@@ -37,7 +37,7 @@ import numpy as np
 
 import parity_tests.kernels.runner as runner
 from parity_tests.kernels.cases import halvings
-from parity_tests.kernels.features import REGISTRY, asks, handed_inputs
+from parity_tests.kernels.features import REGISTRY, At, asks, handed_inputs
 from parity_tests.kernels.variations import STRIDE_PAD
 from parity_tests.kernels.targets import SDPA_BACKENDS
 
@@ -392,7 +392,7 @@ def _meta(found, target, spec, dtype, device, align, wanted, rounded):
     placeholders = {n: None for n in handed}
     for name, value in case.features:
         if name in REGISTRY:
-            kw.update(REGISTRY[name].kwargs(case, value, placeholders))
+            kw.update(REGISTRY[name].kwargs(At(case, value, rounded, align=case_align, tensors=placeholders)))
     tensors = {n: {"float32": not handed[n].rounded, "grad": handed[n].grad}
                for n, v in kw.items() if v is None and n in placeholders}
     kw = {n: v for n, v in kw.items() if n not in tensors}

@@ -46,7 +46,7 @@ import parity_tests.kernels.targets as targets
 from parity_tests.kernels import dense, variations
 from parity_tests.kernels.call import Caller, DTYPES, DEFAULT_TIMEOUT, time_limit      # noqa: F401
 from parity_tests.kernels.cases import case_rng
-from parity_tests.kernels.features import INPUTS, REGISTRY, asks, differentiated_inputs
+from parity_tests.kernels.features import INPUTS, REGISTRY, At, asks, differentiated_inputs
 from parity_tests.kernels.row import Row
 
 # DTYPES, DEFAULT_TIMEOUT and time_limit are call's, named here for the command's options
@@ -74,7 +74,7 @@ def draw(case, seed=0, wanted=(), fresh=False):
     variations.draw(case, rng, inputs)
     for name, value in case.features:
         if name in REGISTRY:
-            REGISTRY[name].draw(case, value, rng, inputs)
+            REGISTRY[name].draw(At(case, value, inputs, seed, rng=rng))
     return inputs
 
 
@@ -83,7 +83,7 @@ def reference_options(case, align, inputs):
     opts = dict(scale=case.scale, causal=case.causal, align=case.align or align)
     for name, value in case.features:
         if name in REGISTRY:
-            opts.update(REGISTRY[name].reference(case, value, inputs))
+            opts.update(REGISTRY[name].reference(At(case, value, inputs, align=align)))
     return opts
 
 
@@ -282,8 +282,9 @@ def _run_case(split, target, case, dtype, device, align, seed, wanted, timeout):
     for name, value in case.features:
         if name in REGISTRY and REGISTRY[name].recover is not None:
             with split("target"):
-                findings += REGISTRY[name].recover(caller, case, value, rounded,      # the options before
-                                                   reference_options(case, case_align, rounded))  # what it learns
+                at = At(case, value, rounded, seed, device, dtype, case_align,      # the options before
+                        opts=reference_options(case, case_align, rounded))         # what it learns
+                findings += REGISTRY[name].recover(at, caller)
     opts = reference_options(case, case_align, rounded)          # and after: the recovered mask included
     grads = not case.forward_only
     if case.tk > dense.LONG_FROM:
@@ -387,7 +388,7 @@ def _judge(n, value, gold, bases, den, zero, dtype, logits, unjudged, case, alig
         a = np.where(unjudged & ~np.isnan(a), 0.0, a)
         for name, value in case.features:                 # another lse form a feature's kernels return
             if name in REGISTRY and REGISTRY[name].lse_form is not None:
-                form, said, else_said = REGISTRY[name].lse_form(case, value, align, gold_raw["lse"], rounded)
+                form, said, else_said = REGISTRY[name].lse_form(At(case, value, rounded, align=align), gold_raw["lse"])
                 form = np.where(unjudged, 0.0, judged({"lse": form})["lse"])
                 if tensor_errors(a, form, den[n])[0] < tensor_errors(a, ref, den[n])[0]:
                     ref, note = form, said

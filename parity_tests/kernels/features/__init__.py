@@ -6,38 +6,50 @@ are seen", each piece here is one function:
 
 - ``name``, ``help``: its name on the command line and its line in ``--help``
   (and the table of docs/features.md);
-- ``keywords``: what the callable receives on the feature's cases, its handed inputs
-  included (a callable whose signature lacks one is a usage error before any case runs:
-  `require`);
+- ``keywords``: what the callable receives on the feature's cases, its handed inputs and
+  options included (a callable whose signature lacks one is a usage error before any case
+  runs: `require`);
 - ``cases(causal, plan)``: the cases it adds (a `cases.Case` carries the feature's
   value in ``case.features``);
 - ``label(value)``: its part of a case's name;
 - ``inputs``: its extra inputs (`Input`: a bias, sinks, slopes, dropout's keep mask), each
-  declared once with how it is handed, rounded, differentiated and sliced; ``draw(case,
-  value, rng, inputs)`` adds them to the dict of float64 arrays that ``q``, ``k``, ``v``,
-  ``dout`` start;
-- ``reference(case, value, inputs)``: the options it passes to
-  ``numpy_ref.reference_attention`` (and, being the same names, to the dense
-  baseline and the catalogue's mistakes); by default its declared inputs, by name;
-- ``kwargs(case, value, tensors)``: the keywords the callable receives; by default its
-  handed inputs, by name, as tensors;
+  declared once with how it is handed, rounded, differentiated and sliced;
+- ``options``: its value as options (`Option`: a window, a softcap, ``dropout_p``,
+  ``num_splits``), each declared once with whether the reference (and the dense formula, by
+  the same name) and the callable receive it.
+
+Its hooks on a case each receive one context, `At` (the case, the feature's value on it,
+the inputs, the seed, device, dtype and alignment):
+
+- ``draw(at)``: adds its inputs to ``at.inputs`` (the float64 arrays that ``q``, ``k``, ``v``,
+  ``dout`` start), drawn from ``at.rng``;
+- ``reference(at)``: the options it passes to ``numpy_ref.reference_attention`` (and,
+  being the same names, to the dense baseline and the catalogue's mistakes); by default
+  its declared inputs and options, by name;
+- ``kwargs(at)``: the keywords the callable receives; by default its handed inputs (as the
+  tensors ``at.tensors``) and its options, by name;
 - ``mistakes(ctx, value)``: the mistakes it invites (``mistakes.Hypothesis``), each the
   reference recomputed with that mistake's options or knob;
-- ``apply(case, rng)``: the feature added to a case of another shape, so that features
-  meet each other (every pair requested, and all of them together) and run at the
-  lengths given with ``--tokens``;
-- ``hand(case, value, args, kw, device) -> (args, kw)``: what the callable is handed
-  instead, after the layout transform (``args``: ``{"q", "k", "v"}`` in call order;
-  ``paged`` hands ``k_cache``, ``v_cache`` and a block table; ``dropout`` seeds torch there,
-  just before each call); ``layout``: the layout of q and out it wants (``paged``: ``bthd``);
-  ``widen(case)``: a run-wide feature's form of every case of the run (``paged`` pages each
-  one); ``forward_only``: its cases judge the forward alone; ``fit(case, value)``: its value
-  made to fit a case of new sizes (``check --repro`` shrinking a case: a bias's shape, the
-  sequences' lengths);
-- ``recover(caller, case, value, inputs, opts)``: what it learns from the target itself,
-  before the golden is computed (``dropout``: the kernel's mask, put into ``inputs``;
-  ``opts`` the reference's options without it); returns what it found wrong, each with
-  ``tensors`` (those it fails), ``id`` and ``sentence``.
+- ``hand(at, args, kw) -> (args, kw)``: what the callable is handed instead, after the
+  layout transform (``args``: ``{"q", "k", "v"}`` in call order; ``paged`` hands
+  ``k_cache``, ``v_cache`` and a block table; ``dropout`` seeds torch there, just before
+  each call);
+- ``recover(at, caller)``: what it learns from the target itself, before the golden is
+  computed (``dropout``: the kernel's mask, put into ``at.inputs``; ``at.opts`` the
+  reference's options without it); returns what it found wrong, each with ``tensors``
+  (those it fails), ``id`` and ``sentence``;
+- ``lse_form(at, lse)``: another form of lse its kernels return (ALiBi's in FlashAttention).
+
+and on the run and its shapes: ``apply(case, rng)``: the feature added to a case of another
+shape, so that features meet each other (every pair requested, and all of them together)
+and run at the lengths given with ``--tokens``; ``layout``: the layout it wants (``paged``:
+``bthd``; ``varlen``: its own packed ``thd``, an object with `call.Dense`'s methods);
+``widen(case)``: a run-wide feature's form of every case of the run (``paged`` pages each
+one); ``forward_only``: its cases judge the forward alone; ``fit(case, value)`` and
+``head_counts(case, value)``: its value made to fit a case of new sizes and the head counts
+it allows (``check --repro`` shrinking a case: a bias's shape, the sequences' lengths, GQA's
+groups); ``aligned`` and ``alignment_mistake``: its keys move with the alignment, and its
+own name for the other alignment's mistake (``decode``: the queries placed top-left).
 
 Features that change how *every* case runs are ``run_wide``: their mistakes are tried on
 every case of a run that asks for them, and what they change is a field the runner asks
@@ -57,7 +69,7 @@ from itertools import combinations
 
 from parity_tests.kernels import cases, variations
 
-__all__ = ["Feature", "Input", "FEATURES", "REGISTRY", "INPUTS", "parse_features", "require", "asks",
+__all__ = ["Feature", "Input", "Option", "At", "FEATURES", "REGISTRY", "INPUTS", "parse_features", "require", "asks",
            "layout", "declared_inputs", "handed_inputs", "differentiated_inputs", "feature_cases", "label", "ordered", "Plan", "help_line"]
 
 
@@ -71,12 +83,43 @@ class Input:
     ties: bool = True          # ties heads, batch entries or rows together: no slice is recomputed alone
 
 
-def _declared_options(case, value, inputs, feature=None):
-    return {i.name: inputs[i.name] for i in feature.inputs if i.name in inputs}
+@dataclass(frozen=True)
+class Option:
+    """A feature's value as one option: ``convert(value)`` is the reference's option (and the
+    dense formula's) named ``name`` and the callable's keyword of that name, where declared."""
+    name: str
+    convert: object = lambda value: value
+    reference: bool = True     # numpy_ref.reference_attention (and the dense formula) takes it
+    keyword: bool = True       # the callable receives it
 
 
-def _declared_keywords(case, value, tensors, feature=None):
-    return {i.name: tensors[i.name] for i in feature.inputs if i.handed and i.name in tensors}
+@dataclass
+class At:
+    """What a feature's hook receives about the case at hand, one context for every hook:
+    the case and the feature's value on it; the float64 inputs (q, k, v, dout and the
+    features', rounded to the dtype once drawn); the run's seed, device, dtype and alignment;
+    ``rng``, the case's generator (``draw``); ``tensors``, the handed inputs as the callable
+    gets them (``kwargs``); ``opts``, the reference's options (``recover``)."""
+    case: object
+    value: object = None
+    inputs: dict = None
+    seed: int = 0
+    device: str = "cpu"
+    dtype: str = None
+    align: str = None
+    rng: object = None
+    tensors: dict = None
+    opts: dict = None
+
+
+def _declared_options(at, feature=None):
+    return {**{i.name: at.inputs[i.name] for i in feature.inputs if i.name in at.inputs},
+            **{o.name: o.convert(at.value) for o in feature.options if o.reference}}
+
+
+def _declared_keywords(at, feature=None):
+    return {**{i.name: at.tensors[i.name] for i in feature.inputs if i.handed and i.name in at.tensors},
+            **{o.name: o.convert(at.value) for o in feature.options if o.keyword}}
 
 
 @dataclass(frozen=True)
@@ -86,19 +129,20 @@ class Feature:
     keywords: tuple = ()
     cases: object = lambda causal, plan: []
     label: object = lambda value: ""
-    draw: object = lambda case, value, rng, inputs: None
+    draw: object = lambda at: None  # (`At`) adds its inputs to at.inputs, drawn from at.rng
     inputs: tuple = ()              # its extra inputs (`Input`)
-    reference: object = None        # (case, value, inputs) -> options; None: its inputs, by name
-    kwargs: object = None           # (case, value, tensors) -> keywords; None: its handed inputs, by name
+    options: tuple = ()             # its value as options (`Option`): the reference's and the callable's
+    reference: object = None        # (at) -> options; None: its inputs and options, by name
+    kwargs: object = None           # (at) -> keywords; None: its handed inputs and options, by name
     mistakes: object = lambda ctx, value: []
     apply: object = None            # (case, rng) -> the case with this feature added, or None
     run_wide: bool = False          # changes how every case of the run is called or judged
-    hand: object = None             # (case, value, args, kw, device) -> (args, kw): what the callable gets
+    hand: object = None             # (at, args, kw) -> (args, kw): what the callable gets
     layout: object = None           # the layout it wants (None: the target's): a name ("bthd"), or the
     #                                 methods of call.Dense for another (varlen's packed thd)
     widen: object = None            # run-wide: case -> the case as this feature runs it
     forward_only: bool = False      # its cases judge out (and lse) alone
-    recover: object = None          # (caller, case, value, inputs, opts) -> findings: learnt from the target
+    recover: object = None          # (at, caller) -> findings: learnt from the target (at.opts: before it)
     fit: object = lambda case, value: value     # (case of new sizes, value) -> the value fitting it, or None
     excludes: tuple = ()            # the features it cannot be combined with, and why:
     excludes_why: str = ""
@@ -109,12 +153,12 @@ class Feature:
     repeats: bool = False           # run-wide: each case is called twice and compared bitwise
     aligned: bool = False           # its keys or weights move with the alignment of Tq ≠ Tk (a window, ALiBi)
     alignment_mistake: object = None  # (ctx) -> (id, says) naming the other alignment in its own terms, or None
-    lse_form: object = None         # (case, value, align, lse, inputs) -> (lse, note, note_else): another lse
+    lse_form: object = None         # (at, lse) -> (lse, note, note_else): another lse
     #                                 kernels return for it, accepted when closer (ALiBi's FlashAttention form)
     head_counts: object = None      # (case, value) -> [(heads, value)], smallest first: what a shrunk case may take
 
     def __post_init__(self):
-        handed = tuple(i.name for i in self.inputs if i.handed)
+        handed = tuple(i.name for i in self.inputs if i.handed) + tuple(o.name for o in self.options if o.keyword)
         object.__setattr__(self, "keywords", tuple(dict.fromkeys(self.keywords + handed)))
         if self.reference is None:
             object.__setattr__(self, "reference", partial(_declared_options, feature=self))

@@ -17,8 +17,8 @@ def cases(causal, plan):
                             Case(2, 8, 77, 45, 32, causal, (("alibi", True),))], plan)
 
 
-def draw(case, on, rng, inputs):
-    inputs["alibi_slopes"] = np.array(alibi_slopes(case.heads))
+def draw(at):
+    at.inputs["alibi_slopes"] = np.array(alibi_slopes(at.case.heads))
 
 
 def mistakes(ctx, on):
@@ -41,14 +41,15 @@ def mistakes(ctx, on):
     return out
 
 
-def flash_lse(case, on, align, lse, inputs):
+def flash_lse(at, lse):
     """lse in FlashAttention's causal ALiBi form: + slope_h · (i + offset) per row (its bias is
     slope · j, which differs from −slope · |i + o − j| by a constant per row on the keys a
     causal row sees, so out is the same and only lse moves)."""
+    case = at.case
     lens = case.seqlens or (None, None)
-    offs = np.array(offsets(case.tq, case.tk, lens[0], lens[1], align, case.batch))
+    offs = np.array(offsets(case.tq, case.tk, lens[0], lens[1], at.align, case.batch))
     i = np.arange(case.tq)[None, None, :] + offs[:, None, None]                  # (B, 1, Tq)
-    return (lse + np.asarray(inputs["alibi_slopes"])[None, :, None] * i,
+    return (lse + np.asarray(at.inputs["alibi_slopes"])[None, :, None] * i,
             "lse in FlashAttention's causal ALiBi form (+slope j)", "lse in the reference's ALiBi form")
 
 

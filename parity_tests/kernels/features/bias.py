@@ -12,8 +12,8 @@ def cases(causal, plan):
             for s in ((2, 2, 45, 77), (1, 2, 45, 77), (2, 1, 1, 77), (45, 77))]
 
 
-def draw(case, shape, rng, inputs):
-    inputs["bias"] = rng.standard_normal(shape)
+def draw(at):
+    at.inputs["bias"] = at.rng.standard_normal(at.value)
 
 
 def mistakes(ctx, shape):

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from parity_tests.kernels.cases import Case
-from parity_tests.kernels.features import Feature, Input
+from parity_tests.kernels.features import Feature, Input, Option
 
 # A correct kernel fails the keep-rate test with this probability per case.
 ALPHA = 1e-6
@@ -51,16 +51,16 @@ def seed_of(case):
     return zlib.crc32(repr(("dropout",) + astuple(case)).encode())
 
 
-def hand(case, p, args, kw, device):
+def hand(at, args, kw):
     """Nothing changes in what the callable gets; torch is seeded just before the call."""
-    torch.manual_seed(seed_of(case))
+    torch.manual_seed(seed_of(at.case))
     return args, kw
 
 
-def reference(case, p, inputs):
-    if "keep" not in inputs:                 # a draw the mask was not recovered for
+def reference(at):
+    if "keep" not in at.inputs:              # a draw the mask was not recovered for
         return {}
-    return {"keep": inputs["keep"], "dropout_p": float(p)}
+    return {"keep": at.inputs["keep"], "dropout_p": float(at.value)}
 
 
 # ----------------------------------------------------------------------------
@@ -100,9 +100,10 @@ def binomial_pvalue(k, n, prob):
     return float(min(1.0, pmf[pmf <= pmf[k] * (1 + 1e-7)].sum()))
 
 
-def recover(caller, case, p, rounded, opts):
+def recover(at, caller):
     """Recover the kernel's forward and backward masks (module docstring); put the forward's
-    in ``rounded["keep"]``; return the `Finding` s (empty when the mask is sound)."""
+    in ``at.inputs["keep"]``; return the `Finding` s (empty when the mask is sound)."""
+    case, p, rounded, opts = at.case, at.value, at.inputs, at.opts
     from numpy_ref import reference_attention
     b, h, hkv, tq, tk, dv = case.batch, case.heads, case.hkv, case.tq, case.tk, case.dv
     W_f, W_b = np.zeros((b, h, tq, tk)), np.zeros((b, h, tq, tk))
@@ -229,8 +230,8 @@ def mistakes(ctx, p):
 
 FEATURE = Feature("dropout", "dropout_p=float, dropout on the weights after the softmax, the mask drawn from "
                   "torch's global RNG (seeded by the check) and recovered from the kernel; p = 0, 0.1, 0.5",
-                  keywords=("dropout_p",), cases=cases, label=lambda p: f"dropout {p:g}",
-                  reference=reference, kwargs=lambda case, p, tensors: {"dropout_p": float(p)},
+                  cases=cases, label=lambda p: f"dropout {p:g}",
+                  reference=reference, options=(Option("dropout_p", float, reference=False),),
                   mistakes=mistakes, hand=hand, recover=recover, random=True,
                   inputs=(Input("keep", handed=False),),
                   excludes=("paged", "varlen"), excludes_why="its mask read back from (B, H, Tq, Tk) weights")

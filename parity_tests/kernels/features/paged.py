@@ -100,9 +100,9 @@ def cache(x, table, size, num, lengths):
     return flat.view((num, size) + tuple(x.shape[2:]))
 
 
-def hand(case, value, args, kw, device):
-    size, lengths = value
-    table, num = pages(case, value)
+def hand(at, args, kw):
+    (size, lengths), device = at.value, at.device
+    table, num = pages(at.case, at.value)
     k, v = args["k"].detach(), args["v"].detach()                      # (B, Tk, Hkv, D): bthd
     kw = {**kw, "block_table": torch.tensor(table, dtype=torch.int32, device=device),
           "cache_seqlens": torch.tensor(lengths, dtype=torch.int32, device=device)}
@@ -110,14 +110,14 @@ def hand(case, value, args, kw, device):
             "v_cache": cache(v, table, size, num, lengths)}, kw
 
 
-def draw(case, value, rng, inputs):
-    for b, n in enumerate(value[1]):                          # keys past a sequence's length are zero
-        inputs["k"][b, :, n:] = 0.0
-        inputs["v"][b, :, n:] = 0.0
+def draw(at):
+    for b, n in enumerate(at.value[1]):                       # keys past a sequence's length are zero
+        at.inputs["k"][b, :, n:] = 0.0
+        at.inputs["v"][b, :, n:] = 0.0
 
 
-def reference(case, value, inputs):
-    return {"seqlens_q": np.full(case.batch, case.tq), "seqlens_k": np.array(value[1]), "align": "bottom-right"}
+def reference(at):
+    return {"seqlens_q": np.full(at.case.batch, at.case.tq), "seqlens_k": np.array(at.value[1]), "align": "bottom-right"}
 
 
 def _read(ctx, value, hid, says, positions):

@@ -12,9 +12,9 @@ def cases(causal, plan):
     return [Case(1, 4, t, 77, 64, causal, (("sinks", s),)) for t in (77, 45) for s in ("large", "small")]
 
 
-def draw(case, size, rng, inputs):
-    base = math.log(case.tk) + 1.0 if size == "large" else -1.0
-    inputs["sinks"] = base + 0.5 * rng.standard_normal(case.heads)
+def draw(at):
+    base = math.log(at.case.tk) + 1.0 if at.value == "large" else -1.0
+    at.inputs["sinks"] = base + 0.5 * at.rng.standard_normal(at.case.heads)
 
 
 def mistakes(ctx, size):

@@ -4,7 +4,7 @@ the cap applied before the scale, its derivative 1 − tanh² left out of the ba
 the convention of applying it after ALiBi and the bias instead of before."""
 
 from parity_tests.kernels.cases import Case
-from parity_tests.kernels.features import Feature
+from parity_tests.kernels.features import Feature, Option
 
 
 def cases(causal, plan):
@@ -13,9 +13,9 @@ def cases(causal, plan):
             Case(1, 2, 77, 77, 64, causal, (("softcap", 1.0),))]
 
 
-def draw(case, cap, rng, inputs):
-    if cap < 10:
-        inputs["q"] = inputs["q"] * 4.0           # scores of spread ~4: tanh saturates at softcap 1
+def draw(at):
+    if at.value < 10:
+        at.inputs["q"] = at.inputs["q"] * 4.0           # scores of spread ~4: tanh saturates at softcap 1
 
 
 def mistakes(ctx, cap):
@@ -37,8 +37,7 @@ def after_bias(ctx, cap):
                   f"/ c), c = {cap:g}; x-transformers' order) instead of before them", ctx.fwd(softcap_last=True))]
 
 
-FEATURE = Feature("softcap", "softcap=float, c·tanh(S/c) on the scaled scores", keywords=("softcap",),
+FEATURE = Feature("softcap", "softcap=float, c·tanh(S/c) on the scaled scores",
                   cases=cases, label=lambda c: f"softcap {c:g}", draw=draw,
-                  reference=lambda case, c, inputs: {"softcap": float(c)},
-                  kwargs=lambda case, c, tensors: {"softcap": float(c)}, mistakes=mistakes,
+                  options=(Option("softcap", float),), mistakes=mistakes,
                   apply=lambda case, rng: case.with_feature("softcap", 30.0))

@@ -108,16 +108,17 @@ def label(lengths):
     return "lens " + (text if lk == lq else text + "x" + ",".join(map(str, lk)))
 
 
-def draw(case, lengths, rng, inputs):
-    for n, (lq, lk) in enumerate(zip(*lengths)):           # padding rows are zero
+def draw(at):
+    inputs = at.inputs
+    for n, (lq, lk) in enumerate(zip(*at.value)):          # padding rows are zero
         for name, t in (("q", lq), ("dout", lq), ("k", lk), ("v", lk)):
             inputs[name][n, :, t:] = 0.0
         if "dlse" in inputs:
             inputs["dlse"][n, :, lq:] = 0.0
 
 
-def reference(case, lengths, inputs):
-    return {"seqlens_q": np.array(lengths[0]), "seqlens_k": np.array(lengths[1])}
+def reference(at):
+    return {"seqlens_q": np.array(at.value[0]), "seqlens_k": np.array(at.value[1])}
 
 
 def _packed_as_one(ctx, lengths):

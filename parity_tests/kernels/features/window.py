@@ -7,7 +7,7 @@ mistakes: each edge one key off either way, the sides swapped, the window placed
 with the other alignment than the causal mask."""
 
 from parity_tests.kernels.cases import Case, case_rng
-from parity_tests.kernels.features import Feature, both_alignments
+from parity_tests.kernels.features import Feature, Option, both_alignments
 
 
 def _windows(tk, causal, rng):
@@ -53,8 +53,7 @@ def apply(case, rng):
     return case.with_feature("window", _windows(case.tk, case.causal, rng)[-1])
 
 
-FEATURE = Feature("window", "window=(left, right), FlashAttention's window_size", keywords=("window",),
+FEATURE = Feature("window", "window=(left, right), FlashAttention's window_size",
                   cases=cases, label=lambda w: f"window({w[0]},{w[1]})",
-                  reference=lambda case, w, inputs: {"window": tuple(w)},
-                  kwargs=lambda case, w, tensors: {"window": tuple(w)}, mistakes=mistakes, apply=apply,
+                  options=(Option("window", tuple),), mistakes=mistakes, apply=apply,
                   aligned=True)

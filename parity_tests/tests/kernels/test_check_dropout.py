@@ -38,9 +38,9 @@ def test_a_right_kernel_passes_and_its_mask_is_the_one_recovered(one_case, monke
     masks = []
     real = dropout_mod.recover
 
-    def spy(caller, case, p, rounded, opts):
-        found = real(caller, case, p, rounded, opts)
-        masks.append(rounded["keep"].copy())
+    def spy(at, caller):
+        found = real(at, caller)
+        masks.append(at.inputs["keep"].copy())
         return found
     monkeypatch.setitem(REGISTRY, "dropout", replace(REGISTRY["dropout"], recover=spy))
     report = parity_tests.check(kernel(returns_lse=False), features=["dropout"], **TINY)
