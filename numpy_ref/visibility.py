@@ -17,6 +17,8 @@ loops ask it which keys a tile of queries may see, and for the tile's mask);
 ``visible_mask`` builds the whole (tq, tk) boolean from the same object.
 """
 
+import functools
+
 import numpy as np
 
 __all__ = ["ALIGNMENTS", "alignment_offset", "window_sides", "Visibility", "visible_mask"]
@@ -79,10 +81,29 @@ class Visibility:
 
     def tile_mask(self, q0, q1, k0, k1):
         """None when every query of [q0, q1) sees every key of [k0, k1) (no mask to
-        build or apply); else `mask`."""
+        build or apply); else `mask`, read-only.  A tile of real rows and keys has the
+        mask of every tile as far from the diagonal (`_band`): built once, not per tile."""
         if q1 <= self.nq and self.lo(q1 - 1) <= k0 and self.hi(q0) >= k1 - 1:
             return None
+        if q1 <= self.nq and k1 <= self.nk:
+            return _band(q0 + self.offset - k0, self.left, self.right, q1 - q0, k1 - k0)
         return self.mask(q0, q1, k0, k1)
+
+
+@functools.lru_cache(maxsize=64)
+def _band(d, left, right, rows, cols):
+    """(rows, cols) bool, read-only: row i sees column j iff ``i + d − left ≤ j ≤ i + d + right``
+    (a side of −1 unbounded).  `Visibility.mask` of a tile of real rows and keys, whose
+    ``d = q0 + offset − k0``: the clipping of ``lo`` to 0 and of ``hi`` to ``nk − 1`` cannot
+    matter for keys inside [0, nk)."""
+    i, j = np.arange(rows)[:, None], np.arange(cols)[None, :]
+    seen = np.ones((rows, cols), dtype=bool)
+    if left >= 0:
+        seen &= j >= i + d - left
+    if right >= 0:
+        seen &= j <= i + d + right
+    seen.flags.writeable = False
+    return seen
 
 
 def visible_mask(tq, tk, *, causal=False, align="top-left", window=None,

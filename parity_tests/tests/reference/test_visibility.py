@@ -72,3 +72,22 @@ def test_alignment_offsets_and_a_bad_align_is_refused():
 
 def test_the_chapter_mask_is_the_top_left_causal_one():
     assert np.array_equal(visible_mask(6, 6, causal=True), ~np.triu(np.ones((6, 6), bool), 1))
+
+
+def test_a_tile_mask_built_once_per_distance_from_the_diagonal_is_the_tile_of_the_whole_mask():
+    """tile_mask's cached band (one per distance from the diagonal, read-only) on random heads
+    and tiles: lengths, offsets and windows that clip at the first and last keys included."""
+    rng = np.random.default_rng(5)
+    for _ in range(300):
+        tq, tk = rng.integers(1, 40, size=2)
+        causal, align = bool(rng.integers(2)), ("top-left", "bottom-right")[rng.integers(2)]
+        window = None if rng.integers(3) == 0 else tuple(int(x) for x in rng.integers(-1, 12, size=2))
+        nq, nk = int(rng.integers(0, tq + 1)), int(rng.integers(0, tk + 1))
+        whole = contract_mask(tq, tk, causal, align, window, nq, nk)
+        vis = Visibility(nq, nk, alignment_offset(nq, nk, align), *window_sides(causal, window))
+        q0, k0 = int(rng.integers(0, tq)), int(rng.integers(0, tk))
+        q1, k1 = int(rng.integers(q0 + 1, tq + 1)), int(rng.integers(k0 + 1, tk + 1))
+        tile = vis.tile_mask(q0, q1, k0, k1)
+        expected = whole[q0:q1, k0:k1]
+        assert expected.all() if tile is None else np.array_equal(tile, expected), (tq, tk, causal, align, window, nq, nk, q0, q1, k0, k1)
+        assert tile is None or not tile.flags.writeable or not (q1 <= nq and k1 <= nk)
