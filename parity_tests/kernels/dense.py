@@ -183,8 +183,8 @@ def _online(S, v, block, slip):
         extra = torch.where(torch.isfinite(m1), torch.exp(finite0(m1) - finite0(m)), torch.ones_like(m))
         return (e @ v) / (extra + e.sum(-1))[..., None]
     M = own if slip == "split" else torch.cummax(own, dim=-1).values    # per block
-    M = M.repeat_interleave(block, dim=-1)[..., :tk]                     # per key
-    w = torch.exp(S - finite0(M))
+    M = finite0(M).repeat_interleave(block, dim=-1)[..., :tk]           # per key
+    w = torch.exp(S - M)
     if slip == "acc":
         l = torch.exp(S - finite0(m)[..., None]).sum(-1)
     else:
@@ -276,8 +276,11 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
         padding_row = torch.stack([i >= lq[n] for n in range(b)])[:, None, :, None]   # (B, 1, Tq, 1)
         sink = sinks.to(S.dtype)[None, :, None, None].expand(b, hq, tq, 1)
         S = torch.cat([S, sink.masked_fill(padding_row, -torch.inf)], dim=-1)   # (B, Hq, Tq, Tk + 1)
-    row_seen = torch.isfinite(S).any(-1)
-    S_safe = S.masked_fill(~torch.isfinite(S).any(axis, keepdim=True), 0.0)
+    finite = torch.isfinite(S)
+    row_seen = finite.any(-1)
+    seen_along = row_seen[..., None] if axis in (-1, S.dim() - 1) else finite.any(axis, keepdim=True)
+    del finite
+    S_safe = S.masked_fill(~seen_along, 0.0)
     lse = torch.logsumexp(S_safe, dim=-1).masked_fill(~row_seen, -torch.inf)
     if online is not None:
         out = _online(S[..., :tk], v.to(S.dtype), online[1], online[0])
@@ -289,7 +292,7 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
         L = torch.logsumexp(wide, dim=-1).masked_fill(~row_seen, 0.0)[..., None]
         P = (torch.exp(wide - L) * row_seen[..., None]).to(S.dtype)
     else:
-        P = torch.softmax(S_safe, dim=axis) * torch.isfinite(S).any(axis, keepdim=True)
+        P = torch.softmax(S_safe, dim=axis) * seen_along
     if sinks is not None:
         P = P[..., :-1]
     if keep is not None:
