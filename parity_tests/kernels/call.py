@@ -71,8 +71,8 @@ class Dense:
     gradients look like on the target's side.  A layout a feature declares instead
     (``Feature.layout``: varlen's packed one) has the same methods.
 
-    q, k, v are handed with the case's strides (``variations``): views of one fused
-    (B, T, 3, H, D) buffer, as a fused qkv projection leaves, or rows padded past D."""
+    q, k, v are handed contiguous, or as the views the case's variation declares
+    (``variations.views``: of one fused qkv buffer, rows padded past D)."""
 
     def __init__(self, name):
         self.name = name
@@ -80,21 +80,13 @@ class Dense:
     def handed(self, case, t, grad):
         """(given, read): the q, k, v handed (leaves of autograd), and for each a function
         giving its gradient as (B, H, T, D) (None when none arrived)."""
-        strides = case.get("strides")
-        if strides == "fused":
-            buf = torch.stack([t[n].transpose(1, 2) for n in ("q", "k", "v")], dim=2).requires_grad_(grad)
-            given = {n: targets.to_layout(buf[:, :, i].transpose(1, 2), self.name) for i, n in enumerate(t)}
-            read = {n: (lambda i=i: None if buf.grad is None else buf.grad[:, :, i].transpose(1, 2))
-                    for i, n in enumerate(t)}
-            return given, read
-        given, read = {}, {}
-        for n, x in t.items():
-            x = targets.to_layout(x, self.name)
-            pad = variations.STRIDE_PAD if strides == "padded" else 0
-            leaf = torch.nn.functional.pad(x, (0, pad)).contiguous().requires_grad_(grad)
-            given[n] = leaf[..., : x.shape[-1]] if pad else leaf
-            read[n] = lambda leaf=leaf, d=x.shape[-1]: None if leaf.grad is None else \
-                targets.from_layout(leaf.grad[..., :d], self.name)
+        views = variations.views(case)
+        if views is not None:
+            return views(t, self.name, grad)
+        given = {n: targets.to_layout(x, self.name).clone(memory_format=torch.contiguous_format).requires_grad_(grad)
+                 for n, x in t.items()}                       # a copy: the kernel never holds the check's arrays
+        read = {n: lambda leaf=leaf: None if leaf.grad is None else targets.from_layout(leaf.grad, self.name)
+                for n, leaf in given.items()}
         return given, read
 
     def keywords(self, case, device):

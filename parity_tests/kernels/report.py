@@ -23,6 +23,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from parity_tests.common.tables import format_table
+from parity_tests.kernels import variations
 from parity_tests.kernels.row import Row
 
 __all__ = ["Row", "Report", "find_growth", "find_strides"]
@@ -93,7 +94,7 @@ def find_strides(rows):
     cases) fail and every contiguous case passes: the kernel reads as if contiguous."""
     from parity_tests.kernels.diagnosis.diagnose import Diagnosis
     judged = [r for r in rows if r.verdict in ("pass", "FAIL")]
-    strided = lambda r: "strides" in r.dims.get("features", ())
+    strided = lambda r: variations.viewed(r.dims.get("features", ()))
     failing = [r for r in judged if r.failed]
     if not failing or not all(strided(r) for r in failing) or not any(r.passed and not strided(r) for r in judged):
         return

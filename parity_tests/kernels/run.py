@@ -353,7 +353,7 @@ def build_parser():
     p.add_argument("--plot", metavar="DIR", help="write a heat map of each failing tensor's error over its "
                    "bound to DIR")
     p.add_argument("--repro", metavar="DIR", help="shrink each failing cause to its smallest case and write "
-                   "DIR/<cause>/repro.py and variations.npz (see docs/check.md#handing-a-failure-on)")
+                   "DIR/<cause>/repro.py and inputs.npz (see docs/check.md#handing-a-failure-on)")
     p.add_argument("--quiet", "-q", action="store_true", help="print only failing rows and the summary")
     return p
 

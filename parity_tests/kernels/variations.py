@@ -33,12 +33,14 @@ bfloat16 still passes: the bound is the baseline's own error times
 """
 
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
 from parity_tests.kernels.cases import Case
 
-__all__ = ["grid_cases", "label", "draw", "STRIDE_PAD", "CLASSES", "InputClass"]
+__all__ = ["grid_cases", "label", "draw", "views", "viewed", "STRIDE_PAD", "CLASSES", "InputClass",
+           "Variation", "VARIATIONS"]
 
 # Elements of padding past D in each row of a "strides padded" buffer.
 STRIDE_PAD = 8
@@ -92,9 +94,8 @@ def label(name, value):
     return f"{name} {value:g}" if isinstance(value, float) else f"{name} {value}"
 
 
-def draw(case, rng, inputs):
+def _redrawn(case, kind, rng, inputs):
     """Redraw q, k, v, dout the way the case's ``inputs`` entry asks."""
-    kind = case.get("inputs")
     if kind == "outliers":
         for n in ("q", "k", "v", "dout"):
             x = rng.standard_t(OUTLIER_DF, size=inputs[n].shape)
@@ -104,3 +105,68 @@ def draw(case, rng, inputs):
     elif kind == "integers":
         for n in ("q", "k", "v", "dout"):
             inputs[n] = rng.integers(-1, 2, size=inputs[n].shape).astype(np.float64)
+
+
+def _fused(t, layout, grad):
+    """q, k, v as views of one (B, T, 3, H, D) buffer, as a fused qkv projection leaves."""
+    import torch
+
+    from parity_tests.kernels.targets import to_layout
+    buf = torch.stack([t[n].transpose(1, 2) for n in ("q", "k", "v")], dim=2).requires_grad_(grad)
+    given = {n: to_layout(buf[:, :, i].transpose(1, 2), layout) for i, n in enumerate(t)}
+    read = {n: (lambda i=i: None if buf.grad is None else buf.grad[:, :, i].transpose(1, 2)) for i, n in enumerate(t)}
+    return given, read
+
+
+def _padded(t, layout, grad):
+    """q, k, v with their rows padded past D by `STRIDE_PAD` elements (a last-dim stride past D)."""
+    import torch
+
+    from parity_tests.kernels.targets import from_layout, to_layout
+    given, read = {}, {}
+    for n, x in t.items():
+        x = to_layout(x, layout)
+        leaf = torch.nn.functional.pad(x, (0, STRIDE_PAD)).contiguous().requires_grad_(grad)
+        given[n] = leaf[..., : x.shape[-1]]
+        read[n] = lambda leaf=leaf, d=x.shape[-1]: None if leaf.grad is None else from_layout(leaf.grad[..., :d], layout)
+    return given, read
+
+
+@dataclass(frozen=True)
+class Variation:
+    """One way the runs vary the grid's inputs, declared as a feature is: its name in a case's
+    ``features`` (its value beside it) and the hooks the runner asks instead of the name.
+    ``draw(case, value, rng, inputs)``: q, k, v, dout drawn again; ``views(value)``: how
+    q, k, v are handed as views of a larger buffer, ``(t, layout, grad) -> (given, read)``
+    as `call.Dense.handed`."""
+    name: str
+    draw: object = None
+    views: object = None
+
+
+VARIATIONS = {v.name: v for v in (
+    Variation("strides", views=lambda value: {"fused": _fused, "padded": _padded}[value]),
+    Variation("scale"),                                  # cases.Case.scale: the scale handed and judged
+    Variation("inputs", draw=_redrawn),
+)}
+
+
+def draw(case, rng, inputs):
+    """The case's variations that draw q, k, v, dout again, applied to ``inputs``."""
+    for name, value in case.features:
+        if name in VARIATIONS and VARIATIONS[name].draw is not None:
+            VARIATIONS[name].draw(case, value, rng, inputs)
+
+
+def views(case):
+    """``(t, layout, grad) -> (given, read)`` of the case's variation that hands q, k, v as
+    views of a larger buffer, or None (contiguous)."""
+    for name, value in case.features:
+        if name in VARIATIONS and VARIATIONS[name].views is not None:
+            return VARIATIONS[name].views(value)
+    return None
+
+
+def viewed(names):
+    """Whether a case with these feature and variation names hands q, k, v as views."""
+    return any(VARIATIONS[n].views is not None for n in names if n in VARIATIONS)
