@@ -66,7 +66,8 @@ def offset_of(tq, tk, align):
 # when it loads, so that this module, which every feature module imports, imports none.
 FEATURE_VIEWS = {"ordered": lambda values: tuple(values.items()),
                  "label": lambda name, value: f"{name} {value}",
-                 "forward_only": lambda name: False}
+                 "forward_only": lambda name: False,
+                 "sets": lambda name: None}          # the shape field a feature's value is (Feature.sets)
 
 
 @dataclass(frozen=True)
@@ -87,18 +88,23 @@ class Case:
     def with_feature(self, name, value):
         return replace(self, features=FEATURE_VIEWS["ordered"](dict(self.features, **{name: value})))
 
+    def _shape(self, field, default):
+        """The value of the feature that declares it is ``field`` (``Feature.sets``), else ``default``."""
+        sets = FEATURE_VIEWS["sets"]
+        return next((v for n, v in self.features if sets(n) == field), default)
+
     @property
     def hkv(self):
-        return self.get("gqa", self.heads)
+        return self._shape("kv_heads", self.heads)
 
     @property
     def dv(self):
-        return self.get("value_dim", self.head_dim)
+        return self._shape("v_dim", self.head_dim)
 
     @property
     def seqlens(self):
-        """(seqlens_q, seqlens_k) of a varlen batch, else None."""
-        return self.get("varlen")
+        """(seqlens_q, seqlens_k) of a batch of sequences of their own lengths, else None."""
+        return self._shape("seqlens", None)
 
     @property
     def forward_only(self):

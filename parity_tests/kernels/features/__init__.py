@@ -49,7 +49,9 @@ one); ``forward_only``: its cases judge the forward alone; ``fit(case, value)`` 
 ``head_counts(case, value)``: its value made to fit a case of new sizes and the head counts
 it allows (``check --repro`` shrinking a case: a bias's shape, the sequences' lengths, GQA's
 groups); ``aligned`` and ``alignment_mistake``: its keys move with the alignment, and its
-own name for the other alignment's mistake (``decode``: the queries placed top-left).
+own name for the other alignment's mistake (``decode``: the queries placed top-left);
+``sets``: the case's shape its value is (``Case.hkv``, ``dv``, ``seqlens``: GQA's kv heads,
+value_dim's Dv, varlen's lengths).
 
 Features that change how *every* case runs are ``run_wide``: their mistakes are tried on
 every case of a run that asks for them, and what they change is a field the runner asks
@@ -156,6 +158,7 @@ class Feature:
     lse_form: object = None         # (at, lse) -> (lse, note, note_else): another lse
     #                                 kernels return for it, accepted when closer (ALiBi's FlashAttention form)
     head_counts: object = None      # (case, value) -> [(heads, value)], smallest first: what a shrunk case may take
+    sets: str = None                # the case's shape its value is: "kv_heads" (GQA), "v_dim", "seqlens"
 
     def __post_init__(self):
         handed = tuple(i.name for i in self.inputs if i.handed) + tuple(o.name for o in self.options if o.keyword)
@@ -327,4 +330,5 @@ def _applied(case, group, seed):
 REGISTRY = {name: import_module(f"{__name__}.{name}").FEATURE for name in FEATURES}
 INPUTS = declared_inputs(FEATURES)          # every feature's extra inputs, by name
 cases.FEATURE_VIEWS.update(ordered=ordered, label=label,
-                           forward_only=lambda name: name in REGISTRY and REGISTRY[name].forward_only)
+                           forward_only=lambda name: name in REGISTRY and REGISTRY[name].forward_only,
+                           sets=lambda name: REGISTRY[name].sets if name in REGISTRY else None)

@@ -59,4 +59,4 @@ def fit(case, kv_heads):
 
 
 FEATURE = Feature("gqa", "k and v with fewer heads than q (MQA included)", cases=cases, mistakes=mistakes,
-                  apply=apply, head_counts=head_counts, fit=fit)
+                  apply=apply, head_counts=head_counts, fit=fit, sets="kv_heads")

@@ -12,4 +12,5 @@ def cases(causal, plan):
 
 
 FEATURE = Feature("value_dim", "v with a head dim other than q's and k's", cases=cases,
-                  apply=lambda case, rng: case.with_feature("value_dim", 32 if case.head_dim != 32 else 48))
+                  apply=lambda case, rng: case.with_feature("value_dim", 32 if case.head_dim != 32 else 48),
+                  sets="v_dim")

@@ -182,6 +182,6 @@ def apply(case, rng):
 
 FEATURE = Feature("varlen", "with --layout thd, FlashAttention's packed varlen layout and cu_seqlens",
                   keywords=KEYWORDS, cases=cases, label=label, draw=draw, reference=reference, mistakes=mistakes, run_wide=True, layout=Packed(),
-                  apply=apply, widen=with_lengths, excludes=("bias",), excludes_why="a bias has no packed layout",
+                  apply=apply, widen=with_lengths, sets="seqlens", excludes=("bias",), excludes_why="a bias has no packed layout",
                   fit=lambda case, lens: tuple(tuple(min(x, t) for x in ls[:case.batch])
                                                for ls, t in zip(lens, (case.tq, case.tk))))
