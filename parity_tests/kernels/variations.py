@@ -33,7 +33,6 @@ bfloat16 still passes: the bound is the baseline's own error times
 """
 
 from dataclasses import dataclass
-from functools import partial
 
 import numpy as np
 

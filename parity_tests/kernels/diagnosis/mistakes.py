@@ -133,10 +133,13 @@ def chapter(ctx):
     features = [REGISTRY[n] for n, _ in case.features if n in REGISTRY]
     aligned = any(f.aligned for f in features)
     if ctx.aligned_apart and (case.causal or aligned):
-        named = [m for f in features if f.alignment_mistake is not None for m in [f.alignment_mistake(ctx)] if m]
-        hid, says = named[0] if named else \
-            ("other-alignment", f"{ctx.other_align} {'alignment' if aligned else 'causal alignment'} "
-                                f"(the check assumed {ctx.align})")
+        hid, says = "other-alignment", (f"{ctx.other_align} {'alignment' if aligned else 'causal alignment'} "
+                                        f"(the check assumed {ctx.align})")
+        for f in features:                     # a feature's own name for it (decode: the queries placed top-left)
+            named = f.alignment_mistake(ctx) if f.alignment_mistake is not None else None
+            if named:
+                hid, says = named
+                break
         out.append(H(hid, says, fwd({"align": ctx.other_align})))
     d = case.head_dim
     if d > 1:

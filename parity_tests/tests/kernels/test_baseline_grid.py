@@ -11,7 +11,6 @@ under ``slow``."""
 
 import numpy as np
 import pytest
-import torch
 
 from parity_tests.common.tolerances import BASELINE_FORMULATIONS
 from parity_tests.kernels import dense, runner
