@@ -11,4 +11,5 @@
 - ``outputs``         output paths and seeds, checked before any work
 - ``options``         dtype names and comma-separated lists as every verb reads them
 - ``help_text``       a module docstring as plain ``--help`` text
+- ``seeding``         ``torch.manual_seed`` without its cost on a machine without accelerators
 """

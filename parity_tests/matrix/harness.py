@@ -36,6 +36,7 @@ import torch.nn as nn
 import numpy_ref
 import torch_impl
 from parity_tests.common import tolerances as tol
+from parity_tests.common.seeding import manual_seed
 from parity_tests.matrix import variants
 from parity_tests.matrix.functional import functional_forward
 
@@ -246,7 +247,7 @@ def make_inputs(case):
 
 def build_torch(case):
     """The PyTorch module, initialised from the case's seed, in the case's dtype and device."""
-    torch.manual_seed(case.seed)
+    manual_seed(case.seed)
     cls = getattr(torch_impl, case.spec.torch_name or case.spec.name)
     module = cls(*_ctor_args(case.spec, case.config))
     return module.to(device=case.device, dtype=DTYPES[case.dtype])

@@ -33,6 +33,7 @@ from dataclasses import astuple
 import numpy as np
 import torch
 
+from parity_tests.common.seeding import manual_seed
 from parity_tests.kernels.cases import Case
 from parity_tests.kernels.features import Feature, Input, Option
 
@@ -53,7 +54,7 @@ def seed_of(case):
 
 def hand(at, args, kw):
     """Nothing changes in what the callable gets; torch is seeded just before the call."""
-    torch.manual_seed(seed_of(at.case))
+    manual_seed(seed_of(at.case))
     return args, kw
 
 
