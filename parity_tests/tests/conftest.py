@@ -12,7 +12,7 @@
   extra brings it): the tests are independent and each runs single-threaded.  A
   run of chosen files or tests stays in one process (starting workers costs more than
   it saves there); ``-n 0`` or ``-p no:xdist`` keeps any run in one, ``-n N`` sets N.
-- A diagnosis that raises raises (``PARITY_DIAGNOSIS_RAISES``, ``measure.DIAGNOSIS_RAISES``):
+- A diagnosis that raises raises (``PARITY_DIAGNOSIS_RAISES``, ``runner.DIAGNOSIS_RAISES``):
   outside the tests the row says "could not diagnose", which a test would pass over.
 """
 
@@ -22,23 +22,34 @@ import pytest
 
 os.environ.setdefault("PARITY_DIAGNOSIS_RAISES", "1")       # here too for the CLI's subprocesses
 
-try:
-    import torch
-except ImportError:     # the NumPy-only tests (tests/reference/) run without PyTorch
-    torch = None
-if torch is not None:
-    torch.set_num_threads(1)
 
-try:
-    from hypothesis import HealthCheck, settings
-except ImportError:     # ... and without hypothesis: only the property tests use it
-    settings = None
-if settings is not None:
+def pytest_configure(config):
+    """PyTorch single-threaded and hypothesis's profile, in every process that runs tests
+    (not in xdist's controller, which only hands tests out: no PyTorch import there, 1-2 s
+    before any worker starts)."""
+    if _controller(config):
+        return
+    try:
+        import torch
+    except ImportError:     # the NumPy-only tests (tests/reference/) run without PyTorch
+        torch = None
+    if torch is not None:
+        torch.set_num_threads(1)
+    try:
+        from hypothesis import HealthCheck, settings
+    except ImportError:     # ... and without hypothesis: only the property tests use it
+        return
     settings.register_profile("parity", deadline=None, derandomize=True, max_examples=100,
                               suppress_health_check=[HealthCheck.too_slow])
     settings.register_profile("thorough", deadline=None, max_examples=1000,
                               suppress_health_check=[HealthCheck.too_slow])
     settings.load_profile(os.environ.get("PARITY_HYPOTHESIS_PROFILE", "parity"))
+
+
+def _controller(config):
+    """Whether this process is pytest-xdist's controller: its workers run the tests."""
+    return (not hasattr(config, "workerinput") and bool(getattr(config.option, "numprocesses", None))
+            and getattr(config.option, "dist", "no") != "no")
 
 
 # Workers for a whole-suite run: each imports PyTorch and collects every test (a few
