@@ -276,8 +276,8 @@ class _Ranks:
                 self.times["start"] += time.perf_counter() - t0
             return self.world.run(tasks, self.timeout)
         except BaseException:
-            if self.world is not None:                   # ranks may be stuck: stop them all
-                self.world.close()
+            if self.world is not None:                   # ranks may be stuck: stop them all, now
+                self.world.close(grace=0)
             self.world = None
             raise
 

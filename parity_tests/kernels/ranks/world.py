@@ -13,8 +13,8 @@
 - `World.run` waits for every rank's result, the pipes and the processes' sentinels
   together, within the case's time limit.  A rank that raises, exits or does not
   finish raises `RankFailure` with its number and why; the caller then closes the
-  world (the others may be blocked in a collective that will never complete) and
-  starts a fresh one for the next case;
+  world at once (the others may be blocked in a collective that will never complete)
+  and starts a fresh one for the next case;
 - `World.close` asks each rank to leave, then terminates and kills what remains,
   and closes the store: no process, port or file is left.  (The one process that may
   outlive it is Python's own ``multiprocessing`` resource tracker, which every spawn
@@ -85,7 +85,7 @@ class World:
                 self.procs.append(p)
             self._collect(["ready"] * world_size, start_timeout, "start")
         except BaseException:
-            self.close()
+            self.close(grace=0)
             raise
 
     def run(self, tasks, timeout):
@@ -154,14 +154,16 @@ class World:
     def closed(self):
         return not self.procs
 
-    def close(self):
-        """Ask every rank to leave; terminate, then kill, what has not; close the store."""
+    def close(self, grace=2.0):
+        """Ask every rank to leave, and wait ``grace`` seconds; terminate, then kill, what has
+        not; close the store.  After a failure the ranks may be stuck (in their own code, or
+        in a collective that will never complete): ``grace=0`` stops them at once."""
         for conn in self.conns:
             try:
                 conn.send(None)
             except (OSError, EOFError, ValueError):
                 pass
-        deadline = time.monotonic() + 2.0
+        deadline = time.monotonic() + grace
         for p in self.procs:
             p.join(max(0.0, deadline - time.monotonic()))
         for p in self.procs:
