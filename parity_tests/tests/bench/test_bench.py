@@ -153,20 +153,21 @@ def test_golden_bench_prints_its_rate_the_dgemm_rate_the_share_and_the_blas(caps
     assert "BLAS:" in out and "OPENBLAS_CORETYPE" in out and "load average" in out
 
 
-def test_under_load_prints_both_slowdowns_and_leaves_no_busy_process(capsys):
+def test_under_load_prints_both_slowdowns_and_leaves_no_busy_process(capsys, monkeypatch):
     """``bench --under-load`` on a tiny T: the golden and SDPA timed idle and beside the
     busy processes, the ratio of their slowdowns printed, the busy processes gone after."""
     from parity_tests.bench import golden
     from processes import children
-    before = children()
-    r = golden.under_load(T=64, repeats=1, busy=1)
-    assert children() == before                                 # the spinner was stopped
+    before, results, measure = children(), [], golden.under_load
+    monkeypatch.setattr(golden, "under_load", lambda *a, **kw: results.append(measure(*a, **kw)) or results[-1])
+    assert cli.main(["bench", "--under-load", "--tokens", "64", "--repeats", "1"]) == 0
+    assert children() == before                                 # the spinners were stopped
+    (r,) = results
     for name in ("golden", "torch"):
         assert r[name]["idle_s"] > 0 and r[name]["loaded_s"] > 0
         assert r[name]["slowdown"] == r[name]["loaded_s"] / r[name]["idle_s"]
     assert r["ratio"] == r["golden"]["slowdown"] / r["torch"]["slowdown"]
     assert r["golden"]["idle_share"] > 0 and r["golden"]["loaded_share"] > 0
-    assert cli.main(["bench", "--under-load", "--tokens", "64", "--repeats", "1"]) == 0
     out = capsys.readouterr().out
     assert "2 busy processes beside them" in out and "golden's slowdown / torch's:" in out
     assert "GFLOP/s idle, share" in out and "GFLOP/s loaded, share" in out
