@@ -12,6 +12,8 @@ import warnings
 
 import torch
 
+from parity_tests.common.flex import unfused
+
 __all__ = ["dense_attention", "visible_mask", "sdpa_attention", "flex_attention"]
 
 
@@ -137,7 +139,7 @@ def flex_attention(q, k, v, **o):
         return _sees(i, j, off[b], nq[b], nk[b], o)
 
     block_mask = create_block_mask(mask_mod, B, None, Tq, Tk, device="cpu")
-    with warnings.catch_warnings():          # unfused on CPU without torch.compile: fine here
+    with warnings.catch_warnings(), unfused("cpu"):   # unfused on CPU without torch.compile: fine here
         warnings.simplefilter("ignore")
         out, lse = flex(torch.tensor(q), torch.tensor(k), torch.tensor(v), score_mod=score_mod,
                         block_mask=block_mask, scale=o.get("scale"), enable_gqa=True,

@@ -9,7 +9,7 @@
 - FlexAttention (``flex``): ``mask_mod`` for causal, window and the documents of
   a packed batch (``varlen``: q, k, v in the thd layout viewed as one sequence),
   ``score_mod`` for softcap, ALiBi and a bias; ``return_lse`` for lse.  Forward
-  only on CPU.
+  only on CPU, where it runs unfused and untraced (``common.flex``); compiled on CUDA.
 - FlashAttention (``flash``, ``flash-varlen``, ``flash-kvcache``), when
   ``flash_attn`` imports, on CUDA: ``flash_attn_func`` (bthd),
   ``flash_attn_varlen_func`` (thd) and ``flash_attn_with_kvcache`` (decode,
@@ -26,6 +26,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
+from parity_tests.common.flex import unfused
 from parity_tests.kernels.cases import offset_of
 from parity_tests.kernels.dense import offsets, sees, visible
 
@@ -96,7 +97,7 @@ def _flex_call(q, k, v, scale, mask_mod, score_mod, lse, unsupported):
     if q.is_cuda:
         attend = _COMPILED.setdefault("flex", torch.compile(flex_attention)) if "flex" not in _COMPILED \
             else _COMPILED["flex"]
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), unfused(q.device):
         warnings.simplefilter("ignore")      # "called without torch.compile": eager on CPU on purpose
         try:
             return attend(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,

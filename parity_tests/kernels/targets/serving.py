@@ -5,7 +5,8 @@
 block table becomes its page table (logical page -> physical page, and back), the cache
 one (1, Hkv, num_pages · page_size, D) sequence, the logical mask (the causal mask,
 bottom-right, and cache_seqlens) converted to physical blocks by
-``convert_logical_block_mask``.  Eager (unfused) on CPU, compiled on CUDA; forward only.
+``convert_logical_block_mask``.  Eager (unfused, untraced: ``common.flex``) on CPU, compiled
+on CUDA; forward only.
 On CPU the eager path computes the scores and ``P @ V`` over every physical slot and
 masks afterwards, so the NaN of the unused slots reaches every row (0 × NaN): the check
 names it (``paged-masked-nan``).
@@ -15,6 +16,7 @@ import warnings
 
 import torch
 
+from parity_tests.common.flex import unfused
 from parity_tests.kernels.dense import mask_mod, offsets
 
 __all__ = ["flex_paged", "FLEX_PAGED_FEATURES"]
@@ -41,7 +43,7 @@ def flex_paged(unsupported):
         physical = paged.convert_logical_block_mask(logical, kv_len=lens)
         flat = lambda c: c.reshape(1, num * size, hkv, c.shape[-1]).transpose(1, 2).expand(b, -1, -1, -1)
         attend = flex_attention if not q.is_cuda else _COMPILED.setdefault("flex", torch.compile(flex_attention))
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), unfused(q.device):
             warnings.simplefilter("ignore")         # "called without torch.compile": eager on CPU on purpose
             try:
                 with torch.no_grad():

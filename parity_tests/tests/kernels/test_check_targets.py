@@ -31,6 +31,39 @@ def test_flex_is_checked_forward_only_on_cpu():
         assert verdicts[grad][0] == "not supported" and verdicts[grad][1].startswith("forward only")
 
 
+needs_stance = pytest.mark.skipif(not hasattr(torch.compiler, "set_stance"), reason="needs PyTorch 2.6")
+
+
+@needs_stance
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_flex_untraced_on_cpu_is_the_traced_call_bit_for_bit(dtype):
+    """``common.flex.unfused``: the same unfused computation without dynamo's trace."""
+    import warnings
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    from parity_tests.common.flex import unfused
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 33, 24, generator=g).to(dtype)
+    k, v = (torch.randn(2, 2, 40, 24, generator=g).to(dtype) for _ in range(2))
+    slopes = torch.rand(4, generator=g)
+    score_mod = lambda s, b, h, i, j: 20.0 * torch.tanh(s / 20.0) - slopes[h] * (i + 7 - j).abs()
+    mask = create_block_mask(lambda b, h, i, j: (j <= i + 7) & (j > i - 9), None, None, 33, 40)
+    call = lambda: flex_attention(q, k, v, score_mod=score_mod, block_mask=mask, enable_gqa=True, return_lse=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")            # "called without torch.compile"
+        traced = call()
+        with unfused("cpu"):
+            untraced = call()
+    assert all(torch.equal(a, b) for a, b in zip(traced, untraced))
+
+
+@needs_stance
+def test_the_flex_targets_on_cpu_are_not_traced():
+    import torch._dynamo.utils as dynamo
+    before = dynamo.counters["stats"]["unique_graphs"]
+    assert parity_tests.check("flex", dtypes=["float32"], tokens=["17", "45x77"], features=["softcap"]).passed
+    assert dynamo.counters["stats"]["unique_graphs"] == before
+
+
 def test_a_refused_case_is_not_supported_never_a_pass():
     report = parity_tests.check("torch_impl-fused", dtypes=["float32"], tokens=["17"], causal="no")
     assert {r.verdict for r in report.rows} == {"not supported"}
