@@ -2,8 +2,8 @@
 ``nn.Dropout`` on ``attn_weights``; FlashAttention's and SDPA's ``dropout_p``).  The
 callable receives ``dropout_p=float`` and draws its own mask from torch's global RNG.
 
-Seeded: before every call of the target on a dropout case, ``torch.manual_seed`` with a
-seed fixed by the case's fields (`hand`), so that one forward and its backward share one
+Seeded: before every call of the target on a dropout case, ``torch.manual_seed`` (on the
+devices the machine has: ``common.seeding``) with a seed fixed by the case's fields (`hand`), so that one forward and its backward share one
 mask, and any call with the same shapes draws that mask again.
 
 The mask is recovered from the kernel itself, as FlashAttention's tests do (`recover`):
@@ -31,7 +31,6 @@ import zlib
 from dataclasses import astuple
 
 import numpy as np
-import torch
 
 from parity_tests.common.seeding import manual_seed
 from parity_tests.kernels.cases import Case
