@@ -3,8 +3,9 @@
 callable receives ``dropout_p=float`` and draws its own mask from torch's global RNG.
 
 Seeded: before every call of the target on a dropout case, ``torch.manual_seed`` (on the
-devices the machine has: ``common.seeding``) with a seed fixed by the case's fields (`hand`), so that one forward and its backward share one
-mask, and any call with the same shapes draws that mask again.
+devices the machine has: ``common.seeding``) with a seed fixed by the case's fields
+(`hand`), so that one forward and its backward share one mask, and any call with the same
+shapes draws that mask again.
 
 The mask is recovered from the kernel itself, as FlashAttention's tests do (`recover`):
 calls with ``v`` set to columns of the identity (Dv of them at a time, so that Dv stays the
