@@ -12,5 +12,5 @@
 - ``options``         dtype names and comma-separated lists as every verb reads them
 - ``help_text``       a module docstring as plain ``--help`` text
 - ``seeding``         ``torch.manual_seed`` without its cost on a machine without accelerators
-- ``flex``            FlexAttention on the CPU without the dynamo trace around its unfused path
+- ``flex``            FlexAttention as the targets call it: compiled on CUDA, untraced on the CPU
 """

@@ -8,11 +8,10 @@ NumPy reference.  `sdpa_attention` and `flex_attention` say the same in
 PyTorch's own conventions, where PyTorch can express the variant.
 """
 
-import warnings
 
 import torch
 
-from parity_tests.common.flex import unfused
+from parity_tests.common.flex import attend as flex_attend
 
 __all__ = ["dense_attention", "visible_mask", "sdpa_attention", "flex_attention"]
 
@@ -118,7 +117,7 @@ def sdpa_attention(q, k, v, dout=None, **o):
 def flex_attention(q, k, v, **o):
     """FlexAttention's forward: softcap, ALiBi and bias as ``score_mod``, the masks
     as ``mask_mod``, GQA by ``enable_gqa``; returns {"out", "lse"}."""
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention as flex
+    from torch.nn.attention.flex_attention import create_block_mask
     B, Hq, Tq, _ = q.shape
     Tk = k.shape[2]
     off, nq, nk = (x.view(B) for x in _offsets(o, B, Tq, Tk))
@@ -139,9 +138,6 @@ def flex_attention(q, k, v, **o):
         return _sees(i, j, off[b], nq[b], nk[b], o)
 
     block_mask = create_block_mask(mask_mod, B, None, Tq, Tk, device="cpu")
-    with warnings.catch_warnings(), unfused("cpu"):   # unfused on CPU without torch.compile: fine here
-        warnings.simplefilter("ignore")
-        out, lse = flex(torch.tensor(q), torch.tensor(k), torch.tensor(v), score_mod=score_mod,
-                        block_mask=block_mask, scale=o.get("scale"), enable_gqa=True,
-                        return_lse=True)
+    out, lse = flex_attend(torch.tensor(q), torch.tensor(k), torch.tensor(v), score_mod=score_mod,
+                           block_mask=block_mask, scale=o.get("scale"), enable_gqa=True, return_lse=True)
     return {"out": out.numpy(), "lse": lse.numpy()}

@@ -26,7 +26,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from parity_tests.common.flex import unfused
+from parity_tests.common.flex import attend as flex_attend
 from parity_tests.kernels.cases import offset_of
 from parity_tests.kernels.dense import offsets, sees, visible
 
@@ -90,23 +90,14 @@ def sdpa(backend, unsupported):
 
 
 def _flex_call(q, k, v, scale, mask_mod, score_mod, lse, unsupported):
-    from torch.nn.attention.flex_attention import flex_attention, create_block_mask
+    from torch.nn.attention.flex_attention import create_block_mask
     tq, tk = q.shape[-2], k.shape[-2]
     block_mask = None if mask_mod is None else create_block_mask(mask_mod, None, None, tq, tk, device=q.device)
-    attend = flex_attention
-    if q.is_cuda:
-        attend = _COMPILED.setdefault("flex", torch.compile(flex_attention)) if "flex" not in _COMPILED \
-            else _COMPILED["flex"]
-    with warnings.catch_warnings(), unfused(q.device):
-        warnings.simplefilter("ignore")      # "called without torch.compile": eager on CPU on purpose
-        try:
-            return attend(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
-                          enable_gqa=q.shape[1] != k.shape[1], return_lse=lse)
-        except NotImplementedError as e:
-            raise unsupported(str(e).split(". ")[0]) from None
-
-
-_COMPILED = {}
+    try:
+        return flex_attend(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
+                           enable_gqa=q.shape[1] != k.shape[1], return_lse=lse)
+    except NotImplementedError as e:
+        raise unsupported(str(e).split(". ")[0]) from None
 
 
 def _documents(cu, device):

@@ -12,23 +12,20 @@ masks afterwards, so the NaN of the unused slots reaches every row (0 × NaN): t
 names it (``paged-masked-nan``).
 """
 
-import warnings
-
 import torch
 
-from parity_tests.common.flex import unfused
+from parity_tests.common.flex import attend as flex_attend
 from parity_tests.kernels.dense import mask_mod, offsets
 
 __all__ = ["flex_paged", "FLEX_PAGED_FEATURES"]
 
 FLEX_PAGED_FEATURES = frozenset({"paged", "gqa", "value_dim", "decode"})
-_COMPILED = {}
 
 
 def flex_paged(unsupported):
     def fn(q, k_cache, v_cache, *, block_table, cache_seqlens, causal, scale):
         from torch.nn.attention.experimental._paged_attention import PagedAttention
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        from torch.nn.attention.flex_attention import create_block_mask
         b, tq, h, _ = q.shape
         num, size, hkv, _ = k_cache.shape
         lens = cache_seqlens.long()
@@ -42,15 +39,12 @@ def flex_paged(unsupported):
                                     block_table.shape[1] * size, device=q.device, BLOCK_SIZE=(128, size))
         physical = paged.convert_logical_block_mask(logical, kv_len=lens)
         flat = lambda c: c.reshape(1, num * size, hkv, c.shape[-1]).transpose(1, 2).expand(b, -1, -1, -1)
-        attend = flex_attention if not q.is_cuda else _COMPILED.setdefault("flex", torch.compile(flex_attention))
-        with warnings.catch_warnings(), unfused(q.device):
-            warnings.simplefilter("ignore")         # "called without torch.compile": eager on CPU on purpose
-            try:
-                with torch.no_grad():
-                    out = attend(q.transpose(1, 2), flat(k_cache), flat(v_cache), block_mask=physical,
-                                 scale=scale, enable_gqa=h != hkv)
-            except NotImplementedError as e:
-                raise unsupported(str(e).split(". ")[0]) from None
+        try:
+            with torch.no_grad():
+                out = flex_attend(q.transpose(1, 2), flat(k_cache), flat(v_cache), block_mask=physical,
+                                  scale=scale, enable_gqa=h != hkv)
+        except NotImplementedError as e:
+            raise unsupported(str(e).split(". ")[0]) from None
         return out.transpose(1, 2)
     return fn
 
