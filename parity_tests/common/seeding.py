@@ -15,8 +15,9 @@ __all__ = ["manual_seed"]
 def manual_seed(seed):
     """``torch.manual_seed(seed)``, skipping the accelerators the machine lacks."""
     seed = int(seed)
-    for device in (torch.cuda, torch.xpu, torch.mtia):
-        if device.is_available():
+    for name in ("cuda", "xpu", "mtia"):                 # (xpu and mtia: not in every PyTorch >= 2.1)
+        device = getattr(torch, name, None)
+        if device is not None and device.is_available():
             device.manual_seed_all(seed)
     if torch.backends.mps.is_available():
         torch.mps.manual_seed(seed)
