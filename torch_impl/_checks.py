@@ -117,7 +117,9 @@ def _check_like(x, weight):
 def _autocast_enabled(device_type):
     try:
         return torch.is_autocast_enabled(device_type)
-    except TypeError:                    # PyTorch before 2.4 takes no device type
+    except TypeError:                    # PyTorch before 2.4 takes no device type: its
+        if device_type == "cpu":         # is_autocast_enabled() is CUDA's
+            return torch.is_autocast_cpu_enabled()
         return torch.is_autocast_enabled()
 
 

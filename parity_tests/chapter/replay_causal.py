@@ -73,9 +73,16 @@ def dropout_draws(v):
     return on_ones, on_weights, t, n
 
 
+def draws_the_chapters_mask(v):
+    """Whether this PyTorch's dropout draws the chapter's keep-mask from its seed (PyTorch
+    ``v.DROPOUT_MASK_FROM`` and later, on the CPU)."""
+    return np.array_equal(dropout_draws(v)[0].numpy() != 0, np.asarray(v.DROPOUT_ON_ONES) != 0)
+
+
 def dropout_rows(v):
     """PyTorch's draws are compared with the chapter's when they reproduce here; the
-    chapter warns they may differ between systems, and then the rows say skip.
+    chapter warns they may differ between systems (and PyTorch releases differ: see
+    ``chapter_values.DROPOUT_MASK_FROM``), and then the rows say skip, with the release.
     NumPy is given PyTorch's keep-mask (a dropped entry is exactly 0 on the ones)."""
     atol = v.PRINTED_ATOL
     on_ones, on_weights, w_t, w_n = dropout_draws(v)
@@ -83,8 +90,9 @@ def dropout_rows(v):
     ones_n, _ = ops.dropout_forward(np.ones((6, 6), dtype=np.float32), keep, v.DROPOUT_P)
     weights_n, _ = ops.dropout_forward(w_n, keep, v.DROPOUT_P)
     same_mask = np.array_equal(keep, np.asarray(v.DROPOUT_ON_ONES) != 0)
-    rows = [("torch draws the chapter's keep-mask on this system",
-             f"{int(keep.sum())} kept of 36, same positions: {same_mask}",
+    drawn = f"{int(keep.sum())} kept of 36, " + ("the same positions" if same_mask else "another mask")
+    rows = [(f"PyTorch {torch.__version__.split('+')[0]} draws the chapter's keep-mask "
+             f"(PyTorch ≥ {v.DROPOUT_MASK_FROM} on the CPU does)", drawn,
              f"{int((np.asarray(v.DROPOUT_ON_ONES) != 0).sum())} kept", PASS if same_mask else SKIP)]
     rows += matrix_rows("dropout(torch.ones(6, 6))", on_ones, ones_n, v.DROPOUT_ON_ONES, atol)
     rows += matrix_rows("dropout(attn_weights)", on_weights, weights_n,

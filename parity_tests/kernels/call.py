@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 import parity_tests.kernels.targets as targets
+from parity_tests.common import capabilities
 from parity_tests.kernels import variations
 from parity_tests.kernels.features import REGISTRY, At, asks, differentiated_inputs, handed_inputs, layout as features_layout
 
@@ -214,7 +215,7 @@ class Caller:
         kept = {n: x.detach().clone() for n, x in handed.items()}
         rng = torch.get_rng_state()
         start = time.perf_counter()
-        with torch.set_grad_enabled(grad):
+        with torch.set_grad_enabled(grad), self._pytorch_refusals():
             result = self.fn(*args.values(), **kw)
         out, lse = self._split(result, given["q"])
         got = {"out": self.layout.output(out.detach(), c).to("cpu", torch.float64).numpy()}
@@ -222,7 +223,8 @@ class Caller:
             got["lse"] = self._lse(lse)
         if grad and out.requires_grad:
             try:
-                self._backward(out, lse)
+                with self._pytorch_refusals():
+                    self._backward(out, lse)
             except targets.Unsupported as e:
                 return {**got, **{n: f"backward refused: {_reason(e)}" for n in self.grad_names()}}
             except RAISED as e:
@@ -240,6 +242,19 @@ class Caller:
         for n, leaf in leaves.items():
             got[n] = self._grad(n, leaf.grad, leaf)
         return got
+
+    @contextlib.contextmanager
+    def _pytorch_refusals(self):
+        """A built-in target's call: PyTorch's own refusal of the case (``NYI``, "not
+        supported", ...) is `targets.Unsupported` in PyTorch's words.  A user's kernel that
+        raises FAILS, whatever it says."""
+        try:
+            yield
+        except RAISED as e:
+            said = self.target.builtin and capabilities.refusal(e)
+            if said:
+                raise targets.Unsupported(said) from None
+            raise
 
     def _backward(self, out, lse):
         g = torch.from_numpy(self.rounded["dout"]).to(device=self.device, dtype=out.dtype)

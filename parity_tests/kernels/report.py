@@ -117,6 +117,8 @@ class Report:
     gaps: list = field(default_factory=list)
     # what a kernel run needs to rerun its cases (`repro`): target, spec, align, seed, wanted, timeout
     context: dict = field(default=None, compare=False)
+    # why the installed PyTorch cannot run this built-in target at all (``Target.unavailable``)
+    unavailable: str = None
 
     @property
     def failures(self):
@@ -128,8 +130,9 @@ class Report:
 
     @property
     def passed(self):
-        """Every row passed or was not supported, and at least one row passed."""
-        return not self.failures and any(r.passed for r in self.rows)
+        """Every row passed or was not supported, and at least one row passed (or the target is
+        a built-in the installed PyTorch lacks: an answer, not a failure)."""
+        return not self.failures and (any(r.passed for r in self.rows) or self.unavailable is not None)
 
     @property
     def diagnoses(self):
@@ -151,8 +154,10 @@ class Report:
         if self.settings:
             s = self.settings
             text += f" ({s.get('device')}; {', '.join(s.get('dtypes', []))}; causal {s.get('align')})"
-        if self.gaps:
+        if self.gaps and not self.unavailable:
             text += "; never ran: " + "; ".join(self.gaps)
+        if self.unavailable:
+            text += f"; {self.target} is not supported here: {self.unavailable}"
         return text
 
     def refusals(self):

@@ -329,8 +329,9 @@ SDPA_SCRIPT = """\
 def BUILTIN(q, k, v, *, causal, scale, align="top-left"):   # {name}: PyTorch's SDPA on its {backend} backend alone
     off = k.shape[-2] - q.shape[-2] if causal and align == "bottom-right" else 0     # rows i see keys j <= i + off
     mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril(off) if off else None
-    with torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.{backend}]):
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and not off, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+    from parity_tests.common.capabilities import sdpa, sdpa_backend            # the same call on every PyTorch >= 2.1
+    with sdpa_backend("{backend}"):
+        return sdpa(q, k, v, attn_mask=mask, is_causal=causal and not off, scale=scale)
 """
 
 

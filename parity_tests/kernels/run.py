@@ -253,7 +253,7 @@ def _run(plan, align, seed, progress, timeout=runner.DEFAULT_TIMEOUT, spec=None)
                    "layout": feat.layout_name(feat.layout(wanted)) or tgt.layout, "features": wanted,
                    "factor": tol.CHECK_FACTOR, "floor_ulps": tol.CHECK_FLOOR_ULPS}, gaps,
                   {"target": tgt, "spec": _repro_spec(tgt, spec), "align": align, "seed": seed, "wanted": wanted,
-                   "timeout": timeout})
+                   "timeout": timeout}, tgt.unavailable)
 
 
 def _repro_spec(tgt, spec):

@@ -38,7 +38,7 @@ import time
 import numpy as np
 import torch
 
-from parity_tests.common import heap
+from parity_tests.common import capabilities, heap
 from parity_tests.common import tolerances as tol
 from parity_tests.kernels.diagnosis import diagnose
 from parity_tests.kernels.diagnosis.diagnose import judged
@@ -257,7 +257,7 @@ def _run_case(split, target, case, dtype, device, align, seed, wanted, timeout):
         names += ["dq", "dk", "dv"] + ["d" + n for n in differentiated_inputs(case, rounded)]
     row = lambda tensor, **kw: Row(target=target.name, case=str(case), dims=case.as_dict(), dtype=dtype,
                                    device=device, tensor=tensor, align=case_align, **kw)
-    refused = target.refuses(case, dtype, device, case_align)
+    refused = capabilities.dtype_lacks(dtype, device) or target.refuses(case, dtype, device, case_align)
     if refused:
         return [row(n, verdict="not supported", note=refused) for n in names]
     caller = Caller(target, case, dtype, device, case_align, wanted, rounded, timeout)

@@ -35,6 +35,7 @@ import torch.nn as nn
 
 import numpy_ref
 import torch_impl
+from parity_tests.common import capabilities
 from parity_tests.common import tolerances as tol
 from parity_tests.common.seeding import manual_seed
 from parity_tests.matrix import variants
@@ -182,13 +183,21 @@ def available_devices():
 
 
 def dtype_supported(dtype, device):
-    """float64/float32 everywhere; bfloat16/float16 on CUDA, and on CPU (PyTorch >= 2.1 runs
-    matmul, softmax and their backward in both there, slowly; fine for these sizes)."""
-    if dtype not in DTYPES:
-        return False
-    if device == "cuda" and dtype == "bfloat16":
-        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-    return device == "cpu" or (device == "cuda" and torch.cuda.is_available())
+    """float64/float32 everywhere; bfloat16/float16 on CUDA, and on CPU (PyTorch runs matmul,
+    softmax and their backward in both there, slowly; fine for these sizes; float16's
+    matmul from PyTorch 2.2)."""
+    return unsupported_dtype(dtype, device) is None
+
+
+def unsupported_dtype(dtype, device):
+    """Why ``dtype`` cannot run on ``device`` here, or None."""
+    if dtype not in DTYPES or device not in ("cpu", "cuda"):
+        return f"unknown dtype or device {dtype!r}, {device!r}"
+    if device == "cuda" and not torch.cuda.is_available():
+        return "no CUDA device"
+    if device == "cuda" and dtype == "bfloat16" and not torch.cuda.is_bf16_supported():
+        return "this GPU has no bfloat16"
+    return capabilities.dtype_lacks(dtype, device)
 
 
 def build_cases(dtypes=("float64", "float32"), devices=("cpu",), modules=None):

@@ -161,9 +161,10 @@ def main(argv=None):
     except ValueError as e:          # an argument refused after parsing
         print(f"attention-parity: error: {e} (see docs/parity.md)", file=sys.stderr)
         return 2
-    skipped = [f"{d} on {dev}" for dev in devices for d in dtypes if not harness.dtype_supported(d, dev)]
+    skipped = [f"{d} on {dev} ({harness.unsupported_dtype(d, dev)})" for dev in devices for d in dtypes
+               if not harness.dtype_supported(d, dev)]
     if skipped:
-        print(f"attention-parity: skipping {', '.join(skipped)} (not supported there)", file=sys.stderr)
+        print(f"attention-parity: skipping {', '.join(skipped)}", file=sys.stderr)
     cases = harness.build_cases(dtypes, devices, modules)
     return _run(args, cases, dtypes, devices)
 

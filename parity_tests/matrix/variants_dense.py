@@ -11,6 +11,7 @@ PyTorch's own conventions, where PyTorch can express the variant.
 
 import torch
 
+from parity_tests.common import capabilities
 from parity_tests.common.flex import attend as flex_attend
 
 __all__ = ["dense_attention", "visible_mask", "sdpa_attention", "flex_attention"]
@@ -90,8 +91,10 @@ def dense_attention(q, k, v, dout=None, **o):
 
 def sdpa_attention(q, k, v, dout=None, **o):
     """``scaled_dot_product_attention`` with ``attn_mask`` (the bias, ALiBi and masks
-    as one additive float mask) and ``enable_gqa=True``.  No softcap, no sinks.
-    Rows that see no key are left out of the comparison by the caller."""
+    as one additive float mask) and grouped heads (``capabilities.sdpa``: ``enable_gqa`` from
+    PyTorch 2.5, k and v repeated before).  No softcap, no sinks.
+    A row that sees no key gives out 0 and no gradient (the reference's convention), on
+    every PyTorch: it is masked out after the call, not by -inf."""
     B, Hq, Tq, _ = q.shape
     Tk = k.shape[2]
     t = {n: torch.tensor(a, requires_grad=True) for n, a in dict(q=q, k=k, v=v).items()}
@@ -104,9 +107,12 @@ def sdpa_attention(q, k, v, dout=None, **o):
     if o.get("bias") is not None:
         t["bias"] = torch.tensor(o["bias"], requires_grad=True)
         add = add + t["bias"]
-    add = add.masked_fill(~visible_mask(B, Tq, Tk, **o), float("-inf"))
-    out = torch.nn.functional.scaled_dot_product_attention(
-        t["q"], t["k"], t["v"], attn_mask=add, scale=o.get("scale"), enable_gqa=True)
+    seen = visible_mask(B, Tq, Tk, **o)
+    # A row that sees no key keeps its scores and is zeroed after the call: before PyTorch 2.5
+    # SDPA gives NaN on a row of -inf, and its backward spreads the NaN to dk and dv.
+    some = seen.any(-1, keepdim=True)
+    add = add.masked_fill(~seen & some, float("-inf"))
+    out = capabilities.sdpa(t["q"], t["k"], t["v"], attn_mask=add, scale=o.get("scale")) * some
     result = {"out": out.detach().numpy()}
     if dout is not None:
         (out * torch.tensor(dout)).sum().backward()

@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from parity_tests.common import capabilities
+
 __all__ = ["Target", "Unsupported", "builtin_names", "resolve", "user_target", "to_layout", "from_layout"]
 
 ALIGNMENTS = ("top-left", "bottom-right")
@@ -49,7 +51,10 @@ class Target:
     """A kernel and what it can do.  ``features``: the features it expresses (None for a
     user callable: its signature says); ``takes_align``: it receives ``align`` on every
     case; ``returns_lse``: True, False, or None when not known (a user callable);
-    ``lse_fn``: the same kernel returning ``(out, lse)``, where that is another function."""
+    ``lse_fn``: the same kernel returning ``(out, lse)``, where that is another function;
+    ``builtin``: one of PyTorch's (or FlashAttention's) own, whose refusals of a case
+    (``NYI``, "not supported") are "not supported" rather than the kernel's failure;
+    ``unavailable``: why the installed PyTorch cannot run it at all (`capabilities.lacks`)."""
     name: str
     fn: object                       # fn(q, k, v, *, causal, scale) -> out
     layout: str = "bhtd"
@@ -60,6 +65,8 @@ class Target:
     takes_align: bool = False
     returns_lse: bool = None
     lse_fn: object = None
+    builtin: bool = False
+    unavailable: str = None
 
 
 def _sdpa(name, backend, description):
@@ -150,12 +157,29 @@ def _builtins(device):
         targets.update(feature_targets.flash_targets(
             lambda name, fn, layout, description, refuses, features: Target(
                 name, fn, layout, description, refuses, features=features, returns_lse=False)))
-    return targets
+    for name, needs in NEEDS.items():
+        if name in targets:
+            targets[name].unavailable = next(filter(None, map(capabilities.lacks, needs)), None)
+    return {name: _builtin(t) for name, t in targets.items()}
+
+
+# What each built-in target needs of PyTorch beyond the floor (`capabilities.NEEDS`'s names).
+NEEDS = {"sdpa-cudnn": ("sdpa_cudnn",), "flex": ("flex_attention",),
+         "flex-paged": ("flex_attention", "paged_attention")}
+
+
+def _builtin(t):
+    """``t`` marked built in; one the installed PyTorch cannot run refuses every case with why."""
+    t.builtin = True
+    if t.unavailable:
+        t.refuses = lambda case, dtype, device, align, why=t.unavailable: why
+        t.description += f" -- not supported: {t.unavailable}"
+    return t
 
 
 def sdpa_yardstick():
     """SDPA with PyTorch's own choice of backend: what each row's time and error are set beside."""
-    return _sdpa("sdpa", None, "SDPA, PyTorch's choice of backend")
+    return _builtin(_sdpa("sdpa", None, "SDPA, PyTorch's choice of backend"))
 
 
 def builtin_names(device="cpu"):

@@ -26,6 +26,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
+from parity_tests.common import capabilities
 from parity_tests.common.flex import attend as flex_attend
 from parity_tests.kernels.cases import offset_of
 from parity_tests.kernels.dense import offsets, sees, visible
@@ -58,10 +59,6 @@ def _alibi(slopes, tq, tk, align, dtype, device):
 def sdpa(backend, unsupported):
     """``scaled_dot_product_attention`` restricted to ``backend`` (None: PyTorch's own choice),
     the features as masks."""
-    import contextlib
-    from torch.nn.attention import sdpa_kernel, SDPBackend
-    restrict = (lambda: sdpa_kernel([getattr(SDPBackend, backend)])) if backend else contextlib.nullcontext
-
     def fn(q, k, v, *, causal, scale, align="top-left", window=None, alibi_slopes=None, bias=None, dropout_p=0.0):
         tq, tk = q.shape[-2], k.shape[-2]
         mask, is_causal = None, False
@@ -77,12 +74,22 @@ def sdpa(backend, unsupported):
             if bias is not None:
                 mask = mask + bias
         gqa = q.shape[1] != k.shape[1]
+        lacking = gqa and capabilities.lacks("enable_gqa")
+        if mask is not None and not lacking and not (mask if mask.dtype == torch.bool else mask > -math.inf).any(-1).all():
+            lacking = capabilities.lacks("sdpa_zero_rows")            # a row that sees no key
+        try:
+            restrict = capabilities.sdpa_backend(backend)
+        except ValueError as e:
+            lacking = str(e)
+        if lacking:
+            raise unsupported(lacking)
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
             try:
-                with restrict():
+                with restrict:
                     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
-                                                          scale=scale, enable_gqa=gqa, dropout_p=dropout_p)
+                                                          scale=scale, dropout_p=dropout_p,
+                                                          **({"enable_gqa": True} if gqa else {}))
             except RuntimeError as e:
                 reasons = [str(w.message).splitlines()[0] for w in seen]
                 raise unsupported("; ".join(reasons[-2:]) or str(e).splitlines()[0]) from None
@@ -90,14 +97,13 @@ def sdpa(backend, unsupported):
 
 
 def _flex_call(q, k, v, scale, mask_mod, score_mod, lse, unsupported):
+    if capabilities.lacks("flex_attention"):
+        raise unsupported(capabilities.lacks("flex_attention"))
     from torch.nn.attention.flex_attention import create_block_mask
     tq, tk = q.shape[-2], k.shape[-2]
     block_mask = None if mask_mod is None else create_block_mask(mask_mod, None, None, tq, tk, device=q.device)
-    try:
-        return flex_attend(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
-                           enable_gqa=q.shape[1] != k.shape[1], return_lse=lse)
-    except NotImplementedError as e:
-        raise unsupported(str(e).split(". ")[0]) from None
+    return flex_attend(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
+                       enable_gqa=q.shape[1] != k.shape[1], return_lse=lse)
 
 
 def _documents(cu, device):

@@ -61,7 +61,7 @@ def test_bisection_finds_a_known_boundary():
 ])
 def test_a_wrong_init_variance_fails(key, wrong, claim_start):
     c = dict(claims.CHAPTER, **{key: wrong})
-    rows = stats.init_rows(c, np.random.default_rng(0), claims.Z99, n=30_000)
+    rows = stats.init_rows(c, np.random.default_rng(0), claims.Z, n=30_000)
     row = next(r for r in rows if r[0].startswith(claim_start))
     assert row[3] == FAIL
 
@@ -74,18 +74,18 @@ def test_a_wrong_exp_threshold_fails():
 def test_a_wrong_variance_law_fails():
     """Var(q.k) = 2 d_k lies outside every 99% interval."""
     c = dict(claims.CHAPTER, var_qk_per_dim=2.0)
-    rows = stats.variance_rows(c, np.random.default_rng(0), (16, 256), 2000, claims.Z99)
+    rows = stats.variance_rows(c, np.random.default_rng(0), (16, 256), 2000, claims.Z)
     assert [r[3] for r in rows] == [FAIL, FAIL]
 
 
 def test_he_variance_would_pass_if_it_were_true():
     """The 'imprecise' verdict is measured, not hard-wired: claim 1/3 and it passes."""
     c = dict(claims.CHAPTER, he_var_times_d_in=1 / 3)
-    rows = stats.init_rows(c, np.random.default_rng(0), claims.Z99, n=30_000)
+    rows = stats.init_rows(c, np.random.default_rng(0), claims.Z, n=30_000)
     assert next(r for r in rows if r[0].startswith("'Kaiming"))[3] == PASS
 
 
 def test_monte_carlo_is_deterministic_for_a_seed():
     def once():
-        return stats.variance_rows(claims.CHAPTER, np.random.default_rng(5), (4,), 500, claims.Z99)
+        return stats.variance_rows(claims.CHAPTER, np.random.default_rng(5), (4,), 500, claims.Z)
     assert once() == once()

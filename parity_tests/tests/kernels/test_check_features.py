@@ -12,6 +12,7 @@ from parity_tests import cli
 from parity_tests.kernels import features as feat
 from crashing_kernels import with_backward
 from feature_gallery import FEATURE_GALLERY, attend, kernel, one_unit_off_every_other_call, varlen, wrong_kernel
+from needs import needs
 
 pytestmark = pytest.mark.usefixtures("without_input_classes")   # (conftest.py)
 
@@ -77,6 +78,7 @@ def test_sdpa_passes_the_features_it_expresses_in_its_own_dtype():
     assert report.passed, str(report)
 
 
+@needs("flex_attention")
 def test_flex_passes_its_features_forward_only_on_cpu():
     report = parity_tests.check("flex", features=["lse"], **SMALL, causal="yes")
     assert report.passed, str(report)

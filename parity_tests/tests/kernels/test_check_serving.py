@@ -15,6 +15,7 @@ from parity_tests.kernels import cases, runner, targets
 from parity_tests.kernels.diagnosis import row_block
 from parity_tests.kernels.features import REGISTRY, Plan
 import serving_examples as ex
+from needs import needs
 
 pytestmark = pytest.mark.usefixtures("without_input_classes")   # (conftest.py)
 
@@ -140,6 +141,7 @@ def test_a_paged_kernel_dropping_its_last_page_is_named_when_screened_on_a_block
     assert row.diagnosis.sentence == whole.diagnosis.sentence
 
 
+@needs("paged_attention")
 def test_flex_paged_is_right_but_lets_the_unused_slots_nan_reach_every_row():
     fn = targets.resolve("flex-paged").fn
     rows = _run("flex-paged", _own_cases("paged", fn)[4], "paged")

@@ -13,10 +13,12 @@ import torch
 import torch.nn.functional as F
 
 import parity_tests
+from parity_tests.common import capabilities
 from parity_tests.common import tolerances as tol
 
 from correct_gallery import CORRECT
 from loosen import loosen
+from needs import needs_dtype
 
 # (dtype, tokens, relative slip of the largest |out|, the constant it guards)
 SCENARIOS = [
@@ -44,7 +46,8 @@ def _out_row(dtype, tokens, rel):
     return row
 
 
-@pytest.mark.parametrize("dtype, tokens, rel, constant", SCENARIOS, ids=[s[3] for s in SCENARIOS])
+@pytest.mark.parametrize("dtype, tokens, rel, constant", [pytest.param(*s, marks=needs_dtype(s[0])) for s in SCENARIOS],
+                         ids=[s[3] for s in SCENARIOS])
 def test_a_slip_fails_and_would_pass_with_the_constant_ten_times_looser(
         monkeypatch, dtype, tokens, rel, constant):
     row = _out_row(dtype, tokens, rel)
@@ -114,7 +117,7 @@ def test_the_zero_by_theory_floor_is_tight(monkeypatch):
 def _outliers_out_row(rel):
     """float64, the heavy-tailed case (scores ~10^3): SDPA's math backend with a slip."""
     def kernel(q, k, v, *, causal, scale):
-        with torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.MATH]):
+        with capabilities.sdpa_backend("MATH"):
             return _slipped(rel)(q, k, v, causal=causal, scale=scale)
     report = parity_tests.check(kernel, dtypes=["float64"], tokens=["1"], head_dims=[32], heads=[1], batch=[1],
                                 causal="no")

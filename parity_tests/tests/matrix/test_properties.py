@@ -81,7 +81,7 @@ def test_weights_round_trip_both_ways(case, seed):
 
 
 @settings(max_examples=int(0.4 * N))
-@given(cases(dtypes=("bfloat16", "float16")))
+@given(cases(dtypes=tuple(d for d in ("bfloat16", "float16") if harness.dtype_supported(d, "cpu"))))
 def test_random_low_precision_cases_stay_within_their_baseline(case):
     """bfloat16/float16 on CPU: the PyTorch side within a few times the plain computation's drift."""
     rows = harness.run_case(case)

@@ -19,6 +19,7 @@ from parity_tests.common import tolerances as tol
 from parity_tests.matrix import harness
 
 from loosen import loosen
+from needs import needs_dtype
 
 # (case: module, config, dtype; tensor; check; relative slip; constants it guards)
 # The slips: float64 rows are held to 1e-10; the float32 "input" row below has a
@@ -80,7 +81,8 @@ def _judged(monkeypatch, case, tensor, check, rel):
     return rows[0]
 
 
-@pytest.mark.parametrize("module, config, dtype, tensor, check, rel, constants", SCENARIOS,
+@pytest.mark.parametrize("module, config, dtype, tensor, check, rel, constants",
+                         [pytest.param(*s, marks=needs_dtype(s[2])) for s in SCENARIOS],
                          ids=[" ".join(s[6]) for s in SCENARIOS])
 def test_a_slip_fails_and_would_pass_with_a_constant_ten_times_looser(
         monkeypatch, module, config, dtype, tensor, check, rel, constants):

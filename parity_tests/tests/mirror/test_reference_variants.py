@@ -11,6 +11,7 @@ from numpy_ref import reference_attention
 from parity_tests.common import tolerances as tol
 from parity_tests.matrix import variants_dense as dense
 from parity_tests.matrix.variants import compare, random_case
+from needs import needs
 
 
 def assert_close(got, ref, bound, label):
@@ -47,6 +48,7 @@ def test_sdpa_with_attn_mask_and_enable_gqa_agrees(seed):
     assert_close(got, ref, tol.VARIANTS_FLOAT64_BOUND, options)
 
 
+@needs("flex_attention")
 @pytest.mark.parametrize("seed", range(12))
 def test_flex_attention_forward_agrees(seed):
     q, k, v, _, options, _ = random_case(seed)

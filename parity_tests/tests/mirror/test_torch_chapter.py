@@ -17,6 +17,15 @@ from torch_impl import (
     SimplifiedSelfAttention,
 )
 
+from parity_tests.chapter.replay_causal import draws_the_chapters_mask
+
+# The chapter's dropout draws come from PyTorch's RNG: releases before cv.DROPOUT_MASK_FROM
+# draw another mask (the replay says so with the release, and holds NumPy to PyTorch's mask).
+chapters_mask = pytest.mark.skipif(
+    not draws_the_chapters_mask(cv),
+    reason=f"PyTorch {torch.__version__} draws another dropout mask than the chapter's "
+           f"(PyTorch ≥ {cv.DROPOUT_MASK_FROM} draws it)")
+
 
 def assert_printed(actual, printed, what):
     """``actual`` shows as ``printed`` to the chapter's 4 decimals (-inf where it prints -inf)."""
@@ -132,14 +141,16 @@ def test_causal_mask_before_softmax(sa_v2_scores):
     assert_printed(attn_weights, cv.CAUSAL_ATTN_WEIGHTS, "attn_weights (-inf approach)")
 
 
+@chapters_mask
 def test_dropout_on_ones_seed_123():
     torch.manual_seed(cv.SEED_DROPOUT)
     dropout = torch.nn.Dropout(cv.DROPOUT_P)
     assert_printed(dropout(torch.ones(6, 6)), cv.DROPOUT_ON_ONES, "dropout(ones)")
 
 
+@chapters_mask
 def test_dropout_on_causal_weights_seed_123(sa_v2_scores):
-    """The chapter warns these draws can vary by system; torch 2.13 on CPU reproduces them."""
+    """The chapter warns these draws can vary by system; PyTorch 2.7 and later on CPU reproduce them."""
     attn_scores, keys = sa_v2_scores
     mask = torch.triu(torch.ones(*attn_scores.shape), diagonal=1)
     attn_weights = torch.softmax(attn_scores.masked_fill(mask.bool(), -torch.inf)
@@ -161,6 +172,7 @@ def test_dropout_structure_holds_on_any_system():
     assert not kept[attn_weights == 0].any(), "dropout revived a masked (future) position"
 
 
+@chapters_mask
 def test_causal_attention_module_applies_the_chapters_mask_and_dropout(inputs):
     """CausalAttention with sa_v2's weights, p=0.5, seed 123: the weights its dropout
     sees and returns are the chapter's printed matrices."""
