@@ -28,6 +28,7 @@ computes from the forward's cache (which it does not consume) and *overwrites*
 ``.grad``; to accumulate here, add the dicts yourself.
 """
 
+import warnings
 import zlib
 from collections.abc import Mapping
 from numbers import Integral, Real
@@ -158,13 +159,17 @@ class Module:
 
 # -- argument checks shared by the constructors and forwards ---------------------
 
+_RAGGED = getattr(np, "exceptions", np).VisibleDeprecationWarning    # np.exceptions from NumPy 1.25
+
 def read_array(value, name):
     """``np.asarray(value)``, with an error naming ``name`` when NumPy cannot read
     it: TypeError for an object it cannot convert (a tensor that requires grad,
     a bfloat16 tensor), ValueError for a ragged nest of lists."""
     try:
-        return np.asarray(value)
-    except ValueError as e:
+        with warnings.catch_warnings():      # NumPy < 1.24 reads a ragged nest as an object
+            warnings.simplefilter("error", _RAGGED)      # array, with this warning
+            return np.asarray(value)
+    except (ValueError, _RAGGED) as e:
         raise ValueError(f"{name} must be a rectangular array of numbers, "
                          f"got a {type(value).__name__} NumPy cannot shape: {e}") from None
     except (TypeError, RuntimeError) as e:

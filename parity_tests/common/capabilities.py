@@ -65,6 +65,16 @@ def _cpu_float16_matmul():
     return True
 
 
+def _flex_any_head_dim():
+    from parity_tests.common.flex import attend
+    q = torch.zeros(1, 1, 2, 3)
+    try:
+        attend(q, q, q[..., :2])
+    except ValueError:                   # "NYI: Currently non power of 2 embedding dimension ..."
+        return False
+    return True
+
+
 # name -> (the first PyTorch release that has it, what it is, how to tell it is here)
 NEEDS = {
     "cpu_float16_matmul": ("2.2", "float16 matrix products on the CPU", _cpu_float16_matmul),
@@ -78,6 +88,8 @@ NEEDS = {
                        _sdpa_zero_rows),
     "flex_attention": ("2.5", "torch.nn.attention.flex_attention",
                        _imports("torch.nn.attention.flex_attention", "flex_attention", "create_block_mask")),
+    "flex_any_head_dim": ("2.7", "FlexAttention on head dims that are not powers of 2, and Dv ≠ Dqk",
+                          lambda: has("flex_attention") and _flex_any_head_dim()),
     "paged_attention": ("2.6", "torch.nn.attention.experimental._paged_attention.PagedAttention",
                         _imports("torch.nn.attention.experimental._paged_attention", "PagedAttention")),
     "set_stance": ("2.6", "torch.compiler.set_stance", lambda: hasattr(torch.compiler, "set_stance")),

@@ -6,7 +6,8 @@
     attention-parity check --list                      the built-in targets on this device
 
 Exit status: 0 every row passes (rows a target refuses are "not supported", not
-passes; at least one row must pass), 1 some row fails, 2 bad arguments.
+passes; at least one row must pass, unless the target is a built-in the installed PyTorch
+lacks: ``Target.unavailable``), 1 some row fails, 2 bad arguments.
 """
 
 import argparse

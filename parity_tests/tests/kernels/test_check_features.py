@@ -79,11 +79,12 @@ def test_sdpa_passes_the_features_it_expresses_in_its_own_dtype():
 
 
 @needs("flex_attention")
-def test_flex_passes_its_features_forward_only_on_cpu():
+def test_flex_passes_its_features_on_cpu():
     report = parity_tests.check("flex", features=["lse"], **SMALL, causal="yes")
     assert report.passed, str(report)
     judged = {r.tensor for r in report.rows if r.passed}
-    assert judged == {"out", "lse"}
+    refused = {r.tensor for r in report.rows if r.verdict == "not supported" and r.note.startswith("forward only")}
+    assert {"out", "lse"} <= judged and judged | refused == {"out", "lse", "dq", "dk", "dv"}  # (2.5 to 2.9: both)
 
 
 @pytest.mark.slow
