@@ -102,12 +102,14 @@ def has(name):
     return bool(NEEDS[name][2]())
 
 
-def lacks(name):
-    """None where the installed PyTorch has ``name``, else why not, as a target answers."""
-    if has(name):
-        return None
-    first, what, _ = NEEDS[name]
-    return f"needs PyTorch ≥ {first}: {what} (this is {version()})"
+def lacks(*names):
+    """None where the installed PyTorch has each of ``names``, else why not (the first it
+    lacks), as a target answers."""
+    for name in names:
+        if not has(name):
+            first, what, _ = NEEDS[name]
+            return f"needs PyTorch ≥ {first}: {what} (this is {version()})"
+    return None
 
 
 def dtype_lacks(dtype, device):

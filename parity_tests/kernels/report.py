@@ -119,6 +119,8 @@ class Report:
     context: dict = field(default=None, compare=False)
     # why the installed PyTorch cannot run this built-in target at all (``Target.unavailable``)
     unavailable: str = None
+    # --invariance: the kernel against itself, bitwise (``invariance.Finding``, one per mode and dtype)
+    invariance: list = field(default_factory=list)
 
     @property
     def failures(self):
@@ -132,7 +134,13 @@ class Report:
     def passed(self):
         """Every row passed or was not supported, and at least one row passed (or the target is
         a built-in the installed PyTorch lacks: an answer, not a failure)."""
-        return not self.failures and (any(r.passed for r in self.rows) or self.unavailable is not None)
+        return not self.failures and not self.broken and (any(r.passed for r in self.rows) or
+                                                          self.unavailable is not None)
+
+    @property
+    def broken(self):
+        """The invariances asked for that the kernel breaks (``invariance.Finding``)."""
+        return [f for f in self.invariance if f.broken]
 
     @property
     def diagnoses(self):
@@ -158,7 +166,16 @@ class Report:
             text += "; never ran: " + "; ".join(self.gaps)
         if self.unavailable:
             text += f"; {self.target} is not supported here: {self.unavailable}"
+        if self.invariance:
+            broken = sorted({f.mode for f in self.broken}, key=lambda m: [f.mode for f in self.invariance].index(m))
+            text += "; invariance: " + (f"broken: {', '.join(broken)}" if broken else "held")
         return text
+
+    def invariance_lines(self):
+        """``--invariance``: one line per mode and dtype."""
+        if not self.invariance:
+            return []
+        return ["invariance (the kernel against itself, bitwise):"] + [f"  {f.line()}" for f in self.invariance]
 
     def refusals(self):
         """``{reason: rows}`` of the rows not supported, each reason once."""
@@ -178,7 +195,9 @@ class Report:
                 parts.append("\ndiagnosis:\n" + "\n".join(self.diagnosis_lines()))
         elif self.failures:
             parts.append(str(self).rsplit("\n", 1)[0])
-        parts.append(("\n" if not quiet or self.failures else "") + self.summary())
+        if self.invariance and (not quiet or self.broken) and not (quiet and self.failures):
+            parts.append("\n".join([""] + self.invariance_lines()))
+        parts.append(("\n" if not quiet or self.failures or self.broken else "") + self.summary())
         return "\n".join(parts)
 
     def diagnosis_lines(self, limit=40):
@@ -199,6 +218,7 @@ class Report:
             parts.append("no row passed: nothing was checked (every case was not supported)")
         if self.unsupported:
             parts += ["not supported, by reason:"] + [f"  {n} rows: {why}" for why, n in self.refusals().items()]
+        parts += self.invariance_lines()
         parts.append(self.summary())
         return "\n".join(parts)
 
@@ -208,7 +228,8 @@ class Report:
                 "summary": {"target": self.target, "passed": self.passed, "rows": len(self.rows),
                             "pass": counts["pass"], "fail": counts["FAIL"],
                             "not_supported": counts["not supported"], "seconds": self.seconds,
-                            "diagnosis": self.diagnosis, "gaps": self.gaps, **self.settings}}
+                            "diagnosis": self.diagnosis, "gaps": self.gaps, **self.settings},
+                **({"invariance": [f.as_dict() for f in self.invariance]} if self.invariance else {})}
 
     def plot(self, directory):
         """A PNG per failing tensor with a located error: its error over the bound

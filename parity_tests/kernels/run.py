@@ -7,7 +7,8 @@
 
 Exit status: 0 every row passes (rows a target refuses are "not supported", not
 passes; at least one row must pass, unless the target is a built-in the installed PyTorch
-lacks: ``Target.unavailable``), 1 some row fails, 2 bad arguments.
+lacks: ``Target.unavailable``), 1 some row fails or an invariance asked for breaks
+(``--invariance``), 2 bad arguments.
 """
 
 import argparse
@@ -23,6 +24,7 @@ import parity_tests.kernels.cases as cases_mod
 import parity_tests.kernels.features as feat
 import parity_tests.kernels.runner as runner
 from parity_tests.kernels import variations
+from parity_tests.kernels.invariance import MODES, check_invariance, parse_modes
 import parity_tests.kernels.targets as targets
 from parity_tests.kernels.report import Report, find_growth, find_strides
 from parity_tests.common import options, outputs
@@ -75,7 +77,7 @@ def _progress_line(name, total, start):
 def check(target, *, device="cpu", dtypes=None, tokens=None, head_dims=None, heads=None, batch=None,
           causal="both", align="top-left", layout="bhtd", long=False, seed=0, progress=False,
           features=None, timeout=runner.DEFAULT_TIMEOUT, merge=False, world_size=None,
-          sharding=("contiguous", "head-tail")):
+          sharding=("contiguous", "head-tail"), invariance=None):
     """Hold ``target`` (a built-in name, ``"module.path:callable"`` or a callable taking
     ``(q, k, v, *, causal, scale)``) to the float64 reference; returns a `Report`
     (``.passed``, ``.rows``, ``.failures``, ``.diagnoses``, ``.diagnosis``).
@@ -91,6 +93,10 @@ def check(target, *, device="cpu", dtypes=None, tokens=None, head_dims=None, hea
     ``merge=True``: ``target`` is a merge of partial states, ``fn(out_a, lse_a, out_b, lse_b)
     -> (out, lse)``, held to ``numpy_ref.merge_states`` (``parity_tests.kernels.merge``).
 
+    ``invariance``: modes among "batch", "decode", "chunks", "splits" (``kernels.invariance``):
+    the kernel compared with itself, bitwise, beside the accuracy rows (``report.invariance``);
+    a broken one fails the report.
+
     ``world_size``: run ``target`` across that many ranks, ``sharding`` "contiguous" and/or
     "head-tail" (``ranks.check_ranks``, which takes device, dtypes, tokens, causal, features,
     seed and timeout from here).
@@ -102,9 +108,20 @@ def check(target, *, device="cpu", dtypes=None, tokens=None, head_dims=None, hea
         from parity_tests.kernels.merge import check_merge
         return check_merge(target, device=device, dtypes=dtypes, seed=seed)
     limit = _timeout(timeout)
+    modes = parse_modes(invariance)
     plan = _plan(target, device, dtypes, tokens, head_dims, heads, batch, causal, align, layout, long,
                  features, seed)
-    return _run(plan, align, seed, progress, limit, spec=target)
+    report = _run(plan, align, seed, progress, limit, spec=target)
+    return _with_invariance(report, plan, modes, align, head_dims, seed)
+
+
+def _with_invariance(report, plan, modes, align, head_dims, seed):
+    """``report`` with ``modes``' findings (``kernels.invariance``), at the run's first head dim."""
+    if modes:
+        head_dim = ([head_dims] if isinstance(head_dims, int) else head_dims or [64])[0]
+        report.invariance = check_invariance(plan.target, modes, plan.dtypes, plan.device, align, int(head_dim),
+                                             seed=seed)
+    return report
 
 
 def _plan(target, device, dtypes, tokens, head_dims, heads, batch, causal, align, layout, long,
@@ -317,7 +334,7 @@ def build_parser():
                "  module.path:callable  your function fn(q, k, v, *, causal, scale) -> out "
                "(docs/check.md#on-your-own-function)\n\n"
                "Reading a diagnosis: docs/check.md#reading-a-diagnosis. Exit status: 0 every row "
-               "passed,\n1 some row failed (or none could run), 2 bad arguments.")
+               "passed,\n1 some row failed, or an invariance broke (or none could run), 2 bad arguments.")
     p.add_argument("target", nargs="?", help="a built-in name or module.path:callable")
     p.add_argument("--list", action="store_true", help="list the built-in targets on --device")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
@@ -350,9 +367,10 @@ def build_parser():
                    help="run the target across N ranks, one shard each (docs/ranks.md)")
     p.add_argument("--sharding", action="append", metavar="S,...",
                    help="with --world-size: contiguous, head-tail (comma-separate; default both)")
+    p.add_argument("--invariance", action="append", metavar="M,...",
+                   help=f"also the kernel against itself, bitwise: {','.join(MODES)} (docs/check.md#invariance)")
     p.add_argument("--json", metavar="PATH", help='also write {"rows": [...], "summary": {...}} to PATH')
-    p.add_argument("--plot", metavar="DIR", help="write a heat map of each failing tensor's error over its "
-                   "bound to DIR")
+    p.add_argument("--plot", metavar="DIR", help="heat maps of each failing tensor's error to DIR")
     p.add_argument("--repro", metavar="DIR", help="shrink each failing cause to its smallest case and write "
                    "DIR/<cause>/repro.py and inputs.npz (see docs/check.md#handing-a-failure-on)")
     p.add_argument("--quiet", "-q", action="store_true", help="print only failing rows and the summary")
@@ -390,6 +408,10 @@ def main(argv=None):
             from parity_tests.kernels.targets.features import flash_unavailable
             print(f"(FlashAttention's {', '.join(targets.FLASH)} skipped: {flash_unavailable()})")
         return 0
+    if args.invariance and (args.merge or args.world_size is not None):
+        print("attention-parity check: error: --invariance compares a kernel target with itself "
+              "(not --merge or --world-size)", file=sys.stderr)
+        return 2
     if args.repro is not None and (args.merge or args.world_size is not None):
         print("attention-parity check: error: --repro shrinks the cases of a kernel target "
               "(not --merge or --world-size)", file=sys.stderr)
@@ -412,6 +434,7 @@ def main(argv=None):
     if args.world_size is not None:
         return _main_across_ranks(args)
     try:
+        modes = parse_modes(_split(args.invariance, "--invariance"))
         plan = _plan(args.target, args.device, _split(args.dtype, "--dtype"),
                      _split(args.tokens, "--tokens"), _split(args.head_dim, "--head-dim", int),
                      _split(args.heads, "--heads", int), _split(args.batch, "--batch", int),
@@ -422,6 +445,7 @@ def main(argv=None):
     if line:
         print(line, file=sys.stderr, flush=True)
     report = _run(plan, args.align, args.seed, sys.stderr.isatty(), _timeout(args.timeout), spec=args.target)
+    report = _with_invariance(report, plan, modes, args.align, _split(args.head_dim, "--head-dim", int), args.seed)
     print(report.render(args.quiet))
     if args.json:
         report.write_json(args.json)
@@ -435,6 +459,7 @@ def main(argv=None):
 
 # The page that explains what a refused argument should be, by the first word of the refusal.
 ERROR_PAGES = {"target": "docs/check.md#targets", "features": "docs/features.md#the-features",
+               "invariance": "docs/check.md#invariance",
                "timeout": "docs/check.md#time-and-memory-limits"}
 
 

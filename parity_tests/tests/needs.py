@@ -7,7 +7,7 @@ from parity_tests.common import capabilities
 
 
 def needs(*names):
-    why = next(filter(None, map(capabilities.lacks, names)), None)
+    why = capabilities.lacks(*names)
     return pytest.mark.skipif(why is not None, reason=why or "")
 
 

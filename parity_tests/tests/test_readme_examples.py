@@ -135,9 +135,11 @@ def _seconds(block):
 
 
 def _untimed(line):
-    """``line`` with its seconds ("in 1.3 s", "6 runs, 0.1 s)") as "- s", and where its largest
-    error of rounding level sits left out: they are the machine's."""
+    """``line`` with its seconds ("in 1.3 s", "6 runs, 0.1 s)") as "- s", where its largest
+    error of rounding level sits left out, and an invariance's counts of elements and ulps
+    as letters: they are the machine's."""
     line = _ROUNDING_PLACE.sub(lambda m: m.group(1) + ")" if float(m.group(2)) <= ROUNDING_LEVEL else m.group(0), line)
+    line = _INVARIANCE_COUNTS.sub("N of M elements, up to X ulp", line)
     return re.sub(r"(?<=[ (])[\d.]+ s\b", "- s", line)
 
 
@@ -201,6 +203,8 @@ def _rows_of(output):
 ROUNDING_SPREAD = 10.0
 ROUNDING_LEVEL = 1e-10
 _ROUNDING_PLACE = re.compile(r"(largest error (\d\.\de[+-]\d\d)), .*\)$")
+# --invariance: how many elements differ and by how many ulps is the machine's rounding too
+_INVARIANCE_COUNTS = re.compile(r"\d+ of \d+ elements, up to [\d.e+]+ ulp")
 _ROUNDING_FIGURE = re.compile(r"^-?(\d\.\d+e[+-]\d\d|\d+\.\d\d)$")
 _PLACE = re.compile(r"^\d+, \d+, \d+$")
 

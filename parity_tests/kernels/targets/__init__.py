@@ -11,7 +11,8 @@ Built in:
 
 - ``sdpa-math``, ``sdpa-flash`` (CPU and CUDA), ``sdpa-efficient``,
   ``sdpa-cudnn`` (CUDA): ``scaled_dot_product_attention`` restricted to one
-  backend with ``torch.nn.attention.sdpa_kernel``.  Causal is ``is_causal``
+  backend with ``torch.nn.attention.sdpa_kernel`` (``torch.backends.cuda.sdp_kernel``
+  before PyTorch 2.3: ``capabilities.sdpa_backend``).  Causal is ``is_causal``
   (top-left) or, for bottom-right alignment with Tq != Tk, the
   ``causal_lower_right`` bias.
 - ``torch_impl-mha``: the attention core of ``torch_impl.MultiHeadAttention``
@@ -23,7 +24,13 @@ Built in:
 - ``torch_impl-fused``: the same through ``FusedMultiHeadAttention``; causal only
   (it always passes ``is_causal=True``).
 - ``flex``: ``flex_attention`` with a causal ``mask_mod``; compiled on CUDA,
-  eager (unfused) on CPU, where PyTorch refuses its backward: forward only.
+  eager (unfused) on CPU, where PyTorch refuses its backward (from 2.13; 2.5 to 2.9 run
+  it): forward only.
+
+A built-in target that needs more than the installed PyTorch has (`NEEDS`,
+``common.capabilities``) refuses every case with the release that brought it, and what
+PyTorch raises inside one when it declines a case (``NYI: ...``) is "not supported" in its
+words (``kernels.call``): built-in targets never FAIL on PyTorch's own refusals.
 """
 
 import importlib
@@ -157,10 +164,7 @@ def _builtins(device):
         targets.update(feature_targets.flash_targets(
             lambda name, fn, layout, description, refuses, features: Target(
                 name, fn, layout, description, refuses, features=features, returns_lse=False)))
-    for name, needs in NEEDS.items():
-        if name in targets:
-            targets[name].unavailable = next(filter(None, map(capabilities.lacks, needs)), None)
-    return {name: _builtin(t) for name, t in targets.items()}
+    return {name: _builtin(t, capabilities.lacks(*NEEDS.get(name, ()))) for name, t in targets.items()}
 
 
 # What each built-in target needs of PyTorch beyond the floor (`capabilities.NEEDS`'s names).
@@ -168,9 +172,10 @@ NEEDS = {"sdpa-cudnn": ("sdpa_cudnn",), "flex": ("flex_attention",),
          "flex-paged": ("flex_attention", "paged_attention")}
 
 
-def _builtin(t):
-    """``t`` marked built in; one the installed PyTorch cannot run refuses every case with why."""
-    t.builtin = True
+def _builtin(t, unavailable=None):
+    """``t`` marked built in; one the installed PyTorch cannot run (``unavailable``: why)
+    refuses every case with why."""
+    t.builtin, t.unavailable = True, unavailable
     if t.unavailable:
         t.refuses = lambda case, dtype, device, align, why=t.unavailable: why
         t.description += f" -- not supported: {t.unavailable}"

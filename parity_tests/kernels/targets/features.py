@@ -1,7 +1,9 @@
 """The built-in targets with the features they can express.
 
 - SDPA (``sdpa-*``): window, ALiBi and a bias become an additive ``attn_mask``
-  (a boolean one for a window alone), GQA is ``enable_gqa=True``, dropout its own
+  (a boolean one for a window alone), GQA is ``enable_gqa=True`` (PyTorch 2.5 and later; before,
+  a gqa case is not supported, and so is a case with a row that sees no key, where SDPA gave
+  NaN), dropout its own
   ``dropout_p`` (drawn from torch's global RNG; the CPU flash kernel refuses p > 0, "not
   supported"); no softcap, sinks,
   lse or packed layout (their keywords are absent, so asking for them is a usage

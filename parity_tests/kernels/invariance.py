@@ -1,0 +1,318 @@
+"""``check --invariance batch,decode,splits,chunks``: the kernel compared with itself, bitwise.
+
+Inference engines ask a kernel for more than accuracy: that a token's attention row is the
+same bits whatever else is computed beside it (batch-invariant and deterministic serving,
+reinforcement learning that re-scores its rollouts).  Each mode computes the same rows two
+ways and compares them with ``torch.equal``'s strictness, element by element:
+
+- ``batch``: a sequence alone (B = 1) against the same sequence inside batches of other
+  sizes (`BATCH_SIZES`), first, in the middle and last among other sequences; out, and
+  where the kernel has a backward, its dq, dk and dv;
+- ``decode``: the last row of a causal prefill over kv_len keys (Tq = Tk = kv_len) against
+  the same row as a decode call (Tq = 1 over the same keys: it sees them all);
+- ``chunks``: a causal prefill's rows computed in chunks of queries (each chunk against the
+  keys up to its last query, bottom-right) against all of them at once, per chunk size;
+- ``splits``: each ``num_splits`` in `SPLITS` the kernel accepts (one it refuses with
+  ``Unsupported`` is left out) against ``num_splits=1``, on decode calls (a kernel whose
+  signature takes ``num_splits``).
+
+A difference is not an accuracy failure (both sides may be well within the bound): it is a
+verdict of its own, with the number of elements that differ and the largest difference in
+units in the last place of the tested dtype.  Each mode sweeps the length that matters over
+tile boundaries (kv_len, `LENGTHS`: every multiple of 16 up to 256, and each plus one; the
+batch size; the chunk size), narrows the first length that differs to one step, and says
+the pattern: "every kv_len ≥ 97: a key tile of 96 ends there".
+"""
+
+import inspect
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+import parity_tests.kernels.targets as targets
+from parity_tests.common import capabilities
+
+__all__ = ["MODES", "Finding", "parse_modes", "check_invariance"]
+
+MODES = ("batch", "decode", "chunks", "splits")
+# kv_len: 1 to 3, then every multiple of 16 up to 256 and each plus one (multiples of 32, 64
+# and 128 among them, and 96, 192: FlashAttention-3's tiles).
+LENGTHS = (1, 2, 3) + tuple(x for m in range(16, 257, 16) for x in (m, m + 1))
+BATCH_SIZES = (2, 3, 4, 5, 8, 9, 16, 17)
+BATCH_TOKENS = 77                      # each sequence of the batch mode
+CHUNK_TOKENS = 193                     # the prefill the chunks mode cuts
+CHUNK_SIZES = (1, 16, 17, 32, 33, 64, 65, 96, 97, 128, 129)
+SPLITS = (2, 3, 4, 8)
+MANTISSA = {"float64": 52, "float32": 23, "float16": 10, "bfloat16": 7}
+DTYPES = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def parse_modes(modes):
+    """The modes asked for, in `MODES`' order; ValueError naming a wrong one."""
+    if modes is None:
+        return ()
+    if isinstance(modes, str):
+        modes = modes.split(",")
+    asked = [m.strip() for m in modes if m.strip()]
+    wrong = [m for m in asked if m not in MODES]
+    if wrong:
+        raise ValueError(f"invariance must be among {', '.join(MODES)}; got {', '.join(wrong)}")
+    return tuple(m for m in MODES if m in asked)
+
+
+@dataclass
+class Finding:
+    """One mode's verdict in one dtype: "invariant", "DIFFERS", "not supported", or "FAIL" (the
+    kernel raised)."""
+    mode: str
+    dtype: str
+    verdict: str
+    compared: int = 0                  # elements compared
+    differing: int = 0                 # of them, not bitwise equal
+    ulps: float = 0.0                  # the largest difference, in units in the last place
+    first: int = None                  # the first length (kv_len, batch size, chunk size) that differs
+    pattern: str = ""                  # what the sweep shows, in a sentence
+    note: str = ""                     # why not supported, or what the mode compared
+    sweep: dict = field(default_factory=dict)     # length -> elements that differ
+
+    @property
+    def broken(self):
+        return self.verdict in ("DIFFERS", "FAIL")
+
+    def line(self):
+        head = f"{self.mode:<7} {self.dtype:<9} {self.verdict}"
+        if self.verdict in ("not supported", "FAIL"):
+            return f"{head}: {self.note}"
+        if not self.broken:
+            return f"{head}: {self.compared} elements bitwise equal ({self.note})"
+        return (f"{head}: {self.differing} of {self.compared} elements, up to {self.ulps:.3g} ulp; "
+                f"{self.pattern} ({self.note})")
+
+    def as_dict(self):
+        return {"mode": self.mode, "dtype": self.dtype, "verdict": self.verdict, "compared": self.compared,
+                "differing": self.differing, "ulps": self.ulps, "first": self.first, "pattern": self.pattern,
+                "note": self.note, "sweep": {str(k): v for k, v in self.sweep.items()}}
+
+
+def ulps(a, b, dtype):
+    """|a − b| in units in the last place of ``dtype`` at the larger magnitude of the two
+    (float64 arrays)."""
+    m = MANTISSA[dtype]
+    tiny = np.finfo(np.float64).tiny if dtype == "float64" else 2.0 ** -126 if dtype in ("float32", "bfloat16") \
+        else 2.0 ** -14
+    mag = np.maximum(np.maximum(np.abs(a), np.abs(b)), tiny)
+    unit = np.exp2(np.floor(np.log2(mag)) - m)
+    diff = np.where(np.isnan(a) & np.isnan(b), 0.0, np.abs(a - b))
+    return np.where(np.isfinite(diff), diff / unit, np.inf)
+
+
+class _Kernel:
+    """The target called as the check calls it: its layout, ``align`` where it takes it."""
+
+    def __init__(self, target, device, dtype, align, head_dim, heads, seed):
+        self.t, self.device, self.dtype_name, self.align = target, device, dtype, align
+        self.dtype, self.head_dim, self.heads = DTYPES[dtype], head_dim, heads
+        self.gen = torch.Generator().manual_seed(seed)
+        try:
+            params = inspect.signature(target.fn).parameters
+        except (TypeError, ValueError):
+            params = {}
+        self.takes_splits = "num_splits" in params
+
+    def draw(self, b, t):
+        x = torch.randn(b, self.heads, t, self.head_dim, generator=self.gen, dtype=torch.float64)
+        return x.to(self.dtype).to(self.device)
+
+    def bottom_right(self):
+        """Whether a causal call with Tq < Tk is bottom-right here (the chunks need it)."""
+        return self.t.takes_align or self.align == "bottom-right"
+
+    def __call__(self, q, k, v, causal, dout=None, **kw):
+        """{"out"}, and with an upstream gradient ``dout`` {"dq", "dk", "dv"} too; (B, H, T, D)."""
+        lay = lambda x: targets.to_layout(x, self.t.layout)
+        if self.t.takes_align:
+            kw["align"] = "bottom-right"
+        grad = dout is not None
+        q, k, v = (x.detach().clone().requires_grad_(grad) for x in (q, k, v))
+        with torch.set_grad_enabled(grad):
+            out = self.t.fn(lay(q), lay(k), lay(v), causal=causal, scale=self.head_dim ** -0.5, **kw)
+        out = targets.from_layout(out[0] if isinstance(out, tuple) else out, self.t.layout)
+        if grad:
+            out.backward(dout)
+            return {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
+        return {"out": out.detach()}
+
+
+class _Tally:
+    """Elements compared and differing, and the largest ulp gap, over a mode's comparisons."""
+
+    def __init__(self, dtype):
+        self.dtype, self.compared, self.differing, self.ulps, self.sweep = dtype, 0, 0, 0.0, {}
+
+    def add(self, length, a, b):
+        a, b = (x.detach().to("cpu", torch.float64).numpy() for x in (a, b))
+        same = (a == b) | (np.isnan(a) & np.isnan(b))
+        n = int((~same).sum())
+        self.compared += a.size
+        self.differing += n
+        if n:
+            self.ulps = max(self.ulps, float(ulps(a, b, self.dtype)[~same].max()))
+        self.sweep[length] = self.sweep.get(length, 0) + n
+        return n
+
+
+def _pattern(sweep, unit, tile_hint=True):
+    """(first length that differs, the sentence) from ``{length: elements that differ}``."""
+    lengths = sorted(sweep)
+    bad = [n for n in lengths if sweep[n]]
+    if not bad:
+        return None, ""
+    first = bad[0]
+    if all(sweep[n] for n in lengths if n >= first):
+        said = f"every {unit} ≥ {first}"
+        if tile_hint and first > 1:
+            said += (f": the kernel's key tile changes at {first - 1}" if (first - 1) % 16 == 0 else
+                     f": the two part after {unit} {first - 1} (another code path, not a tile of 16 or more)")
+        return first, said
+    return first, f"{unit} " + ", ".join(map(str, bad[:8])) + (" ..." if len(bad) > 8 else "") + \
+        " (not every longer one)"
+
+
+def _narrow(sweep, probe, lengths):
+    """Adds to ``sweep`` the lengths between the last equal one and the first that differs."""
+    ordered = sorted(lengths)
+    bad = [n for n in ordered if sweep.get(n)]
+    if not bad:
+        return
+    below = [n for n in ordered if n < bad[0]]
+    for n in range(below[-1] + 1 if below else 1, bad[0]):
+        sweep[n] = probe(n)
+
+
+def _decode(k, tally, sweep):
+    lengths = list(sweep.get("lengths", LENGTHS))
+
+    def probe(n):
+        q, kk, vv = k.draw(1, n), k.draw(1, n), k.draw(1, n)
+        prefill = k(q, kk, vv, causal=True)["out"][:, :, -1:]
+        decode = k(q[:, :, -1:], kk, vv, causal=False)["out"]
+        return tally.add(n, decode, prefill)
+    for n in lengths:
+        probe(n)
+    _narrow(tally.sweep, probe, lengths)
+    return _pattern(tally.sweep, "kv_len") + ("the last row of a causal prefill against a decode call (Tq = 1) "
+                                              f"over kv_len = 1 .. {max(lengths)} keys",)
+
+
+def _chunks(k, tally, sweep):
+    if not k.bottom_right():
+        return None
+    t, sizes = sweep.get("chunk_tokens", CHUNK_TOKENS), sweep.get("chunk_sizes", CHUNK_SIZES)
+    q, kk, vv = k.draw(1, t), k.draw(1, t), k.draw(1, t)
+    whole = k(q, kk, vv, causal=True)["out"]
+    for size in sizes:
+        parts = [k(q[:, :, a:a + size], kk[:, :, :a + size], vv[:, :, :a + size], causal=True)["out"]
+                 for a in range(0, t, size)]
+        tally.add(size, torch.cat(parts, dim=2), whole)
+    first, said = _pattern(tally.sweep, "chunk size", tile_hint=False)
+    if first is not None:
+        said = "chunks of " + ", ".join(str(s) for s in sizes if tally.sweep[s]) + " queries differ"
+    return first, said, f"a causal prefill of {t} tokens in chunks of {', '.join(map(str, sizes))} queries"
+
+
+def _splits(k, tally, sweep):
+    if not k.takes_splits:
+        return None
+    lengths = list(sweep.get("lengths", LENGTHS))
+
+    taken = []
+    q, kk, vv = k.draw(1, 1), k.draw(1, 1), k.draw(1, 1)
+    for s in SPLITS:                                  # the split counts the kernel accepts
+        try:
+            k(q, kk, vv, causal=False, num_splits=s)
+            taken.append(s)
+        except targets.Unsupported:
+            pass
+    if not taken:
+        raise targets.Unsupported(f"the kernel refuses num_splits {', '.join(map(str, SPLITS))}")
+
+    def probe(n):
+        q, kk, vv = k.draw(1, 1), k.draw(1, n), k.draw(1, n)
+        one = k(q, kk, vv, causal=False, num_splits=1)["out"]
+        return sum(tally.add(n, k(q, kk, vv, causal=False, num_splits=s)["out"], one) for s in taken)
+    for n in lengths:
+        probe(n)
+    _narrow(tally.sweep, probe, lengths)
+    first, said = _pattern(tally.sweep, "kv_len", tile_hint=False)
+    return first, said, f"num_splits {', '.join(map(str, taken))} against 1, on decode calls over kv_len up to {max(lengths)}"
+
+
+def _batch(k, tally, sweep):
+    t, sizes, grad = BATCH_TOKENS, sweep.get("batch_sizes", BATCH_SIZES), _has_backward(k)
+    draw = lambda: [k.draw(1, t) for _ in range(4)]                # q, k, v and its upstream gradient
+    seq = draw()
+    alone = k(*seq[:3], causal=True, dout=seq[3] if grad else None)
+    places = {}
+    for size in sizes:
+        others = [draw() for _ in range(size - 1)]
+        for where, at in (("first", 0), ("middle", size // 2), ("last", size - 1)):
+            q, kk, v, dout = (torch.cat([s[i] for s in others[:at] + [seq] + others[at:]]) for i in range(4))
+            got = k(q, kk, v, causal=True, dout=dout if grad else None)
+            n = sum(tally.add(size, got[name][at:at + 1], alone[name]) for name in alone)
+            places[where] = places.get(where, 0) + n
+    first, said = _pattern(tally.sweep, "batch size", tile_hint=False)
+    if first is not None:
+        bad = [s for s in sizes if tally.sweep[s]]
+        said = (f"only when the batch holds more than {first - 1} sequences" if said.startswith("every") and first > 2
+                else f"in batches of {', '.join(map(str, bad))}")
+        where = [w for w, n in places.items() if n]
+        if len(where) < 3:
+            said += f", only where the sequence sits {' or '.join(where)}"
+    tensors = "out, dq, dk and dv" if grad else "out"
+    return first, said, (f"a sequence of {t} tokens alone against inside batches of {', '.join(map(str, sizes))},"
+                         f" first, middle and last: {tensors}")
+
+
+def _has_backward(k):
+    q = k.draw(1, 3)
+    try:
+        got = k(q, q, q, causal=True, dout=q)
+    except (targets.Unsupported, RuntimeError, NotImplementedError):
+        return False
+    return got["dq"] is not None
+
+
+def check_invariance(target, modes, dtypes, device="cpu", align="top-left", head_dim=64, heads=2, seed=0,
+                     **sweep):
+    """``[Finding]``: each of ``modes`` in each of ``dtypes`` for ``target`` (a `targets.Target`).
+    ``sweep`` may shorten the sweeps (``lengths``, ``batch_sizes``, ``chunk_tokens``,
+    ``chunk_sizes``; the tests' smaller ones)."""
+    found = []
+    for dtype in dtypes:
+        lacking = capabilities.dtype_lacks(dtype, device)
+        for mode in modes:
+            if lacking:
+                found.append(Finding(mode, dtype, "not supported", note=lacking))
+                continue
+            k = _Kernel(target, device, dtype, align, head_dim, heads, seed)
+            tally = _Tally(dtype)
+            try:
+                result = {"batch": _batch, "decode": _decode, "chunks": _chunks, "splits": _splits}[mode](k, tally, sweep)
+            except targets.Unsupported as e:
+                found.append(Finding(mode, dtype, "not supported", note=str(e).splitlines()[0][:200]))
+                continue
+            except Exception as e:                    # noqa: BLE001 - the kernel's own failure, said
+                said = capabilities.refusal(e) if target.builtin else None
+                found.append(Finding(mode, dtype, "not supported" if said else "FAIL",
+                                     note=said or f"raised {type(e).__name__}: {str(e).splitlines()[0][:160]}"))
+                continue
+            if result is None:
+                why = ("the kernel's signature has no num_splits" if mode == "splits" else
+                       "needs bottom-right causal chunks: --align bottom-right, or an align keyword")
+                found.append(Finding(mode, dtype, "not supported", note=why))
+                continue
+            first, pattern, note = result
+            found.append(Finding(mode, dtype, "DIFFERS" if tally.differing else "invariant", tally.compared,
+                                 tally.differing, tally.ulps, first, pattern, note, dict(sorted(tally.sweep.items()))))
+    return found

@@ -1,0 +1,125 @@
+"""Kernels for ``check --invariance``: one that is the same bits whatever else runs, and the
+mistakes that serving kernels make, each accurate (every accuracy row passes) and each
+breaking one invariance at a boundary the check must name.
+
+All are online softmax over key tiles, written so that a row's arithmetic depends only on
+the tile widths and the order of the keys (serving kernels, forward only: autograd's own
+reductions are not batch-invariant on the CPU): every score is a dot product summed over the head
+dim (the same order whatever the shapes), every tile's sums are a pairwise tree over its keys
+added to the running (m, l, acc), in float32: the tile widths set the rounding.
+
+- `invariant`: tiles of 64 keys, always;
+- `decode_tile_96`: tiles of 96 keys for a decode call (Tq = 1), 192 for a prefill
+  (FlashAttention-3's FP8 decode and prefill, vLLM #54035): decode ≠ prefill from kv_len 97;
+- `splits_from_batch`: split-KV with the split count chosen from the batch size
+  (FlashAttention's ``num_splits`` heuristic): 2 splits up to 4 sequences, 1 beyond;
+- `padded_block_max`: the batch padded to blocks of 4 sequences, each block's softmax shifted
+  by the largest score of any of its sequences (the padding and the neighbours reach a row);
+- `order_by_position`: the keys reduced in reverse order for a sequence at an odd position.
+"""
+
+import math
+
+import torch
+
+from parity_tests.kernels.targets import Unsupported
+
+__all__ = ["invariant", "decode_tile_96", "splits_from_batch", "padded_block_max", "order_by_position"]
+
+
+def _scores(q, k, scale):
+    """(B, H, Tq, Tk) float32 scores, each summed over the head dim in one order."""
+    return (q.float()[:, :, :, None, :] * k.float()[:, :, None, :, :]).sum(-1) * scale
+
+
+def _visible(tq, tk, causal, device):
+    if not causal:
+        return torch.ones(tq, tk, dtype=torch.bool, device=device)
+    i, j = torch.arange(tq, device=device)[:, None], torch.arange(tk, device=device)[None, :]
+    return j <= i + (tk - tq)                                       # bottom-right, as FlashAttention
+
+
+def _fold(s, v, lo, hi, tile, reverse=False, shift=None):
+    """(m, l, acc) over keys lo .. hi − 1 in tiles of ``tile``: each tile's maximum, then its
+    sums.  ``shift``: a fixed maximum instead of the running one."""
+    b, h, tq, _ = s.shape
+    m = torch.full((b, h, tq, 1), -math.inf) if shift is None else shift
+    l = torch.zeros(b, h, tq, 1)
+    acc = torch.zeros(b, h, tq, v.shape[-1])
+    starts = list(range(lo, hi, tile))
+    for t0 in (reversed(starts) if reverse else starts):
+        t1 = min(t0 + tile, hi)
+        if shift is None:
+            new = torch.maximum(m, s[..., t0:t1].amax(-1, keepdim=True))
+            safe = torch.where(torch.isinf(new), 0.0, new)
+            rescale = torch.exp(torch.where(torch.isinf(m), -math.inf, m - safe))
+            l, acc, m = l * rescale, acc * rescale, new
+        safe = torch.where(torch.isinf(m), 0.0, m)
+        p = torch.exp(s[..., t0:t1] - safe)                         # (B, H, Tq, tile)
+        pv = p[..., None] * v[:, :, t0:t1, :].float()[:, :, None]    # (B, H, Tq, tile, D)
+        if reverse:
+            p, pv = p.flip(-1), pv.flip(-2)
+        l, acc = l + _tree(p, -1)[..., None], acc + _tree(pv, -2)    # the tile's sums, as a tree
+    return m, l, acc
+
+
+def _tree(x, dim):
+    """``x`` summed over ``dim`` pairwise, as a kernel's reduction does: elementwise additions
+    only, so that a row's bits depend on the number of terms alone, not on the other rows."""
+    x = x.movedim(dim, 0)
+    while x.shape[0] > 1:
+        if x.shape[0] % 2:
+            x = torch.cat([x, torch.zeros_like(x[:1])])
+        x = x[0::2] + x[1::2]
+    return x[0]
+
+
+def _attend(q, k, v, causal, scale, tile, splits=1, reverse=None, shift=None):
+    if q.requires_grad:
+        raise Unsupported("a serving kernel: forward only")
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    s = _scores(q, k, scale)
+    s = s.masked_fill(~_visible(q.shape[2], k.shape[2], causal, q.device), -math.inf)
+    tk = k.shape[2]
+    bounds = [round(i * tk / splits) for i in range(splits + 1)]
+    parts = []
+    for lo, hi in zip(bounds, bounds[1:]):
+        if reverse is None:
+            parts.append(_fold(s, v, lo, hi, tile, shift=shift))
+        else:                                                       # per batch entry
+            per = [_fold(s[b:b + 1], v[b:b + 1], lo, hi, tile, reverse=reverse(b)) for b in range(q.shape[0])]
+            parts.append(tuple(torch.cat(x) for x in zip(*per)))
+    m = torch.stack([p[0] for p in parts]).amax(0)                  # the splits merged by their maxima
+    safe = torch.where(torch.isinf(m), 0.0, m)
+    weight = [torch.exp(torch.where(torch.isinf(p[0]), -math.inf, p[0] - safe)) for p in parts]
+    l = sum(w * p[1] for w, p in zip(weight, parts))
+    acc = sum(w * p[2] for w, p in zip(weight, parts))
+    return torch.where(l > 0, acc / torch.where(l > 0, l, 1.0), 0.0).to(q.dtype)     # 0 where no key is seen
+
+
+def invariant(q, k, v, *, causal, scale):
+    return _attend(q, k, v, causal, scale, tile=64)
+
+
+def decode_tile_96(q, k, v, *, causal, scale):
+    return _attend(q, k, v, causal, scale, tile=96 if q.shape[2] == 1 else 192)
+
+
+def splits_from_batch(q, k, v, *, causal, scale, num_splits=0):
+    splits = num_splits or (2 if q.shape[0] <= 4 else 1)
+    return _attend(q, k, v, causal, scale, tile=64, splits=splits)
+
+
+def padded_block_max(q, k, v, *, causal, scale):
+    b = q.shape[0]
+    pad = -b % 4
+    s = _scores(q, k, q.shape[-1] ** -0.5 if scale is None else scale)
+    s = s.masked_fill(~_visible(q.shape[2], k.shape[2], causal, q.device), -math.inf)
+    s = torch.cat([s, s[:1].expand(pad, -1, -1, -1)])              # padding: copies of the first
+    block = s.amax(-1, keepdim=True).view(-1, 4, *s.shape[1:3], 1).amax(1, keepdim=True)
+    shift = block.expand(-1, 4, -1, -1, -1).reshape(-1, *s.shape[1:3], 1)[:b]
+    return _attend(q, k, v, causal, scale, tile=64, shift=shift)
+
+
+def order_by_position(q, k, v, *, causal, scale):
+    return _attend(q, k, v, causal, scale, tile=64, reverse=lambda b: b % 2 == 1)
