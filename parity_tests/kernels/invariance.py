@@ -5,9 +5,11 @@ same bits whatever else is computed beside it (batch-invariant and deterministic
 reinforcement learning that re-scores its rollouts).  Each mode computes the same rows two
 ways and compares them with ``torch.equal``'s strictness, element by element:
 
-- ``batch``: a sequence alone (B = 1) against the same sequence inside batches of other
+- ``batch``: a sequence alone (B = 1; of 77 tokens, or the first of `BATCH_TOKENS` the kernel
+  takes) against the same sequence inside batches of other
   sizes (`BATCH_SIZES`), first, in the middle and last among other sequences; out, and
-  where the kernel has a backward, its dq, dk and dv;
+  where the kernel has a backward, its dq, dk and dv.  A varlen kernel (its signature takes
+  ``cu_seqlens_q``) is called packed, among sequences of other lengths;
 - ``decode``: the last row of a causal prefill over kv_len keys (Tq = Tk = kv_len) against
   the same row as a decode call (Tq = 1 over the same keys: it sees them all);
 - ``chunks``: a causal prefill's rows computed in chunks of queries (each chunk against the
@@ -40,7 +42,8 @@ MODES = ("batch", "decode", "chunks", "splits")
 # and 128 among them, and 96, 192: FlashAttention-3's tiles).
 LENGTHS = (1, 2, 3) + tuple(x for m in range(16, 257, 16) for x in (m, m + 1))
 BATCH_SIZES = (2, 3, 4, 5, 8, 9, 16, 17)
-BATCH_TOKENS = 77                      # each sequence of the batch mode
+BATCH_TOKENS = (77, 64, 128)           # each sequence of the batch mode: the first the kernel takes
+PACKED_LENGTHS = (45, 1, 128, 16, 97, 3, 64, 200)       # the others, packed with a varlen kernel
 CHUNK_TOKENS = 193                     # the prefill the chunks mode cuts
 CHUNK_SIZES = (1, 16, 17, 32, 33, 64, 65, 96, 97, 128, 129)
 SPLITS = (2, 3, 4, 8)
@@ -119,6 +122,7 @@ class _Kernel:
         except (TypeError, ValueError):
             params = {}
         self.takes_splits = "num_splits" in params
+        self.packed = "cu_seqlens_q" in params                # FlashAttention's varlen form
 
     def draw(self, b, t):
         x = torch.randn(b, self.heads, t, self.head_dim, generator=self.gen, dtype=torch.float64)
@@ -128,8 +132,12 @@ class _Kernel:
         """Whether a causal call with Tq < Tk is bottom-right here (the chunks need it)."""
         return self.t.takes_align or self.align == "bottom-right"
 
-    def __call__(self, q, k, v, causal, dout=None, **kw):
-        """{"out"}, and with an upstream gradient ``dout`` {"dq", "dk", "dv"} too; (B, H, T, D)."""
+    def __call__(self, q, k, v, causal, dout=None, lengths=None, **kw):
+        """{"out"}, and with an upstream gradient ``dout`` {"dq", "dk", "dv"} too; (B, H, T, D).
+        A varlen kernel is called packed: the batch's sequences one after another, or with
+        ``lengths`` the (1, H, total, D) tensors of sequences of those lengths (self-attention)."""
+        if self.packed:
+            return self._packed(q, k, v, causal, dout, lengths, kw)
         lay = lambda x: targets.to_layout(x, self.t.layout)
         if self.t.takes_align:
             kw["align"] = "bottom-right"
@@ -138,6 +146,32 @@ class _Kernel:
         with torch.set_grad_enabled(grad):
             out = self.t.fn(lay(q), lay(k), lay(v), causal=causal, scale=self.head_dim ** -0.5, **kw)
         out = targets.from_layout(out[0] if isinstance(out, tuple) else out, self.t.layout)
+        if grad:
+            out.backward(dout)
+            return {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
+        return {"out": out.detach()}
+
+
+    def _packed(self, q, k, v, causal, dout, lengths, kw):
+        b = q.shape[0]
+        if lengths is None:                          # (B, H, T, D) -> (1, H, B T, D), and back
+            join = lambda x: x.transpose(0, 1).reshape(1, x.shape[1], -1, x.shape[-1])
+            split = lambda x: x[0].reshape(x.shape[1], b, -1, x.shape[-1]).transpose(0, 1)
+            lq, lk = [q.shape[2]] * b, [k.shape[2]] * b
+            got = self._packed(join(q), join(k), join(v), causal, None if dout is None else join(dout),
+                               (lq, lk), kw)
+            return {n: split(x) for n, x in got.items()}
+        lq, lk = lengths if isinstance(lengths, tuple) else (lengths, lengths)
+        cu = lambda n: torch.tensor([0] + list(np.cumsum(n)), dtype=torch.int32, device=q.device)
+        kw = dict(kw, cu_seqlens_q=cu(lq), cu_seqlens_k=cu(lk), max_seqlen_q=max(lq), max_seqlen_k=max(lk))
+        if self.t.takes_align:
+            kw["align"] = "bottom-right"
+        thd = lambda x: x[0].transpose(0, 1)                          # (1, H, total, D) -> (total, H, D)
+        grad = dout is not None
+        q, k, v = (x.detach().clone().requires_grad_(grad) for x in (q, k, v))
+        with torch.set_grad_enabled(grad):
+            out = self.t.fn(thd(q), thd(k), thd(v), causal=causal, scale=self.head_dim ** -0.5, **kw)
+        out = (out[0] if isinstance(out, tuple) else out).transpose(0, 1)[None]
         if grad:
             out.backward(dout)
             return {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
@@ -179,15 +213,27 @@ def _pattern(sweep, unit, tile_hint=True):
         " (not every longer one)"
 
 
-def _narrow(sweep, probe, lengths):
-    """Adds to ``sweep`` the lengths between the last equal one and the first that differs."""
-    ordered = sorted(lengths)
-    bad = [n for n in ordered if sweep.get(n)]
+def _swept(tally, probe, lengths):
+    """``probe(n)`` for each of ``lengths`` the kernel takes (one it refuses with `Unsupported`
+    is left out of the sweep); its refusal when it takes none."""
+    refused = None
+    for n in lengths:
+        try:
+            probe(n)
+        except targets.Unsupported as e:
+            refused = e
+    if not tally.sweep and refused is not None:
+        raise refused
+
+
+def _narrow(tally, probe):
+    """Adds to the sweep the lengths between the last equal one and the first that differs."""
+    ordered = sorted(tally.sweep)
+    bad = [n for n in ordered if tally.sweep[n]]
     if not bad:
         return
     below = [n for n in ordered if n < bad[0]]
-    for n in range(below[-1] + 1 if below else 1, bad[0]):
-        sweep[n] = probe(n)
+    _swept(tally, probe, range(below[-1] + 1 if below else 1, bad[0]))
 
 
 def _decode(k, tally, sweep):
@@ -198,9 +244,8 @@ def _decode(k, tally, sweep):
         prefill = k(q, kk, vv, causal=True)["out"][:, :, -1:]
         decode = k(q[:, :, -1:], kk, vv, causal=False)["out"]
         return tally.add(n, decode, prefill)
-    for n in lengths:
-        probe(n)
-    _narrow(tally.sweep, probe, lengths)
+    _swept(tally, probe, lengths)
+    _narrow(tally, probe)
     return _pattern(tally.sweep, "kv_len") + ("the last row of a causal prefill against a decode call (Tq = 1) "
                                               f"over kv_len = 1 .. {max(lengths)} keys",)
 
@@ -227,7 +272,7 @@ def _splits(k, tally, sweep):
     lengths = list(sweep.get("lengths", LENGTHS))
 
     taken = []
-    q, kk, vv = k.draw(1, 1), k.draw(1, 1), k.draw(1, 1)
+    q, kk, vv = k.draw(1, 1), k.draw(1, 64), k.draw(1, 64)
     for s in SPLITS:                                  # the split counts the kernel accepts
         try:
             k(q, kk, vv, causal=False, num_splits=s)
@@ -241,25 +286,25 @@ def _splits(k, tally, sweep):
         q, kk, vv = k.draw(1, 1), k.draw(1, n), k.draw(1, n)
         one = k(q, kk, vv, causal=False, num_splits=1)["out"]
         return sum(tally.add(n, k(q, kk, vv, causal=False, num_splits=s)["out"], one) for s in taken)
-    for n in lengths:
-        probe(n)
-    _narrow(tally.sweep, probe, lengths)
+    _swept(tally, probe, lengths)
+    _narrow(tally, probe)
     first, said = _pattern(tally.sweep, "kv_len", tile_hint=False)
     return first, said, f"num_splits {', '.join(map(str, taken))} against 1, on decode calls over kv_len up to {max(lengths)}"
 
 
 def _batch(k, tally, sweep):
-    t, sizes, grad = BATCH_TOKENS, sweep.get("batch_sizes", BATCH_SIZES), _has_backward(k)
-    draw = lambda: [k.draw(1, t) for _ in range(4)]                # q, k, v and its upstream gradient
+    sizes, grad = sweep.get("batch_sizes", BATCH_SIZES), _has_backward(k)
+    t = _first_taken(k, BATCH_TOKENS)
+    # q, k, v and its upstream gradient; packed, the other sequences have other lengths
+    draw = lambda n=t: [k.draw(1, n) for _ in range(4)]
     seq = draw()
-    alone = k(*seq[:3], causal=True, dout=seq[3] if grad else None)
+    alone = _batched(k, [seq], 0, grad)
     places = {}
     for size in sizes:
-        others = [draw() for _ in range(size - 1)]
+        others = [draw(PACKED_LENGTHS[i % len(PACKED_LENGTHS)] if k.packed else t) for i in range(size - 1)]
         for where, at in (("first", 0), ("middle", size // 2), ("last", size - 1)):
-            q, kk, v, dout = (torch.cat([s[i] for s in others[:at] + [seq] + others[at:]]) for i in range(4))
-            got = k(q, kk, v, causal=True, dout=dout if grad else None)
-            n = sum(tally.add(size, got[name][at:at + 1], alone[name]) for name in alone)
+            got = _batched(k, others[:at] + [seq] + others[at:], at, grad)
+            n = sum(tally.add(size, got[name], alone[name]) for name in alone)
             places[where] = places.get(where, 0) + n
     first, said = _pattern(tally.sweep, "batch size", tile_hint=False)
     if first is not None:
@@ -270,15 +315,41 @@ def _batch(k, tally, sweep):
         if len(where) < 3:
             said += f", only where the sequence sits {' or '.join(where)}"
     tensors = "out, dq, dk and dv" if grad else "out"
-    return first, said, (f"a sequence of {t} tokens alone against inside batches of {', '.join(map(str, sizes))},"
-                         f" first, middle and last: {tensors}")
+    form = ", packed (varlen) among sequences of other lengths" if k.packed else ""
+    return first, said, (f"a sequence of {t} tokens alone against inside batches of {', '.join(map(str, sizes))}"
+                         f"{form}, first, middle and last: {tensors}")
+
+
+def _batched(k, seqs, at, grad):
+    """Sequence ``at``'s rows of the kernel's call on ``seqs`` ([q, k, v, dout] each (1, H, T_b,
+    D)): one batch, or one packed batch for a varlen kernel."""
+    parts = [torch.cat([s[i] for s in seqs], dim=2 if k.packed else 0) for i in range(4)]
+    got = k(*parts[:3], causal=True, dout=parts[3] if grad else None,
+            lengths=[s[0].shape[2] for s in seqs] if k.packed else None)
+    if k.packed:
+        start = sum(s[0].shape[2] for s in seqs[:at])
+        return {n: x[:, :, start:start + seqs[at][0].shape[2]] for n, x in got.items()}
+    return {n: x[at:at + 1] for n, x in got.items()}
+
+
+def _first_taken(k, lengths):
+    """The first of ``lengths`` the kernel takes for a causal self-attention call; else its
+    refusal of the last."""
+    for n in lengths:
+        q = k.draw(1, n)
+        try:
+            k(q, q, q, causal=True)
+            return n
+        except targets.Unsupported:
+            if n == lengths[-1]:
+                raise
 
 
 def _has_backward(k):
-    q = k.draw(1, 3)
+    q = k.draw(1, _first_taken(k, BATCH_TOKENS))
     try:
         got = k(q, q, q, causal=True, dout=q)
-    except (targets.Unsupported, RuntimeError, NotImplementedError):
+    except Exception:                  # noqa: BLE001 - refused, or not differentiable: out alone
         return False
     return got["dq"] is not None
 

@@ -15,7 +15,10 @@ added to the running (m, l, acc), in float32: the tile widths set the rounding.
   (FlashAttention's ``num_splits`` heuristic): 2 splits up to 4 sequences, 1 beyond;
 - `padded_block_max`: the batch padded to blocks of 4 sequences, each block's softmax shifted
   by the largest score of any of its sequences (the padding and the neighbours reach a row);
-- `order_by_position`: the keys reduced in reverse order for a sequence at an odd position.
+- `order_by_position`: the keys reduced in reverse order for a sequence at an odd position;
+- `varlen_invariant`, and `varlen_tiles_from_buffer_start`: packed (FlashAttention's varlen
+  form), its key tiles laid from the packed buffer's start rather than each sequence's, so a
+  sequence's tiles move with the lengths packed before it.
 """
 
 import math
@@ -24,7 +27,8 @@ import torch
 
 from parity_tests.kernels.targets import Unsupported
 
-__all__ = ["invariant", "decode_tile_96", "splits_from_batch", "padded_block_max", "order_by_position"]
+__all__ = ["invariant", "decode_tile_96", "splits_from_batch", "padded_block_max", "order_by_position",
+           "varlen_invariant", "varlen_tiles_from_buffer_start"]
 
 
 def _scores(q, k, scale):
@@ -39,14 +43,15 @@ def _visible(tq, tk, causal, device):
     return j <= i + (tk - tq)                                       # bottom-right, as FlashAttention
 
 
-def _fold(s, v, lo, hi, tile, reverse=False, shift=None):
+def _fold(s, v, lo, hi, tile, reverse=False, shift=None, offset=0):
     """(m, l, acc) over keys lo .. hi − 1 in tiles of ``tile``: each tile's maximum, then its
-    sums.  ``shift``: a fixed maximum instead of the running one."""
+    sums.  ``shift``: a fixed maximum instead of the running one; ``offset``: the tiles laid
+    from ``offset`` keys before ``lo`` (a grid fixed to a packed buffer's start)."""
     b, h, tq, _ = s.shape
     m = torch.full((b, h, tq, 1), -math.inf) if shift is None else shift
     l = torch.zeros(b, h, tq, 1)
     acc = torch.zeros(b, h, tq, v.shape[-1])
-    starts = list(range(lo, hi, tile))
+    starts = sorted({lo} | set(range(lo - offset % tile + tile, hi, tile)))
     for t0 in (reversed(starts) if reverse else starts):
         t1 = min(t0 + tile, hi)
         if shift is None:
@@ -74,18 +79,19 @@ def _tree(x, dim):
     return x[0]
 
 
-def _attend(q, k, v, causal, scale, tile, splits=1, reverse=None, shift=None):
+def _attend(q, k, v, causal, scale, tile, splits=1, reverse=None, shift=None, offset=0):
     if q.requires_grad:
         raise Unsupported("a serving kernel: forward only")
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     s = _scores(q, k, scale)
     s = s.masked_fill(~_visible(q.shape[2], k.shape[2], causal, q.device), -math.inf)
     tk = k.shape[2]
+    splits = max(1, min(splits, tk))                               # no empty split
     bounds = [round(i * tk / splits) for i in range(splits + 1)]
     parts = []
     for lo, hi in zip(bounds, bounds[1:]):
         if reverse is None:
-            parts.append(_fold(s, v, lo, hi, tile, shift=shift))
+            parts.append(_fold(s, v, lo, hi, tile, shift=shift, offset=offset))
         else:                                                       # per batch entry
             per = [_fold(s[b:b + 1], v[b:b + 1], lo, hi, tile, reverse=reverse(b)) for b in range(q.shape[0])]
             parts.append(tuple(torch.cat(x) for x in zip(*per)))
@@ -123,3 +129,22 @@ def padded_block_max(q, k, v, *, causal, scale):
 
 def order_by_position(q, k, v, *, causal, scale):
     return _attend(q, k, v, causal, scale, tile=64, reverse=lambda b: b % 2 == 1)
+
+
+def _per_sequence(q, k, v, cu_q, cu_k, attend):
+    """A varlen call (thd, cu_seqlens) as one ``attend(q, k, v, start_k)`` per sequence."""
+    four = lambda x, a, b: x[a:b].transpose(0, 1)[None]             # (T_b, H, D) -> (1, H, T_b, D)
+    outs = [attend(four(q, cu_q[n], cu_q[n + 1]), four(k, cu_k[n], cu_k[n + 1]), four(v, cu_k[n], cu_k[n + 1]),
+                   int(cu_k[n]))[0].transpose(0, 1) for n in range(len(cu_q) - 1)]
+    return torch.cat(outs)
+
+
+def varlen_invariant(q, k, v, *, causal, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+    return _per_sequence(q, k, v, cu_seqlens_q, cu_seqlens_k,
+                         lambda q, k, v, start: _attend(q, k, v, causal, scale, tile=64))
+
+
+def varlen_tiles_from_buffer_start(q, k, v, *, causal, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                   max_seqlen_k):
+    return _per_sequence(q, k, v, cu_seqlens_q, cu_seqlens_k,
+                         lambda q, k, v, start: _attend(q, k, v, causal, scale, tile=64, offset=start))

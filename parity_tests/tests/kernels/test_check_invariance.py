@@ -68,6 +68,14 @@ def test_a_reduction_order_that_follows_the_position_in_the_batch_is_located_by_
     assert batch.pattern == "in batches of 2, only where the sequence sits middle or last"
 
 
+def test_a_varlen_kernel_is_checked_packed_among_sequences_of_other_lengths():
+    right = _found(gallery.varlen_invariant, ("batch", "decode", "chunks"))
+    assert all(f.verdict == "invariant" for f in right.values()), [f.line() for f in right.values()]
+    assert "packed (varlen)" in right["batch", "float32"].note
+    batch = _found(gallery.varlen_tiles_from_buffer_start, ("batch",))["batch", "float32"]
+    assert batch.broken and batch.pattern.endswith("only where the sequence sits middle or last")
+
+
 @pytest.mark.parametrize("name", ["decode_tile_96", "splits_from_batch", "padded_block_max", "order_by_position"])
 def test_no_mistake_of_invariance_is_called_inaccurate(name):
     report = parity_tests.check(getattr(gallery, name), **ACCURACY)
@@ -84,6 +92,17 @@ def test_one_ulp_in_one_element_at_one_length_is_found_and_not_called_every_leng
     decode = _found(slipped, ("decode",))["decode", "float32"]
     assert decode.broken and decode.differing == 1 and decode.ulps == 1.0 and decode.first == 17
     assert decode.pattern == "kv_len 17 (not every longer one)"
+
+
+def test_lengths_a_kernel_refuses_are_left_out_of_the_sweep_and_all_refused_is_not_supported():
+    def multiples_of_16(q, k, v, *, causal, scale):
+        if k.shape[2] % 16:
+            raise targets.Unsupported("kv_len must be a multiple of 16")
+        return gallery.decode_tile_96(q, k, v, causal=causal, scale=scale)
+    decode = _found(multiples_of_16, ("decode",), lengths=(1, 16, 17, 96, 97, 128, 129))["decode", "float32"]
+    assert set(decode.sweep) == {16, 96, 112, 128} and decode.first == 112    # 97 .. 111 refused
+    none = _found(multiples_of_16, ("decode",), lengths=(1, 17))["decode", "float32"]
+    assert none.verdict == "not supported" and none.note == "kv_len must be a multiple of 16"
 
 
 def test_the_report_fails_on_a_broken_invariance_and_says_which():
