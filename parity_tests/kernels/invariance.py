@@ -11,7 +11,9 @@ ways and compares them with ``torch.equal``'s strictness, element by element:
   where the kernel has a backward, its dq, dk and dv.  A varlen kernel (its signature takes
   ``cu_seqlens_q``) is called packed, among sequences of other lengths;
 - ``decode``: the last row of a causal prefill over kv_len keys (Tq = Tk = kv_len) against
-  the same row as a decode call (Tq = 1 over the same keys: it sees them all);
+  the same row as a decode call (Tq = 1 over the same keys: it sees them all); a paged
+  kernel (its signature takes ``block_table``) reads both from a paged cache, as a serving
+  engine does, and so in every mode;
 - ``chunks``: a causal prefill's rows computed in chunks of queries (each chunk against the
   keys up to its last query, bottom-right) against all of them at once, per chunk size;
 - ``splits``: each ``num_splits`` in `SPLITS` the kernel accepts (one it refuses with
@@ -44,6 +46,7 @@ LENGTHS = (1, 2, 3) + tuple(x for m in range(16, 257, 16) for x in (m, m + 1))
 BATCH_SIZES = (2, 3, 4, 5, 8, 9, 16, 17)
 BATCH_TOKENS = (77, 64, 128)           # each sequence of the batch mode: the first the kernel takes
 PACKED_LENGTHS = (45, 1, 128, 16, 97, 3, 64, 200)       # the others, packed with a varlen kernel
+PAGE = 16                              # slots per page of a paged kernel's cache
 CHUNK_TOKENS = 193                     # the prefill the chunks mode cuts
 CHUNK_SIZES = (1, 16, 17, 32, 33, 64, 65, 96, 97, 128, 129)
 SPLITS = (2, 3, 4, 8)
@@ -123,6 +126,7 @@ class _Kernel:
             params = {}
         self.takes_splits = "num_splits" in params
         self.packed = "cu_seqlens_q" in params                # FlashAttention's varlen form
+        self.paged = "block_table" in params                  # its kvcache form: a paged cache
 
     def draw(self, b, t):
         x = torch.randn(b, self.heads, t, self.head_dim, generator=self.gen, dtype=torch.float64)
@@ -130,7 +134,7 @@ class _Kernel:
 
     def bottom_right(self):
         """Whether a causal call with Tq < Tk is bottom-right here (the chunks need it)."""
-        return self.t.takes_align or self.align == "bottom-right"
+        return self.t.takes_align or self.align == "bottom-right" or self.paged
 
     def __call__(self, q, k, v, causal, dout=None, lengths=None, **kw):
         """{"out"}, and with an upstream gradient ``dout`` {"dq", "dk", "dv"} too; (B, H, T, D).
@@ -138,6 +142,8 @@ class _Kernel:
         ``lengths`` the (1, H, total, D) tensors of sequences of those lengths (self-attention)."""
         if self.packed:
             return self._packed(q, k, v, causal, dout, lengths, kw)
+        if self.paged:
+            return self._paged(q, k, v, kw)
         lay = lambda x: targets.to_layout(x, self.t.layout)
         if self.t.takes_align:
             kw["align"] = "bottom-right"
@@ -151,6 +157,26 @@ class _Kernel:
             return {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
         return {"out": out.detach()}
 
+
+    def _paged(self, q, k, v, kw):
+        """The kvcache form, forward only: q (B, Tq, H, D); k and v in a cache of
+        `PAGE`-slot pages (num_pages, PAGE, H, D), each sequence's pages in reverse order
+        with an unused page between sequences; ``block_table``, ``cache_seqlens``;
+        bottom-right, as a cache is read."""
+        b, h, tk, d = k.shape
+        per = -(-tk // PAGE)
+        table = torch.tensor([[s * (per + 1) + per - 1 - p for p in range(per)] for s in range(b)],
+                             dtype=torch.int32, device=q.device)
+        def cache(x):
+            slots = torch.zeros(b * (per + 1), PAGE, h, x.shape[-1], dtype=x.dtype, device=x.device)
+            rows = torch.nn.functional.pad(x.transpose(1, 2), (0, 0, 0, 0, 0, per * PAGE - tk))
+            slots[table.long().flatten()] = rows.reshape(b * per, PAGE, h, x.shape[-1])
+            return slots
+        kw = dict(kw, block_table=table, cache_seqlens=torch.full((b,), tk, dtype=torch.int32, device=q.device))
+        kw.pop("align", None)
+        with torch.no_grad():
+            out = self.t.fn(q.transpose(1, 2), cache(k), cache(v), causal=True, scale=self.head_dim ** -0.5, **kw)
+        return {"out": (out[0] if isinstance(out, tuple) else out).transpose(1, 2)}
 
     def _packed(self, q, k, v, causal, dout, lengths, kw):
         b = q.shape[0]
@@ -351,7 +377,7 @@ def _has_backward(k):
         got = k(q, q, q, causal=True, dout=q)
     except Exception:                  # noqa: BLE001 - refused, or not differentiable: out alone
         return False
-    return got["dq"] is not None
+    return got.get("dq") is not None
 
 
 def check_invariance(target, modes, dtypes, device="cpu", align="top-left", head_dim=64, heads=2, seed=0,

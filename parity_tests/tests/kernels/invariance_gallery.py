@@ -16,6 +16,7 @@ added to the running (m, l, acc), in float32: the tile widths set the rounding.
 - `padded_block_max`: the batch padded to blocks of 4 sequences, each block's softmax shifted
   by the largest score of any of its sequences (the padding and the neighbours reach a row);
 - `order_by_position`: the keys reduced in reverse order for a sequence at an odd position;
+- `paged_invariant` and `paged_decode_tile_96`: the same, reading a paged cache;
 - `varlen_invariant`, and `varlen_tiles_from_buffer_start`: packed (FlashAttention's varlen
   form), its key tiles laid from the packed buffer's start rather than each sequence's, so a
   sequence's tiles move with the lengths packed before it.
@@ -28,7 +29,7 @@ import torch
 from parity_tests.kernels.targets import Unsupported
 
 __all__ = ["invariant", "decode_tile_96", "splits_from_batch", "padded_block_max", "order_by_position",
-           "varlen_invariant", "varlen_tiles_from_buffer_start"]
+           "varlen_invariant", "varlen_tiles_from_buffer_start", "paged_invariant", "paged_decode_tile_96"]
 
 
 def _scores(q, k, scale):
@@ -52,8 +53,8 @@ def _fold(s, v, lo, hi, tile, reverse=False, shift=None, offset=0):
     l = torch.zeros(b, h, tq, 1)
     acc = torch.zeros(b, h, tq, v.shape[-1])
     starts = sorted({lo} | set(range(lo - offset % tile + tile, hi, tile)))
-    for t0 in (reversed(starts) if reverse else starts):
-        t1 = min(t0 + tile, hi)
+    tiles = [(t0, t1) for t0, t1 in zip(starts, starts[1:] + [hi]) if t1 > t0]
+    for t0, t1 in (reversed(tiles) if reverse else tiles):
         if shift is None:
             new = torch.maximum(m, s[..., t0:t1].amax(-1, keepdim=True))
             safe = torch.where(torch.isinf(new), 0.0, new)
@@ -148,3 +149,22 @@ def varlen_tiles_from_buffer_start(q, k, v, *, causal, scale, cu_seqlens_q, cu_s
                                    max_seqlen_k):
     return _per_sequence(q, k, v, cu_seqlens_q, cu_seqlens_k,
                          lambda q, k, v, start: _attend(q, k, v, causal, scale, tile=64, offset=start))
+
+
+def _paged(kernel):
+    """``kernel`` reading its keys from a paged cache (FlashAttention's kvcache form: q (B, Tq,
+    H, D), caches (num_pages, page_size, H, D), ``block_table``, ``cache_seqlens``)."""
+    def paged(q, k_cache, v_cache, *, block_table, cache_seqlens, causal, scale):
+        size, outs = k_cache.shape[1], []
+        for b, n in enumerate(cache_seqlens.tolist()):
+            pages = block_table[b, :-(-n // size)].long()
+            gather = lambda c: c[pages].reshape(-1, *c.shape[2:])[:n].transpose(0, 1)[None]   # (1, H, n, D)
+            outs.append(kernel(q[b:b + 1].transpose(1, 2), gather(k_cache), gather(v_cache), causal=causal,
+                               scale=scale).transpose(1, 2))
+        return torch.cat(outs)
+    paged.__name__ = paged.__qualname__ = f"paged_{kernel.__name__}"
+    return paged
+
+
+paged_invariant = _paged(invariant)
+paged_decode_tile_96 = _paged(decode_tile_96)

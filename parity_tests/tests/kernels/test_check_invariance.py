@@ -76,9 +76,18 @@ def test_a_varlen_kernel_is_checked_packed_among_sequences_of_other_lengths():
     assert batch.broken and batch.pattern.endswith("only where the sequence sits middle or last")
 
 
-@pytest.mark.parametrize("name", ["decode_tile_96", "splits_from_batch", "padded_block_max", "order_by_position"])
-def test_no_mistake_of_invariance_is_called_inaccurate(name):
-    report = parity_tests.check(getattr(gallery, name), **ACCURACY)
+def test_a_paged_kernel_reads_both_sides_from_a_paged_cache():
+    right = _found(gallery.paged_invariant, ("decode", "chunks", "batch"))
+    assert all(f.verdict == "invariant" for f in right.values()), [f.line() for f in right.values()]
+    decode = _found(gallery.paged_decode_tile_96, ("decode",))["decode", "float32"]
+    assert decode.broken and decode.first == 97 and decode.pattern.endswith("the kernel's key tile changes at 96")
+
+
+@pytest.mark.parametrize("name, features", [
+    ("decode_tile_96", None), ("splits_from_batch", None), ("padded_block_max", None), ("order_by_position", None),
+    ("varlen_tiles_from_buffer_start", ["varlen"]), ("paged_decode_tile_96", ["paged"])])
+def test_no_mistake_of_invariance_is_called_inaccurate(name, features):
+    report = parity_tests.check(getattr(gallery, name), features=features, **ACCURACY)
     assert not report.failures and any(r.passed for r in report.rows), str(report)
 
 
