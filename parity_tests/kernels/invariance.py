@@ -139,69 +139,62 @@ class _Kernel:
     def __call__(self, q, k, v, causal, dout=None, lengths=None, **kw):
         """{"out"}, and with an upstream gradient ``dout`` {"dq", "dk", "dv"} too; (B, H, T, D).
         A varlen kernel is called packed: the batch's sequences one after another, or with
-        ``lengths`` the (1, H, total, D) tensors of sequences of those lengths (self-attention)."""
-        if self.packed:
-            return self._packed(q, k, v, causal, dout, lengths, kw)
-        if self.paged:
-            return self._paged(q, k, v, kw)
-        lay = lambda x: targets.to_layout(x, self.t.layout)
+        ``lengths`` the (1, H, total, D) tensors of sequences of those lengths (self-attention).
+        A paged kernel reads k and v from a paged cache, forward only."""
         if self.t.takes_align:
             kw["align"] = "bottom-right"
-        grad = dout is not None
-        q, k, v = (x.detach().clone().requires_grad_(grad) for x in (q, k, v))
-        with torch.set_grad_enabled(grad):
-            out = self.t.fn(lay(q), lay(k), lay(v), causal=causal, scale=self.head_dim ** -0.5, **kw)
-        out = targets.from_layout(out[0] if isinstance(out, tuple) else out, self.t.layout)
-        if grad:
-            out.backward(dout)
-            return {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
-        return {"out": out.detach()}
-
-
-    def _paged(self, q, k, v, kw):
-        """The kvcache form, forward only: q (B, Tq, H, D); k and v in a cache of
-        `PAGE`-slot pages (num_pages, PAGE, H, D), each sequence's pages in reverse order
-        with an unused page between sequences; ``block_table``, ``cache_seqlens``;
-        bottom-right, as a cache is read."""
-        b, h, tk, d = k.shape
-        per = -(-tk // PAGE)
-        table = torch.tensor([[s * (per + 1) + per - 1 - p for p in range(per)] for s in range(b)],
-                             dtype=torch.int32, device=q.device)
-        def cache(x):
-            slots = torch.zeros(b * (per + 1), PAGE, h, x.shape[-1], dtype=x.dtype, device=x.device)
-            rows = torch.nn.functional.pad(x.transpose(1, 2), (0, 0, 0, 0, 0, per * PAGE - tk))
-            slots[table.long().flatten()] = rows.reshape(b * per, PAGE, h, x.shape[-1])
-            return slots
-        kw = dict(kw, block_table=table, cache_seqlens=torch.full((b,), tk, dtype=torch.int32, device=q.device))
-        kw.pop("align", None)
-        with torch.no_grad():
-            out = self.t.fn(q.transpose(1, 2), cache(k), cache(v), causal=True, scale=self.head_dim ** -0.5, **kw)
-        return {"out": (out[0] if isinstance(out, tuple) else out).transpose(1, 2)}
-
-    def _packed(self, q, k, v, causal, dout, lengths, kw):
-        b = q.shape[0]
+        if self.paged:
+            return self._run(q, k, v, True, None, self._paged_keywords(k, kw), lambda x: x.transpose(1, 2),
+                             lambda x: x.transpose(1, 2), self._cache)
+        if not self.packed:
+            return self._run(q, k, v, causal, dout, kw, lambda x: targets.to_layout(x, self.t.layout),
+                             lambda x: targets.from_layout(x, self.t.layout))
         if lengths is None:                          # (B, H, T, D) -> (1, H, B T, D), and back
+            b = q.shape[0]
             join = lambda x: x.transpose(0, 1).reshape(1, x.shape[1], -1, x.shape[-1])
             split = lambda x: x[0].reshape(x.shape[1], b, -1, x.shape[-1]).transpose(0, 1)
-            lq, lk = [q.shape[2]] * b, [k.shape[2]] * b
-            got = self._packed(join(q), join(k), join(v), causal, None if dout is None else join(dout),
-                               (lq, lk), kw)
+            got = self(join(q), join(k), join(v), causal, None if dout is None else join(dout),
+                       ([q.shape[2]] * b, [k.shape[2]] * b), **kw)
             return {n: split(x) for n, x in got.items()}
         lq, lk = lengths if isinstance(lengths, tuple) else (lengths, lengths)
         cu = lambda n: torch.tensor([0] + list(np.cumsum(n)), dtype=torch.int32, device=q.device)
-        kw = dict(kw, cu_seqlens_q=cu(lq), cu_seqlens_k=cu(lk), max_seqlen_q=max(lq), max_seqlen_k=max(lk))
-        if self.t.takes_align:
-            kw["align"] = "bottom-right"
-        thd = lambda x: x[0].transpose(0, 1)                          # (1, H, total, D) -> (total, H, D)
+        kw.update(cu_seqlens_q=cu(lq), cu_seqlens_k=cu(lk), max_seqlen_q=max(lq), max_seqlen_k=max(lk))
+        return self._run(q, k, v, causal, dout, kw, lambda x: x[0].transpose(0, 1),     # (total, H, D)
+                         lambda x: x.transpose(0, 1)[None])
+
+    def _run(self, q, k, v, causal, dout, kw, to, back, kv=None):
+        """The kernel on ``to(q), to(k), to(v)`` (``kv``: how k and v are handed instead), its
+        output brought ``back`` to (B, H, T, D); backpropagates ``dout``."""
         grad = dout is not None
         q, k, v = (x.detach().clone().requires_grad_(grad) for x in (q, k, v))
+        kv = kv or to
         with torch.set_grad_enabled(grad):
-            out = self.t.fn(thd(q), thd(k), thd(v), causal=causal, scale=self.head_dim ** -0.5, **kw)
-        out = (out[0] if isinstance(out, tuple) else out).transpose(0, 1)[None]
-        if grad:
-            out.backward(dout)
-            return {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
-        return {"out": out.detach()}
+            out = self.t.fn(to(q), kv(k), kv(v), causal=causal, scale=self.head_dim ** -0.5, **kw)
+        out = back(out[0] if isinstance(out, tuple) else out)
+        if not grad:
+            return {"out": out.detach()}
+        out.backward(dout)
+        return {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
+
+    def _paged_keywords(self, k, kw):
+        """FlashAttention's kvcache form: each sequence's `PAGE`-slot pages in reverse order, an
+        unused page between sequences (``block_table``), ``cache_seqlens`` its length;
+        bottom-right, as a cache is read (``align`` left out)."""
+        b, tk = k.shape[0], k.shape[2]
+        per = -(-tk // PAGE)
+        self.table = torch.tensor([[s * (per + 1) + per - 1 - p for p in range(per)] for s in range(b)],
+                                  dtype=torch.int32, device=k.device)
+        kw.pop("align", None)
+        return dict(kw, block_table=self.table,
+                    cache_seqlens=torch.full((b,), tk, dtype=torch.int32, device=k.device))
+
+    def _cache(self, x):
+        """(B, H, T, D) -> the cache (num_pages, PAGE, H, D) of `_paged_keywords`' pages."""
+        b, h, t, d = x.shape
+        slots = torch.zeros(self.table.numel() + b, PAGE, h, d, dtype=x.dtype, device=x.device)
+        rows = torch.nn.functional.pad(x.transpose(1, 2), (0, 0, 0, 0, 0, -t % PAGE))
+        slots[self.table.long().flatten()] = rows.reshape(-1, PAGE, h, d)
+        return slots
 
 
 class _Tally:

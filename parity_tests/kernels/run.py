@@ -101,6 +101,8 @@ def check(target, *, device="cpu", dtypes=None, tokens=None, head_dims=None, hea
     "head-tail" (``ranks.check_ranks``, which takes device, dtypes, tokens, causal, features,
     seed and timeout from here).
     """
+    if invariance and (merge or world_size is not None):
+        raise ValueError("invariance compares a kernel target with itself (not with merge or world_size)")
     if world_size is not None:
         return _check_across_ranks(target, world_size, sharding, device, dtypes, tokens, causal, features,
                                    seed, timeout, progress)

@@ -140,6 +140,8 @@ def test_a_mode_that_is_not_one_is_refused_by_name(capsys):
     assert cli.main(["check", "sdpa-math", "--invariance", "tiles"]) == 2
     assert "invariance must be among" in capsys.readouterr().err
     assert parse_modes("splits,batch") == ("batch", "splits")
+    with pytest.raises(ValueError, match="invariance compares a kernel target with itself"):
+        parity_tests.check(gallery.invariant, invariance=["decode"], world_size=2)
 
 
 def test_units_in_the_last_place():
