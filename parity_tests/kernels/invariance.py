@@ -275,10 +275,13 @@ def _chunks(k, tally, sweep):
     t, sizes = sweep.get("chunk_tokens", CHUNK_TOKENS), sweep.get("chunk_sizes", CHUNK_SIZES)
     q, kk, vv = k.draw(1, t), k.draw(1, t), k.draw(1, t)
     whole = k(q, kk, vv, causal=True)["out"]
-    for size in sizes:
+
+    def probe(size):
         parts = [k(q[:, :, a:a + size], kk[:, :, :a + size], vv[:, :, :a + size], causal=True)["out"]
                  for a in range(0, t, size)]
-        tally.add(size, torch.cat(parts, dim=2), whole)
+        return tally.add(size, torch.cat(parts, dim=2), whole)
+    _swept(tally, probe, sizes)
+    sizes = sorted(tally.sweep)
     first, said = _pattern(tally.sweep, "chunk size", tile_hint=False)
     if first is not None:
         said = "chunks of " + ", ".join(str(s) for s in sizes if tally.sweep[s]) + " queries differ"
