@@ -28,7 +28,6 @@ batch size; the chunk size), narrows the first length that differs to one step, 
 the pattern: "every kv_len ≥ 97: a key tile of 96 ends there".
 """
 
-import inspect
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -36,6 +35,7 @@ import torch
 
 import parity_tests.kernels.targets as targets
 from parity_tests.common import capabilities
+from parity_tests.kernels.features import declares
 
 __all__ = ["MODES", "Finding", "parse_modes", "check_invariance"]
 
@@ -120,13 +120,9 @@ class _Kernel:
         self.t, self.device, self.dtype_name, self.align = target, device, dtype, align
         self.dtype, self.head_dim, self.heads = DTYPES[dtype], head_dim, heads
         self.gen = torch.Generator().manual_seed(seed)
-        try:
-            params = inspect.signature(target.fn).parameters
-        except (TypeError, ValueError):
-            params = {}
-        self.takes_splits = "num_splits" in params
-        self.packed = "cu_seqlens_q" in params                # FlashAttention's varlen form
-        self.paged = "block_table" in params                  # its kvcache form: a paged cache
+        self.takes_splits = declares(target.fn, "splits")
+        self.packed = declares(target.fn, "varlen")            # FlashAttention's varlen form
+        self.paged = declares(target.fn, "paged")              # its kvcache form: a paged cache
 
     def draw(self, b, t):
         x = torch.randn(b, self.heads, t, self.head_dim, generator=self.gen, dtype=torch.float64)
@@ -282,10 +278,9 @@ def _chunks(k, tally, sweep):
         return tally.add(size, torch.cat(parts, dim=2), whole)
     _swept(tally, probe, sizes)
     sizes = sorted(tally.sweep)
-    first, said = _pattern(tally.sweep, "chunk size", tile_hint=False)
-    if first is not None:
-        said = "chunks of " + ", ".join(str(s) for s in sizes if tally.sweep[s]) + " queries differ"
-    return first, said, f"a causal prefill of {t} tokens in chunks of {', '.join(map(str, sizes))} queries"
+    bad = [s for s in sizes if tally.sweep[s]]
+    said = f"chunks of {', '.join(map(str, bad))} queries differ" if bad else ""
+    return (bad or [None])[0], said, f"a causal prefill of {t} tokens in chunks of {', '.join(map(str, sizes))} queries"
 
 
 def _splits(k, tally, sweep):
@@ -315,8 +310,8 @@ def _splits(k, tally, sweep):
 
 
 def _batch(k, tally, sweep):
-    sizes, grad = sweep.get("batch_sizes", BATCH_SIZES), _has_backward(k)
-    t = _first_taken(k, BATCH_TOKENS)
+    sizes, t = sweep.get("batch_sizes", BATCH_SIZES), _first_taken(k, BATCH_TOKENS)
+    grad = _has_backward(k, t)
     # q, k, v and its upstream gradient; packed, the other sequences have other lengths
     draw = lambda n=t: [k.draw(1, n) for _ in range(4)]
     seq = draw()
@@ -367,8 +362,9 @@ def _first_taken(k, lengths):
                 raise
 
 
-def _has_backward(k):
-    q = k.draw(1, _first_taken(k, BATCH_TOKENS))
+def _has_backward(k, t):
+    """Whether the kernel gives gradients on a causal self-attention call of ``t`` tokens."""
+    q = k.draw(1, t)
     try:
         got = k(q, q, q, causal=True, dout=q)
     except Exception:                  # noqa: BLE001 - refused, or not differentiable: out alone

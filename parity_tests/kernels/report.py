@@ -195,7 +195,7 @@ class Report:
                 parts.append("\ndiagnosis:\n" + "\n".join(self.diagnosis_lines()))
         elif self.failures:
             parts.append(str(self).rsplit("\n", 1)[0])
-        if self.invariance and (not quiet or self.broken) and not (quiet and self.failures):
+        if self.invariance and not (quiet and (self.failures or not self.broken)):   # else in str(self)
             parts.append("\n".join([""] + self.invariance_lines()))
         parts.append(("\n" if not quiet or self.failures or self.broken else "") + self.summary())
         return "\n".join(parts)

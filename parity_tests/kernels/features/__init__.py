@@ -237,6 +237,13 @@ def _accepts(fn, keyword):
     return p is not None and p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
 
+def declares(fn, feature):
+    """Whether ``fn``'s signature names every keyword ``feature`` passes: the form of call it
+    takes (a ``**kwargs`` does not say which)."""
+    params = _parameters(fn) or {}
+    return all(kw in params for kw in REGISTRY[feature].keywords)
+
+
 def asks(features, field):
     """Whether any of ``features`` (names; the grid's own variations among them are not
     features) declares ``field``: what the runner asks instead of a feature's name."""
