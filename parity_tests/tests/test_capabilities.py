@@ -8,16 +8,11 @@ import torch.nn.functional as F
 from torch.profiler import profile
 
 from parity_tests.common import capabilities
+from needs import as_if_lacking
 
 # the aten op each SDPA backend runs on the CPU
 CPU_OPS = {"MATH": "aten::_scaled_dot_product_attention_math",
            "FLASH_ATTENTION": "aten::_scaled_dot_product_flash_attention_for_cpu"}
-
-
-def _without(monkeypatch, *names):
-    """The installed PyTorch as if it lacked ``names``."""
-    has = capabilities.has
-    monkeypatch.setattr(capabilities, "has", lambda name: name not in names and has(name))
 
 
 def _ops_run(backend):
@@ -31,14 +26,14 @@ def _ops_run(backend):
 @pytest.mark.parametrize("lacking", [(), ("sdpa_kernel",)], ids=["sdpa_kernel", "sdp_kernel (before 2.3)"])
 @pytest.mark.parametrize("backend", list(CPU_OPS))
 def test_the_backend_named_is_the_backend_run(monkeypatch, backend, lacking):
-    _without(monkeypatch, *lacking)
+    as_if_lacking(monkeypatch, *lacking)
     ran = _ops_run(backend)
     flash = any("flash" in op for op in ran)                 # its op's name moved between releases
     assert (CPU_OPS["MATH"] in ran) == (backend == "MATH") and flash == (backend == "FLASH_ATTENTION"), ran
 
 
 def test_a_backend_the_release_lacks_is_refused_with_the_release_that_brought_it(monkeypatch):
-    _without(monkeypatch, "sdpa_kernel", "sdpa_cudnn")
+    as_if_lacking(monkeypatch, "sdpa_kernel", "sdpa_cudnn")
     with pytest.raises(ValueError, match=r"^needs PyTorch ≥ 2\.3: SDPA's cuDNN backend"):
         capabilities.sdpa_backend("CUDNN_ATTENTION")
 
@@ -57,7 +52,7 @@ def test_grouped_heads_without_enable_gqa_are_the_same_arithmetic(monkeypatch):
     reference = run()
     expanded = [q, k.repeat_interleave(3, dim=1), v.repeat_interleave(3, dim=1)]
     assert torch.allclose(reference[0], F.scaled_dot_product_attention(*expanded, scale=0.3), rtol=0, atol=1e-14)
-    _without(monkeypatch, "enable_gqa")
+    as_if_lacking(monkeypatch, "enable_gqa")
     for a, b in zip(run(), reference):
         assert a.shape == b.shape and torch.allclose(a, b, rtol=0, atol=1e-14)
 

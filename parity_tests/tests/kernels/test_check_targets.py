@@ -10,7 +10,7 @@ from parity_tests import cli
 from parity_tests.common import capabilities
 from parity_tests.kernels import targets
 from check_gallery import GALLERY
-from needs import needs
+from needs import as_if_lacking, needs
 
 TINY = dict(tokens=["1", "17", "45x77"], head_dims=[40], heads=[2], batch=[2])
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -86,8 +86,7 @@ def test_a_builtin_target_this_pytorch_lacks_is_not_supported_and_passes(monkeyp
     """A built-in whose PyTorch feature is missing answers every case "not supported" with
     the release that brought it; the run passes (an answer about the installed PyTorch, not a
     failure of the kernel), from Python and from the command.  Forced here on any PyTorch."""
-    has = capabilities.has
-    monkeypatch.setattr(capabilities, "has", lambda name: name != "flex_attention" and has(name))
+    as_if_lacking(monkeypatch, "flex_attention")
     report = parity_tests.check("flex", dtypes=["float32"], tokens=["17"])
     want = f"needs PyTorch ≥ 2.5: torch.nn.attention.flex_attention (this is {capabilities.version()})"
     assert report.rows and {(r.verdict, r.note) for r in report.rows} == {("not supported", want)}
