@@ -1,6 +1,6 @@
 """Calling a target on one case: the tensors it is handed, what it must give back, time limits.
 
-`Caller` hands a target its case in its layout (`Dense`: ``bhtd`` or ``bthd``, q, k, v as
+`Caller` hands a target its case in its layout (`Strided`: ``bhtd`` or ``bthd``, q, k, v as
 views of a fused or padded buffer where the case says so; or the layout a feature declares,
 varlen's packed ``thd``), with ``causal``, ``scale``, ``align`` when it takes it and
 the keywords of the case's features; backpropagates dO (and dlse); and returns float64
@@ -23,9 +23,10 @@ import torch
 import parity_tests.kernels.targets as targets
 from parity_tests.common import capabilities
 from parity_tests.kernels import variations
-from parity_tests.kernels.features import REGISTRY, At, asks, differentiated_inputs, handed_inputs, layout as features_layout
+from parity_tests.kernels.features import (REGISTRY, declared, differentiated_inputs, handed_inputs,
+                                          layout as features_layout, stored_inputs)
 
-__all__ = ["Caller", "Dense", "DTYPES", "RAISED", "DEFAULT_TIMEOUT", "CaseTimeout", "time_limit"]
+__all__ = ["Caller", "Strided", "per_head", "stored", "DTYPES", "RAISED", "DEFAULT_TIMEOUT", "CaseTimeout", "time_limit"]
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32,
           "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -67,10 +68,24 @@ def _unchanged(handed, kept):
             raise _Fail(f"the kernel wrote into {n}: its values changed during the call (work on a copy)")
 
 
-class Dense:
-    """The target's dense layout, ``bhtd`` or ``bthd``: what q, k, v, out, lse and their
+def per_head(scale, heads):
+    """A (B, Hkv) scale as (B, heads, 1, 1): query head h takes kv head h // (heads / Hkv)'s."""
+    scale = np.asarray(scale, dtype=np.float64)
+    return np.repeat(scale, heads // scale.shape[1], axis=1)[:, :, None, None]
+
+
+def stored(x, scale, dtype):
+    """``x / scale`` in ``dtype`` (a float8 name), a torch tensor: FP8's stored values,
+    clipped to the dtype's largest finite value (float8_e4m3fn has no infinity)."""
+    dt = getattr(torch, dtype)
+    top = float(torch.finfo(dt).max)
+    return torch.from_numpy(np.clip(np.asarray(x) / scale, -top, top)).to(dt)
+
+
+class Strided:
+    """The target's strided layout, ``bhtd`` or ``bthd``: what q, k, v, out, lse and their
     gradients look like on the target's side.  A layout a feature declares instead
-    (``Feature.layout``: varlen's packed one) has the same methods.
+    (``Calling.layout``: varlen's packed one) has the same methods.
 
     q, k, v are handed contiguous, or as the views the case's variation declares
     (``variations.views``: of one fused qkv buffer, rows padded past D)."""
@@ -112,7 +127,7 @@ class Dense:
         return dlse
 
 
-LAYOUTS = {name: Dense(name) for name in ("bhtd", "bthd")}
+LAYOUTS = {name: Strided(name) for name in ("bhtd", "bthd")}
 
 
 class Caller:
@@ -122,12 +137,13 @@ class Caller:
     def __init__(self, target, case, dtype, device, align, wanted, rounded, timeout):
         self.target, self.case, self.dtype, self.dtype_name, self.device = target, case, DTYPES[dtype], dtype, device
         self.align, self.wanted, self.rounded, self.timeout = align, wanted, rounded, timeout
-        declared = features_layout(wanted) or target.layout
-        self.layout = LAYOUTS[declared] if isinstance(declared, str) else declared
-        self.lse = asks(wanted, "returns_lse")
+        layout = features_layout(wanted) or target.layout
+        self.layout = LAYOUTS[layout] if isinstance(layout, str) else layout
+        self.lse = declared(wanted, "returns_lse")
         self.fn = target.lse_fn if self.lse and target.lse_fn is not None else target.fn
         self.grads = not case.forward_only
-        self.handed = handed_inputs(case)                     # a bias, sinks, slopes
+        self.handed = handed_inputs(case)                     # a bias, sinks, slopes, descales
+        self.stored = stored_inputs(case)                     # q, k, v in another dtype (FP8's)
         self.extras = differentiated_inputs(case, rounded)
         self.seconds, self.forward_seconds, self.rng_moved = None, None, False
 
@@ -190,27 +206,28 @@ class Caller:
 
     def _call(self, grad):
         c, r = self.case, self.rounded
-        t = {n: torch.from_numpy(r[n]).to(device=self.device, dtype=self.dtype) for n in ("q", "k", "v")}
-        given, read = self.layout.handed(c, t, grad)
+        t = {n: self._tensor(n, r) for n in ("q", "k", "v")}
+        given, read = self.layout.handed(c, t, grad and not self.stored)
         tensors, leaves = {}, {}
         for n, spec in self.handed.items():
             if n in r:
-                dt = self.dtype if spec.rounded else torch.float32
+                dt = self.dtype if spec.dtype == "case" else getattr(torch, spec.dtype)
                 tensors[n] = torch.from_numpy(np.ascontiguousarray(r[n])).to(device=self.device, dtype=dt)
                 if n in self.extras:
                     leaves["d" + n] = tensors[n].requires_grad_(grad)
         kw = {"causal": c.causal, "scale": c.scale}
-        at = lambda value: At(c, value, r, device=self.device, dtype=self.dtype_name, align=self.align, tensors=tensors)
+        offered = dict(case=c, inputs=r, device=self.device, dtype=self.dtype_name, align=self.align)
         for name, value in c.features:
             if name in REGISTRY:
-                kw.update(REGISTRY[name].kwargs(at(value)))
+                kw.update(REGISTRY[name].calling.arguments(value=value, tensors=tensors, **offered))
         if self.target.takes_align:
             kw["align"] = self.align
         kw.update(self.layout.keywords(c, self.device))
         args = {n: given[n] for n in ("q", "k", "v")}
         for name, value in c.features:            # a feature may hand the callable another form
-            if name in REGISTRY and REGISTRY[name].hand is not None:
-                args, kw = REGISTRY[name].hand(at(value), args, kw)
+            hand = REGISTRY[name].calling.hand if name in REGISTRY else None
+            if hand is not None:
+                args, kw = hand(value=value, args=args, kw=kw, **offered)
         handed = {**args, **tensors, **{n: x for n, x in kw.items() if isinstance(x, torch.Tensor)}}
         kept = {n: x.detach().clone() for n, x in handed.items()}
         rng = torch.get_rng_state()
@@ -256,6 +273,14 @@ class Caller:
                 raise targets.Unsupported(said) from None
             raise
 
+    def _tensor(self, n, r):
+        """q, k or v on the device: in the tested dtype, or as the case's features store it
+        (`features.Input.dtype`: FP8's ``r[n] / scale`` in float8, exact)."""
+        spec = self.stored.get(n)
+        if spec is None:
+            return torch.from_numpy(r[n]).to(device=self.device, dtype=self.dtype)
+        return stored(r[n], per_head(r[spec.scale], r[n].shape[1]), spec.dtype).to(self.device)
+
     def _backward(self, out, lse):
         g = torch.from_numpy(self.rounded["dout"]).to(device=self.device, dtype=out.dtype)
         outs, ups = [out], [self.layout.upstream(g, self.case)]
@@ -269,9 +294,10 @@ class Caller:
 
     def _grad(self, n, g, given):
         """A gradient as float64 (B, H, T, D) (bias and sinks in their own shapes), or why not."""
+        extra = n[1:] in self.extras                  # a bias, sinks: judged in their own shapes
         if g is None:
-            return ("FAIL", f"no gradient reached {n[1:]}" + (" (None or detached)" if n in ("dbias", "dsinks") else ""))
-        want = given.shape if n in ("dbias", "dsinks") else g.shape
+            return ("FAIL", f"no gradient reached {n[1:]}" + (" (None or detached)" if extra else ""))
+        want = given.shape if extra else g.shape
         wrong = _wrong(g, n, want, given.dtype, self.device)
         if wrong:
             return ("FAIL", wrong)
@@ -286,7 +312,7 @@ class Caller:
             out, lse = result, None
         if not isinstance(out, torch.Tensor):
             raise _Fail(f"returned {type(out).__name__}, expected a tensor")
-        wrong = _wrong(out, "output", tuple(q.shape[:-1]) + (self.case.dv,), q.dtype, self.device)
+        wrong = _wrong(out, "output", tuple(q.shape[:-1]) + (self.case.dv,), self.dtype, self.device)
         if wrong:
             raise _Fail(wrong)
         if lse is not None:
@@ -294,8 +320,8 @@ class Caller:
             if not isinstance(lse, torch.Tensor) or tuple(lse.shape) != shape:
                 got = tuple(lse.shape) if isinstance(lse, torch.Tensor) else type(lse).__name__
                 raise _Fail(f"wrong lse: {got}, expected shape {shape}")
-            if lse.dtype not in (q.dtype, torch.float32):
-                raise _Fail(f"wrong lse dtype: {lse.dtype}, expected {q.dtype} or torch.float32")
+            if lse.dtype not in (self.dtype, torch.float32):
+                raise _Fail(f"wrong lse dtype: {lse.dtype}, expected {self.dtype} or torch.float32")
         return out, lse
 
     def _lse(self, lse):

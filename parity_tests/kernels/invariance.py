@@ -35,7 +35,7 @@ import torch
 
 import parity_tests.kernels.targets as targets
 from parity_tests.common import capabilities
-from parity_tests.kernels.features import declares
+from parity_tests.kernels.features import takes_form
 
 __all__ = ["MODES", "Finding", "parse_modes", "check_invariance"]
 
@@ -120,9 +120,9 @@ class _Kernel:
         self.t, self.device, self.dtype_name, self.align = target, device, dtype, align
         self.dtype, self.head_dim, self.heads = DTYPES[dtype], head_dim, heads
         self.gen = torch.Generator().manual_seed(seed)
-        self.takes_splits = declares(target.fn, "splits")
-        self.packed = declares(target.fn, "varlen")            # FlashAttention's varlen form
-        self.paged = declares(target.fn, "paged")              # its kvcache form: a paged cache
+        self.takes_splits = takes_form(target.fn, "splits")
+        self.packed = takes_form(target.fn, "varlen")            # FlashAttention's varlen form
+        self.paged = takes_form(target.fn, "paged")              # its kvcache form: a paged cache
 
     def draw(self, b, t):
         x = torch.randn(b, self.heads, t, self.head_dim, generator=self.gen, dtype=torch.float64)

@@ -37,7 +37,7 @@ import numpy as np
 
 import parity_tests.kernels.runner as runner
 from parity_tests.kernels.cases import halvings
-from parity_tests.kernels.features import REGISTRY, At, asks, handed_inputs
+from parity_tests.kernels.features import CORE, REGISTRY, declared, handed_inputs
 from parity_tests.kernels.variations import STRIDE_PAD
 from parity_tests.kernels.targets import SDPA_BACKENDS
 
@@ -158,12 +158,12 @@ class _Trial:
 
 def _resized(case, values=(), **sizes):
     """``case`` with new sizes (batch, heads, tq, tk, head_dim), the features' new ``values``,
-    and each feature's value made to fit them (``Feature.fit``: a bias's shape, varlen's and
+    and each feature's value made to fit them (``Shrinking.fit``: a bias's shape, varlen's and
     paged's lengths, GQA's kv heads); None when one cannot fit."""
     new, values = replace(case, **sizes), dict(values)
     for name, value in case.features:
         if name in REGISTRY:
-            fitted = REGISTRY[name].fit(new, values.get(name, value))
+            fitted = REGISTRY[name].shrinking.fit(new, values.get(name, value))
             if fitted is None:
                 return None
             new = new.with_feature(name, fitted)
@@ -213,17 +213,17 @@ def _lengths(trial, case):
 
 
 def _heads(trial, case):
-    """Fewer heads, smallest first, as the case's features allow (``Feature.head_counts``)."""
+    """Fewer heads, smallest first, as the case's features allow (``Shrinking.head_counts``)."""
     counts = [(h, {}) for h in halvings(case.heads)]
     for name, value in case.features:
-        if name in REGISTRY and REGISTRY[name].head_counts is not None:
-            counts = [(h, {name: v}) for h, v in REGISTRY[name].head_counts(case, value)]
+        if name in REGISTRY and REGISTRY[name].shrinking.head_counts is not None:
+            counts = [(h, {name: v}) for h, v in REGISTRY[name].shrinking.head_counts(case, value)]
     return _smallest(trial, case, [_resized(case, values, heads=h) for h, values in counts])[0]
 
 
 def _features(trial, case):
     for name, _ in case.features:
-        if name in REGISTRY and REGISTRY[name].widen is not None:   # the layout itself (varlen, paged)
+        if name in REGISTRY and REGISTRY[name].calling.widen is not None:   # the layout itself (varlen, paged)
             continue
         without = replace(case, features=tuple(f for f in case.features if f[0] != name))
         if trial(without):
@@ -371,10 +371,11 @@ def _unwritable(cause, case, wanted, target, spec):
     if cause in ONE_CALL_CANNOT_SHOW:
         return f"the script judges one call against the reference; {ONE_CALL_CANNOT_SHOW[cause]}"
     features = [REGISTRY[n] for n in dict.fromkeys(list(wanted) + [n for n, _ in case.features]) if n in REGISTRY]
-    unwritten = [f.name for f in features if f.widen or f.hand or f.recover]
+    unwritten = [f.name for f in features if f.calling.widen or f.calling.hand or f.calling.recover
+                 or any(i.name in CORE for i in f.inputs)]
     if unwritten:                           # a layout or a call the script does not rebuild
-        return (f"{', '.join(unwritten)}: the script calls the kernel plainly (no other layout, no seeded "
-                "mask read back); the case above reproduces it in the check")
+        return (f"{', '.join(unwritten)}: the script calls the kernel plainly (no other layout or dtype of q, "
+                "k, v, no seeded mask read back); the case above reproduces it in the check")
     if spec is None and target.name in SDPA_BACKENDS:
         spec = target.name
     if spec is None or (":" not in spec and spec not in SDPA_BACKENDS):
@@ -393,8 +394,9 @@ def _meta(found, target, spec, dtype, device, align, wanted, rounded):
     placeholders = {n: None for n in handed}
     for name, value in case.features:
         if name in REGISTRY:
-            kw.update(REGISTRY[name].kwargs(At(case, value, rounded, align=case_align, tensors=placeholders)))
-    tensors = {n: {"float32": not handed[n].rounded, "grad": handed[n].grad}
+            kw.update(REGISTRY[name].calling.arguments(case=case, value=value, tensors=placeholders, inputs=rounded,
+                                                       device=device, dtype=dtype, align=case_align))
+    tensors = {n: {"float32": handed[n].dtype == "float32", "grad": handed[n].grad}
                for n, v in kw.items() if v is None and n in placeholders}
     kw = {n: v for n, v in kw.items() if n not in tensors}
     if target.takes_align:
@@ -405,7 +407,7 @@ def _meta(found, target, spec, dtype, device, align, wanted, rounded):
               if (r.failed and cause_of(r) == cause_of(found.row)) or r is found.row}
     return {"target": spec, "search": _search(spec), "dtype": dtype, "device": device,
             "layout": target.layout, "strides": case.get("strides"), "pad": STRIDE_PAD, "kw": kw, "tensors": tensors,
-            "lse": asks(wanted, "returns_lse"), "grads": not case.forward_only,
+            "lse": declared(wanted, "returns_lse"), "grads": not case.forward_only,
             "ref": {n: v for n, v in opts.items() if n not in arrays}, "arrays": arrays, "bounds": bounds}
 
 

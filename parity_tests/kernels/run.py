@@ -139,7 +139,7 @@ def _plan(target, device, dtypes, tokens, head_dims, heads, batch, causal, align
     grid = cases_mod.build_grid(tokens=listify(tokens), head_dims=listify(head_dims), heads=listify(heads),
                                 batch=listify(batch), causal=CAUSAL[causal], long=long, device=device)
     wanted = feat.parse_features(features)
-    packed = [f for f in wanted if feat.layout_name(feat.REGISTRY[f].layout) == "thd"]  # FlashAttention's packed layout
+    packed = [f for f in wanted if feat.layout_name(feat.REGISTRY[f].calling.layout) == "thd"]  # FlashAttention's packed layout
     if layout == "thd":
         if not packed:
             raise ValueError("layout 'thd' (FlashAttention's varlen layout) goes with the feature varlen")

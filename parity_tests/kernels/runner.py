@@ -17,7 +17,7 @@ its features add (``features/<name>.py``).  For each case:
    criterion), each held to ``tolerances.check_bound`` of the baseline's, the
    cosine with the reference, where the largest error sits.  lse is judged on the
    rows that see a key (kernels store −inf, +inf or 0 on the others, never NaN);
-   another form a feature declares (``Feature.lse_form``: ALiBi's in FlashAttention) is
+   another form a feature declares (``Judging.lse_form``: ALiBi's in FlashAttention) is
    accepted as well.
 5. Beside the verdict: SDPA's forward on the same case (out's error, the time), where
    SDPA expresses the case.
@@ -44,9 +44,9 @@ from parity_tests.kernels.diagnosis import diagnose
 from parity_tests.kernels.diagnosis.diagnose import judged
 import parity_tests.kernels.targets as targets
 from parity_tests.kernels import dense, variations
-from parity_tests.kernels.call import Caller, DTYPES, DEFAULT_TIMEOUT, time_limit      # noqa: F401
+from parity_tests.kernels.call import Caller, DTYPES, DEFAULT_TIMEOUT, per_head, stored, time_limit      # noqa: F401
 from parity_tests.kernels.cases import case_rng
-from parity_tests.kernels.features import INPUTS, REGISTRY, At, asks, differentiated_inputs
+from parity_tests.kernels.features import REGISTRY, declared, declared_inputs, differentiated_inputs, stored_inputs
 from parity_tests.kernels.row import Row
 
 # DTYPES, DEFAULT_TIMEOUT and time_limit are call's, named here for the command's options
@@ -69,12 +69,12 @@ def draw(case, seed=0, wanted=(), fresh=False):
               "k": rng.standard_normal((b, hkv, case.tk, case.head_dim)),
               "v": rng.standard_normal((b, hkv, case.tk, case.dv)),
               "dout": rng.standard_normal((b, h, case.tq, case.dv))}
-    if asks(wanted, "lse_gradient") and not case.forward_only:
+    if declared(wanted, "lse_gradient") and not case.forward_only:
         inputs["dlse"] = rng.standard_normal((b, h, case.tq))
     variations.draw(case, rng, inputs)
     for name, value in case.features:
-        if name in REGISTRY:
-            REGISTRY[name].draw(At(case, value, inputs, seed, rng=rng))
+        if name in REGISTRY and REGISTRY[name].draw is not None:
+            inputs.update(REGISTRY[name].draw(case=case, value=value, inputs=inputs, rng=rng, seed=seed))
     return inputs
 
 
@@ -83,7 +83,7 @@ def reference_options(case, align, inputs):
     opts = dict(scale=case.scale, causal=case.causal, align=case.align or align)
     for name, value in case.features:
         if name in REGISTRY:
-            opts.update(REGISTRY[name].reference(At(case, value, inputs, align=align)))
+            opts.update(REGISTRY[name].calling.reference(case=case, value=value, inputs=inputs, align=align))
     return opts
 
 
@@ -241,18 +241,18 @@ def run_case(target, case, dtype, device, align="top-left", seed=0, wanted=(), t
 
 def prepared(case, dtype, seed=0, wanted=()):
     """(case, rounded inputs) as the runner calls the target on them: the case in the form the
-    run-wide features give every case (varlen, paged: ``Feature.widen``), its inputs drawn
+    run-wide features give every case (varlen, paged: ``Calling.widen``), its inputs drawn
     and rounded to ``dtype``."""
     for name in wanted:
-        if REGISTRY[name].widen is not None:
-            case = REGISTRY[name].widen(case)
-    return case, _rounded(draw(case, seed, wanted), dtype)
+        if REGISTRY[name].calling.widen is not None:
+            case = REGISTRY[name].calling.widen(case)
+    return case, round_inputs(draw(case, seed, wanted), dtype, case)
 
 
 def _run_case(split, target, case, dtype, device, align, seed, wanted, timeout):
     case, rounded = prepared(case, dtype, seed, wanted)
     case_align = case.align or align
-    names = ["out"] + (["lse"] if asks(wanted, "returns_lse") else [])
+    names = ["out"] + (["lse"] if declared(wanted, "returns_lse") else [])
     if not case.forward_only:
         names += ["dq", "dk", "dv"] + ["d" + n for n in differentiated_inputs(case, rounded)]
     row = lambda tensor, **kw: Row(target=target.name, case=str(case), dims=case.as_dict(), dtype=dtype,
@@ -269,8 +269,8 @@ def _run_case(split, target, case, dtype, device, align, seed, wanted, timeout):
         return [row(n, error=math.inf, verdict="FAIL", note=got[1], diagnosis=_named_failure(got[1]))
                 for n in names]
     with split("target"):
-        second = caller() if asks(wanted, "repeats") else None     # before any other call
-    other = _rounded(draw(case, seed, wanted, fresh=True), dtype)
+        second = caller() if declared(wanted, "repeats") else None     # before any other call
+    other = round_inputs(draw(case, seed, wanted, fresh=True), dtype, case)
     with split("target"):
         stale = caller.fresh(other, got["out"])
     if stale and stale.startswith("returned") and _same_answer(case, case_align, rounded, other):
@@ -278,14 +278,17 @@ def _run_case(split, target, case, dtype, device, align, seed, wanted, timeout):
     if stale:
         return [row(n, error=math.inf, verdict="FAIL", note=stale, diagnosis=_named_failure(stale)) for n in names]
 
+    opts = reference_options(case, case_align, rounded)
     findings = []                             # what a feature learns from the target itself (dropout's mask)
     for name, value in case.features:
-        if name in REGISTRY and REGISTRY[name].recover is not None:
+        calling = REGISTRY[name].calling if name in REGISTRY else None
+        if calling and calling.recover is not None:
             with split("target"):
-                at = At(case, value, rounded, seed, device, dtype, case_align,      # the options before
-                        opts=reference_options(case, case_align, rounded))         # what it learns
-                findings += REGISTRY[name].recover(at, caller)
-    opts = reference_options(case, case_align, rounded)          # and after: the recovered mask included
+                learnt, found = calling.recover(case=case, value=value, inputs=rounded, opts=opts, caller=caller,
+                                                seed=seed, device=device, dtype=dtype, align=case_align)
+            rounded = {**rounded, **learnt}
+            opts.update(calling.reference(case=case, value=value, inputs=rounded, align=case_align))
+            findings += found
     grads = not case.forward_only
     if case.tk > dense.LONG_FROM:
         heap.trim()                           # the target's freed arrays back to the OS (``heap``)
@@ -297,7 +300,7 @@ def _run_case(split, target, case, dtype, device, align, seed, wanted, timeout):
     gold = judged(gold_raw)
     with split("baseline"):
         bases = [judged({n: a for n, a in baseline(rounded, opts, dtype, device, grads, w).items() if n in names})
-                 for w in tol.baseline_formulations(logits)]
+                 for w in tol.baseline_formulations(logits) + _added_baselines(case)]
     unjudged = None
     if "lse" in names:                    # rows that see no key: not judged (NaN there still FAILS)
         unjudged = ~np.isfinite(gold["lse"])
@@ -365,14 +368,14 @@ def _diagnose(failing, rows, evidence):
 
 def _random(case):
     """Whether a feature of ``case`` has its kernel draw from torch's RNG (``Feature.random``)."""
-    return any(REGISTRY[n].random for n, _ in case.features if n in REGISTRY)
+    return declared(dict(case.features), "random")
 
 
 def _judge(n, value, gold, bases, den, zero, dtype, logits, unjudged, case, align, gold_raw, rounded, row):
     """(row, bound, the target's judged array or None) of tensor ``n``: max and mean error
     against the golden result, each held to `tolerances.check_bound` of the baseline's (the
     larger over the baseline's formulations ``bases``).  lse is judged on the rows that see a
-    key (NaN there still FAILS); a feature's other lse form (``Feature.lse_form``) is accepted too and
+    key (NaN there still FAILS); a feature's other lse form (``Judging.lse_form``) is accepted too and
     ``gold[n]`` becomes the form the kernel returns."""
     errors = [tensor_errors(base[n], gold[n], den[n]) for base in bases]
     base_err, base_mean = max(e[0] for e in errors), max(e[2] for e in errors)
@@ -387,8 +390,10 @@ def _judge(n, value, gold, bases, den, zero, dtype, logits, unjudged, case, alig
     if n == "lse":
         a = np.where(unjudged & ~np.isnan(a), 0.0, a)
         for name, value in case.features:                 # another lse form a feature's kernels return
-            if name in REGISTRY and REGISTRY[name].lse_form is not None:
-                form, said, else_said = REGISTRY[name].lse_form(At(case, value, rounded, align=align), gold_raw["lse"])
+            lse_form = REGISTRY[name].judging.lse_form if name in REGISTRY else None
+            if lse_form is not None:
+                form, said, else_said = lse_form(case=case, value=value, inputs=rounded, align=align,
+                                                 lse=gold_raw["lse"])
                 form = np.where(unjudged, 0.0, judged({"lse": form})["lse"])
                 if tensor_errors(a, form, den[n])[0] < tensor_errors(a, ref, den[n])[0]:
                     ref, note = form, said
@@ -437,11 +442,25 @@ def _same_answer(case, align, first, other):
     return np.allclose(*outs, rtol=0, atol=1e-12 * max(1.0, np.abs(outs[0]).max(initial=0.0)))
 
 
-def _rounded(raw, dtype):
-    """The drawn inputs rounded to the tested dtype (those declared otherwise, sinks and slopes,
-    to float32), as float64."""
-    low = lambda n: torch.float32 if n in INPUTS and not INPUTS[n].rounded else DTYPES[dtype]
-    return {n: torch.from_numpy(np.asarray(a)).to(low(n)).to(torch.float64).numpy() for n, a in raw.items()}
+def round_inputs(raw, dtype, case):
+    """The drawn inputs rounded to the tested dtype, as float64: those declared otherwise
+    (`features.Input.dtype`) to theirs, sinks and slopes to float32, FP8's q, k, v to
+    float8 after dividing by their scale (``stored``), then multiplied back."""
+    declared = {**declared_inputs(dict(case.features)), **stored_inputs(case)}
+    low = lambda n: DTYPES[dtype] if n not in declared or declared[n].dtype == "case" else \
+        getattr(torch, declared[n].dtype)
+    out = {n: torch.from_numpy(np.asarray(a)).to(low(n)).to(torch.float64).numpy() for n, a in raw.items()
+           if n not in declared or declared[n].scale is None}
+    for n, spec in declared.items():
+        if spec.scale is not None and n in raw:
+            s = per_head(out[spec.scale], raw[n].shape[1])
+            out[n] = stored(raw[n], s, spec.dtype).to(torch.float64).numpy() * s
+    return out
+
+
+def _added_baselines(case):
+    """The baseline formulations the case's features add (`features.Judging.baselines`)."""
+    return tuple(w for n, _ in case.features if n in REGISTRY for w in REGISTRY[n].judging.baselines)
 
 
 # What a kernel must not do, named from the reason its case failed.

@@ -137,7 +137,7 @@ class Variation:
     ``features`` (its value beside it) and the hooks the runner asks instead of the name.
     ``draw(case, value, rng, inputs)``: q, k, v, dout drawn again; ``views(value)``: how
     q, k, v are handed as views of a larger buffer, ``(t, layout, grad) -> (given, read)``
-    as `call.Dense.handed`."""
+    as `call.Strided.handed`."""
     name: str
     draw: object = None
     views: object = None

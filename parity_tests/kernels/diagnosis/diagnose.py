@@ -55,7 +55,7 @@ import parity_tests.kernels.diagnosis.mistakes as mistakes
 from parity_tests.kernels import dense
 from parity_tests.kernels.diagnosis import poisoned, row_block
 from parity_tests.kernels.diagnosis.location import locate, ranges
-from parity_tests.kernels.features import INPUTS
+from parity_tests.kernels.features import INPUT_GRADS, INPUTS, NO_GRAD, PER_HEAD
 
 __all__ = ["Diagnosis", "Evidence", "diagnose", "slice_errors", "DENSE_LIMIT"]
 
@@ -65,7 +65,7 @@ __all__ = ["Diagnosis", "Evidence", "diagnose", "slice_errors", "DENSE_LIMIT"]
 # block of that slice's query rows around its worst row (``row_block``).
 DENSE_LIMIT = 2 ** 25
 
-GRADS = ("dq", "dk", "dv", "dbias", "dsinks")
+GRADS = ("dq", "dk", "dv") + INPUT_GRADS           # with those of the extra inputs: dbias, dsinks
 
 # The per-row factor of the "wrong denominator" entry is fitted to the target's
 # output, so it always explains *some* of the error; it counts only when what
@@ -154,13 +154,14 @@ class Evidence:
 
 def judged(arrays):
     """Every tensor as a 4-D array, so that each is sliced by (batch, head): lse (B, H, T)
-    -> (B, H, T, 1), a bias of fewer dims padded in front, dsinks (H,) -> (1, H, 1, 1)."""
+    -> (B, H, T, 1), a bias of fewer dims padded in front, a gradient per head (dsinks: (H,))
+    -> (1, H, 1, 1)."""
     out = {}
     for n, a in arrays.items():
         a = np.asarray(a, dtype=np.float64)
         if n == "lse":
             a = a[..., None]
-        elif n == "dsinks":
+        elif n[1:] in PER_HEAD:
             a = a.reshape(1, -1, 1, 1)
         elif a.ndim < 4:
             a = a.reshape((1,) * (4 - a.ndim) + a.shape)
@@ -188,9 +189,8 @@ def diagnose(failing, rows, ev):
     result = {}
     for n in failing:                                  # what needs no recomputation
         note = rows[n].note
-        if n in ("dbias", "dsinks") and "no gradient reached" in note:
-            what = "bias" if n == "dbias" else "sink"
-            result[n] = Diagnosis(f"{what}-no-grad", f"{n}: no gradient reached {n[1:]} (None or detached): "
+        if n in INPUT_GRADS and "no gradient reached" in note:
+            result[n] = Diagnosis(NO_GRAD[n], f"{n}: no gradient reached {n[1:]} (None or detached): "
                                   f"the {n[1:]} is used without its gradient")
         elif "not deterministic" in note:
             result[n] = Diagnosis("not-deterministic", f"{n} differs between two calls on the same inputs: "
@@ -367,7 +367,7 @@ def _non_finite(t, a, case, align):
     bad = ~np.isfinite(a)                                           # (B, H, T, D)
     nan, inf = int(np.isnan(a).sum()), int(np.isinf(a).sum())
     rows = sorted(int(i) for i in np.nonzero(bad.any(axis=(0, 1, 3)))[0])
-    kind = "query" if t in ("out", "dq", "lse") else "key" if t in ("dk", "dv") else "bias"
+    kind = "query" if t in ("out", "dq", "lse") else "key" if t in ("dk", "dv") else t[1:]
     b, h, i = (int(x[0]) for x in np.nonzero(bad)[:3])
     sentence = (f"{t} has {nan} NaN and {inf} infinite entries of {a.size}, in {kind} rows "
                 f"{ranges(rows)} (first at (b, h, row) = ({b}, {h}, {i}))")
@@ -635,7 +635,7 @@ def _summaries(result, rows, ev):
         lead = []
         if n in GRADS and forward_ok:
             lead.append("the output is right; only the backward is wrong")
-        if case.seqlens is not None and case.batch > 1 and n in ev.arrays and n != "dsinks":
+        if case.seqlens is not None and case.batch > 1 and n in ev.arrays and ev.arrays[n].shape[0] == case.batch:
             per_batch = slice_errors(ev.arrays[n], ev.gold[n], ev.den[n]).max(axis=1)
             bad = [int(b) for b in np.nonzero(per_batch > ev.bounds[n])[0]]
             if 0 < len(bad) < case.batch:

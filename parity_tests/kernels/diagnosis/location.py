@@ -9,6 +9,8 @@ such an error may be read by its size alone (a lower precision, a growth with le
 
 import numpy as np
 
+from parity_tests.kernels.features import INPUT_GRADS
+
 __all__ = ["locate", "ranges", "TILES", "SPREAD_SHARE"]
 
 TILES = (16, 32, 64, 128, 256)
@@ -27,7 +29,7 @@ def locate(n, a, ref, den, bound):
     error_map = over.max(axis=3).transpose(2, 0, 1).reshape(over.shape[2], -1) / bound   # (R, B H)
     if not bad.any():
         return "", False, error_map
-    kind = {"dk": "key rows", "dv": "key rows", "dbias": "bias rows"}.get(n, "query rows")
+    kind = "key rows" if n in ("dk", "dv") else f"{n[1:]} rows" if n in INPUT_GRADS else "query rows"
     B, H, R, C = bad.shape
     parts = []
     batches, heads = np.nonzero(bad.any(axis=(1, 2, 3)))[0], np.nonzero(bad.any(axis=(0, 2, 3)))[0]
@@ -45,7 +47,7 @@ def locate(n, a, ref, den, bound):
         if tile and len(rows) == R - r0:
             where += f": the last partial tile (tiles of {tile} or a larger power of two)"
         parts.append(where)
-    if n not in ("lse", "dsinks", "dbias") and C > 1 and len(channels) < C:
+    if n != "lse" and n not in INPUT_GRADS and C > 1 and len(channels) < C:
         parts.append(f"only head-dim channels {ranges(list(map(int, channels)))} of {C}")
     by_row = over.max(axis=(0, 1, 3))
     active = by_row[(np.abs(ref).max(axis=(0, 1, 3)) > 0) | (by_row > 0)]   # rows some query reads

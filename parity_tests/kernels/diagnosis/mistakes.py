@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from parity_tests.kernels import dense
-from parity_tests.kernels.features import REGISTRY
+from parity_tests.kernels.features import INPUT_GRADS, REGISTRY
 
 __all__ = ["Hypothesis", "Context", "catalogue", "whole_case", "STALE_BLOCKS"]
 
@@ -63,7 +63,7 @@ class Context:
         self.case, self.align, self.inputs, self.dlse, self.opts = case, align, inputs, dlse, opts
         self.rows = rows
         self.golden_raw, self.judged, self.wanted = golden_raw, judged, wanted
-        self.present = tuple(n for n in ("out", "lse", "dq", "dk", "dv", "dbias", "dsinks") if n in golden_raw)
+        self.present = tuple(n for n in ("out", "lse", "dq", "dk", "dv") + INPUT_GRADS if n in golden_raw)
         self.other_align = "bottom-right" if align == "top-left" else "top-left"
         lens = case.seqlens or (None, None)
         self.offsets = dense.offsets(case.tq, case.tk, lens[0], lens[1], align, case.batch)
@@ -114,7 +114,7 @@ def catalogue(ctx):
         if name in REGISTRY:
             out += REGISTRY[name].mistakes(ctx, value)
     for name in ctx.wanted:
-        if REGISTRY[name].run_wide and ctx.case.get(name) is None:
+        if REGISTRY[name].calling.run_wide and ctx.case.get(name) is None:
             out += REGISTRY[name].mistakes(ctx, True)
     known = {(h.id, h.says) for h in out}
     return out + [h for h in chapter(ctx) if (h.id, h.says) not in known]
@@ -131,12 +131,12 @@ def chapter(ctx):
                 H("mask-one-past", "the causal mask shifted one diagonal the other way (each "
                   "query misses its own key)", fwd(shift=-1))]
     features = [REGISTRY[n] for n, _ in case.features if n in REGISTRY]
-    aligned = any(f.aligned for f in features)
+    aligned = any(f.judging.aligned for f in features)
     if ctx.aligned_apart and (case.causal or aligned):
         hid, says = "other-alignment", (f"{ctx.other_align} {'alignment' if aligned else 'causal alignment'} "
                                         f"(the check assumed {ctx.align})")
         for f in features:                     # a feature's own name for it (decode: the queries placed top-left)
-            named = f.alignment_mistake(ctx) if f.alignment_mistake is not None else None
+            named = f.judging.alignment_mistake(ctx) if f.judging.alignment_mistake is not None else None
             if named:
                 hid, says = named
                 break
@@ -169,7 +169,7 @@ def chapter(ctx):
                   fwd(online=("l-one", block))) for block in blocks + [case.tk]]
     out += _kernel_bugs(ctx)
     if "dq" in ctx.present and case.tk > 1 and ctx.opts.get("sinks") is None:
-        grads = tuple(n for n in ctx.present if n in ("dq", "dk", "dv", "dbias"))
+        grads = tuple(n for n in ctx.present if n != "out" and n != "lse")
         if case.causal:
             out.append(H("backward-unmasked", "a backward without the causal mask its forward applies (P = "
                          "exp(S - lse) recomputed over every key)", fwd(backward_causal=False), grads))

@@ -41,7 +41,7 @@ ROW_BLOCK_ELEMENTS = 2 ** 22
 MAX_ROWS = 256
 MIN_ROWS = 16
 
-# The tensors judged row by row; the others (dk, dv, dbias, dsinks) sum over the rows.
+# The tensors judged row by row; the others (dk, dv, the extra inputs' gradients) sum over the rows.
 ROW_TENSORS = ("out", "lse", "dq")
 # A case recomputed whole is screened on a block first past this many pairs a slice
 # (measured, T = 4096 causal, SDPA without its scale: the diagnosis took 10.7 s, 8.3 s

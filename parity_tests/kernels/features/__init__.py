@@ -1,172 +1,224 @@
 """The features production kernels add: one module each, and this registry listing them.
 
-A feature (``Feature``) declares, in its own module, everything the check needs
-to test it -- as FlexAttention splits "what changes the scores" from "which keys
-are seen", each piece here is one function:
+A feature (``Feature``) declares, in its own module, everything the check needs to test it.
+As FlexAttention splits "what changes the scores" from "which keys a query sees", a feature
+is a few declarations and a few functions, and the runner asks for them, never for its name.
 
-- ``name``, ``help``: its name on the command line and its line in ``--help``
-  (and the table of docs/features.md);
-- ``keywords``: what the callable receives on the feature's cases, its handed inputs and
-  options included (a callable whose signature lacks one is a usage error before any case
-  runs: `require`);
-- ``cases(causal, plan)``: the cases it adds (a `cases.Case` carries the feature's
-  value in ``case.features``);
-- ``label(value)``: its part of a case's name;
-- ``inputs``: its extra inputs (`Input`: a bias, sinks, slopes, dropout's keep mask), each
-  declared once with how it is handed, rounded, differentiated and sliced;
-- ``options``: its value as options (`Option`: a window, a softcap, ``dropout_p``,
-  ``num_splits``), each declared once with whether the reference (and the dense formula, by
-  the same name) and the callable receive it.
+The core, what every feature has:
 
-Its hooks on a case each receive one context, `At` (the case, the feature's value on it,
-the inputs, the seed, device, dtype and alignment):
-
-- ``draw(at)``: adds its inputs to ``at.inputs`` (the float64 arrays that ``q``, ``k``, ``v``,
-  ``dout`` start), drawn from ``at.rng``;
-- ``reference(at)``: the options it passes to ``numpy_ref.reference_attention`` (and,
-  being the same names, to the dense baseline and the catalogue's mistakes); by default
-  its declared inputs and options, by name;
-- ``kwargs(at)``: the keywords the callable receives; by default its handed inputs (as the
-  tensors ``at.tensors``) and its options, by name;
+- ``name``, ``help``: its name on the command line and its line in ``--help`` (and the table
+  of docs/features.md);
+- ``cases(causal, plan)``: the cases it adds (a `cases.Case` carries the feature's value in
+  ``case.features``), and ``label(value)``: its part of a case's name;
+- ``inputs``: its inputs (`Input`: a bias, sinks, slopes, FP8's descales; or q, k, v
+  declared again, FP8's stored in float8), each saying where it goes, its dtype and whether
+  it is differentiated;
+- ``options``: its value as options (`Option`: a window, a softcap, ``dropout_p``), each
+  saying where it goes;
+- ``draw``: a hook (below) returning the inputs it draws or changes;
 - ``mistakes(ctx, value)``: the mistakes it invites (``mistakes.Hypothesis``), each the
   reference recomputed with that mistake's options or knob;
-- ``hand(at, args, kw) -> (args, kw)``: what the callable is handed instead, after the
-  layout transform (``args``: ``{"q", "k", "v"}`` in call order; ``paged`` hands
-  ``k_cache``, ``v_cache`` and a block table; ``dropout`` seeds torch there, just before
-  each call);
-- ``recover(at, caller)``: what it learns from the target itself, before the golden is
-  computed (``dropout``: the kernel's mask, put into ``at.inputs``; ``at.opts`` the
-  reference's options without it); returns what it found wrong, each with ``tensors``
-  (those it fails), ``id`` and ``sentence``;
-- ``lse_form(at, lse)``: another form of lse its kernels return (ALiBi's in FlashAttention).
+- ``apply(case, rng)``: the feature added to a case of another shape, so that features meet
+  each other (every pair requested, and all of them together) and run at ``--tokens``;
+- ``excludes``: ``{feature: why}``, the features it cannot be combined with.
 
-and on the run and its shapes: ``apply(case, rng)``: the feature added to a case of another
-shape, so that features meet each other (every pair requested, and all of them together)
-and run at the lengths given with ``--tokens``; ``layout``: the layout it wants (``paged``:
-``bthd``; ``varlen``: its own packed ``thd``, an object with `call.Dense`'s methods);
-``widen(case)``: a run-wide feature's form of every case of the run (``paged`` pages each
-one); ``forward_only``: its cases judge the forward alone; ``fit(case, value)`` and
-``head_counts(case, value)``: its value made to fit a case of new sizes and the head counts
-it allows (``check --repro`` shrinking a case: a bias's shape, the sequences' lengths, GQA's
-groups); ``aligned`` and ``alignment_mistake``: its keys move with the alignment, and its
-own name for the other alignment's mistake (``decode``: the queries placed top-left);
-``sets``: the case's shape its value is (``Case.hkv``, ``dv``, ``seqlens``: GQA's kv heads,
-value_dim's Dv, varlen's lengths).
+Optional groups, for what a few features need:
 
-Features that change how *every* case runs are ``run_wide``: their mistakes are tried on
-every case of a run that asks for them, and what they change is a field the runner asks
-(`asks`), never their name: ``returns_lse`` (the callable returns (out, lse), judged too),
-``lse_gradient`` (a random gradient flows back through lse), ``repeats`` (each case is
-called twice and compared bitwise), ``layout`` (``varlen``: FlashAttention's packed
-``thd``; ``paged``: ``bthd``).
-Which built-in targets express a feature is the target's own field
-(``targets.Target.features``).
+- `Calling`, how the kernel is called: ``layout``, ``widen``, ``hand``, ``reference``,
+  ``arguments``, ``recover``; ``run_wide`` (it changes how every case of the run is called
+  or judged: its mistakes are tried on every case), ``returns_lse``, ``lse_gradient``,
+  ``repeats``, ``random``; ``keywords`` beyond its inputs and options;
+- `Judging`, how a row is judged: ``forward_only``, ``dtypes`` (the dtypes its cases run
+  in), ``baselines`` (the formulations it adds to the baseline's), ``aligned``,
+  ``alignment_mistake``, ``lse_form``, ``inputs_error`` (the error of its inputs' own
+  rounding, reported beside the verdict);
+- `Shrinking`, how ``check --repro`` shrinks a case: ``fit``, ``head_counts``, ``sets``.
+
+Hooks name the arguments they use (pluggy's way): ``def draw(value, inputs)`` receives
+those two, by name; a hook naming an argument its call does not offer is a TypeError when
+the feature is registered (`HOOKS` lists what each offers; the feature's own name is
+``value`` too: ``def draw(softcap, inputs)``).  Which built-in targets express a feature
+is the target's own field (``targets.Target.features``).
 """
 
 import inspect
-from dataclasses import dataclass, field, replace
-from functools import partial
+from dataclasses import dataclass, field, fields, replace
 from importlib import import_module
 from itertools import combinations
 
 from parity_tests.kernels import cases, variations
 
-__all__ = ["Feature", "Input", "Option", "At", "FEATURES", "REGISTRY", "INPUTS", "parse_features", "require", "asks",
-           "layout", "declared_inputs", "handed_inputs", "differentiated_inputs", "feature_cases", "label", "ordered", "Plan", "help_line"]
+__all__ = ["Feature", "Input", "Option", "Calling", "Judging", "Shrinking", "HOOKS", "FEATURES", "REGISTRY",
+           "INPUTS", "INPUT_GRADS", "NO_GRAD", "PER_HEAD", "parse_features", "require", "declared", "layout", "declared_inputs", "handed_inputs",
+           "differentiated_inputs", "stored_inputs", "CORE", "feature_cases", "label", "ordered", "Plan", "help_line", "takes_form"]
+
+# What each hook may name, by hook: exactly what its call offers.
+HOOKS = {
+    "draw": ("case", "value", "inputs", "rng", "seed"),               # -> {name: array} drawn or changed
+    "reference": ("case", "value", "inputs", "align"),                # -> the reference's options
+    "arguments": ("case", "value", "tensors", "inputs", "device", "dtype", "align"),   # -> the keywords
+    "hand": ("case", "value", "args", "kw", "inputs", "device", "dtype", "align"),     # -> (args, kw)
+    "recover": ("case", "value", "inputs", "opts", "caller", "seed", "device", "dtype", "align"),
+    "lse_form": ("case", "value", "inputs", "align", "lse"),
+    "inputs_error": ("case", "value", "inputs", "drawn"),
+}
+
+
+class Hook:
+    """A feature's function called with the arguments it names (`HOOKS`)."""
+
+    def __init__(self, feature, hook, fn):
+        offered = HOOKS[hook] + (feature,)
+        params = inspect.signature(fn).parameters.values()
+        for p in params:
+            if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or p.name not in offered:
+                raise TypeError(f"feature {feature!r}: its {hook} hook names {p.name!r}; {hook} offers "
+                                f"{', '.join(HOOKS[hook])} (and {feature}, its value)")
+        self.feature, self.hook, self.fn, self.names = feature, hook, fn, tuple(p.name for p in params)
+
+    def __call__(self, **offered):
+        missing = set(HOOKS[self.hook]) - set(offered)
+        if missing:                                   # the runner's own defect: every call offers all
+            raise TypeError(f"{self.hook} called without {', '.join(sorted(missing))}")
+        if self.feature not in HOOKS[self.hook]:
+            offered[self.feature] = offered["value"]
+        return self.fn(**{n: offered[n] for n in self.names})
 
 
 @dataclass(frozen=True)
 class Input:
-    """An extra input a feature draws (or learns from the target) beside q, k, v."""
+    """An input a feature adds beside q, k, v and dO (or one of those it declares again)."""
     name: str                  # its name in the inputs, the reference's options and the callable's keywords
-    rounded: bool = True       # rounded to the tested dtype (False: float32, as kernels keep sinks and slopes)
+    dtype: str = "case"        # "case": rounded to the tested dtype; "float32" (sinks, slopes, descales), or a
+    #                            float8 dtype: stored in it, divided by ``scale`` (FP8's q, k, v)
+    scale: str = None          # the input (B, Hkv) its stored values are multiplied by (FP8's descales)
+    to: tuple = ("kernel", "reference")   # where it goes: the callable; the reference's options (and so the
+    #                            dense baseline's and the catalogue's, which take the same)
     grad: bool = False         # the callable differentiates it: "d" + name is judged as a tensor
-    handed: bool = True        # handed to the callable as a tensor (False: learnt from it, dropout's mask)
     ties: bool = True          # ties heads, batch entries or rows together: no slice is recomputed alone
+    per_head: bool = False     # one value per query head, (H,) (else broadcastable to (B, H, Tq, Tk))
+    no_grad: str = None        # with grad: the catalogue's id of its gradient never reaching it
+
+    @property
+    def handed(self):
+        return "kernel" in self.to
 
 
 @dataclass(frozen=True)
 class Option:
     """A feature's value as one option: ``convert(value)`` is the reference's option (and the
-    dense formula's) named ``name`` and the callable's keyword of that name, where declared."""
+    dense formula's) named ``name`` and the callable's keyword of that name, where ``to`` says."""
     name: str
     convert: object = lambda value: value
-    reference: bool = True     # numpy_ref.reference_attention (and the dense formula) takes it
-    keyword: bool = True       # the callable receives it
+    to: tuple = ("kernel", "reference")
 
 
-@dataclass
-class At:
-    """What a feature's hook receives about the case at hand, one context for every hook:
-    the case and the feature's value on it; the float64 inputs (q, k, v, dout and the
-    features', rounded to the dtype once drawn); the run's seed, device, dtype and alignment;
-    ``rng``, the case's generator (``draw``); ``tensors``, the handed inputs as the callable
-    gets them (``kwargs``); ``opts``, the reference's options (``recover``)."""
-    case: object
-    value: object = None
-    inputs: dict = None
-    seed: int = 0
-    device: str = "cpu"
-    dtype: str = None
-    align: str = None
-    rng: object = None
-    tensors: dict = None
-    opts: dict = None
+@dataclass(frozen=True)
+class Calling:
+    """How the kernel is called on the feature's cases (each field optional)."""
+    keywords: tuple = ()       # what the callable receives beyond its inputs and options (varlen's cu_seqlens)
+    reference: object = None   # hook -> the reference's options (None: its inputs and options, by name)
+    arguments: object = None   # hook -> the callable's keywords (None: its handed inputs and options, by name)
+    hand: object = None        # hook -> (args, kw): what the callable is handed instead, after the layout
+    layout: object = None      # the layout it wants (None: the target's): a name ("bthd"), or the methods
+    #                            of call.Strided for another (varlen's packed thd)
+    widen: object = None       # run-wide: case -> the case as this feature runs it (paged pages every case)
+    recover: object = None     # hook -> (inputs learnt from the target, findings): dropout's mask
+    run_wide: bool = False     # changes how every case of the run is called or judged
+    returns_lse: bool = False  # the callable returns (out, lse), and lse is judged
+    lse_gradient: bool = False  # a random gradient flows back through lse too
+    repeats: bool = False      # each case is called twice and compared bitwise
+    random: bool = False       # its kernel draws from torch's global RNG (seeded by the check): moving
+    #                            the RNG is no remark, and SDPA's own draw is no yardstick for it
 
 
-def _declared_options(at, feature=None):
-    return {**{i.name: at.inputs[i.name] for i in feature.inputs if i.name in at.inputs},
-            **{o.name: o.convert(at.value) for o in feature.options if o.reference}}
+@dataclass(frozen=True)
+class Judging:
+    """How the feature's rows are judged (each field optional)."""
+    forward_only: bool = False  # its cases judge out (and lse) alone
+    dtypes: tuple = None       # the tested dtypes its cases run in (None: any)
+    baselines: tuple = ()      # formulations added to the baseline's (``dense.attention``'s ``weights``)
+    aligned: bool = False      # its keys or weights move with the alignment of Tq ≠ Tk (a window, ALiBi)
+    alignment_mistake: object = None   # (ctx) -> (id, says) naming the other alignment in its terms, or None
+    lse_form: object = None    # hook -> (lse, note, note_else): another lse its kernels return, accepted
+    #                            when closer (ALiBi's FlashAttention form)
+    inputs_error: object = None  # hook -> {tensor: error}: its inputs' own rounding (FP8's quantisation),
+    #                            reported beside the verdict
 
 
-def _declared_keywords(at, feature=None):
-    return {**{i.name: at.tensors[i.name] for i in feature.inputs if i.handed and i.name in at.tensors},
-            **{o.name: o.convert(at.value) for o in feature.options if o.keyword}}
+@dataclass(frozen=True)
+class Shrinking:
+    """How ``check --repro`` shrinks the feature's cases (each field optional)."""
+    fit: object = lambda case, value: value   # (case of new sizes, value) -> the value fitting it, or None
+    head_counts: object = None  # (case, value) -> [(heads, value)], smallest first: what a shrunk case may take
+    sets: str = None           # the case's shape its value is: "kv_heads" (GQA), "v_dim", "seqlens"
+
+
+def _declared_options(case, value, inputs, align, feature=None):
+    return {**{i.name: inputs[i.name] for i in feature.inputs if "reference" in i.to and i.name in inputs},
+            **{o.name: o.convert(value) for o in feature.options if "reference" in o.to}}
+
+
+def _declared_keywords(case, value, tensors, inputs, device, dtype, align, feature=None):
+    return {**{i.name: tensors[i.name] for i in feature.inputs if i.handed and i.name in tensors},
+            **{o.name: o.convert(value) for o in feature.options if "kernel" in o.to}}
 
 
 @dataclass(frozen=True)
 class Feature:
     name: str
     help: str
-    keywords: tuple = ()
     cases: object = lambda causal, plan: []
     label: object = lambda value: ""
-    draw: object = lambda at: None  # (`At`) adds its inputs to at.inputs, drawn from at.rng
-    inputs: tuple = ()              # its extra inputs (`Input`)
-    options: tuple = ()             # its value as options (`Option`): the reference's and the callable's
-    reference: object = None        # (at) -> options; None: its inputs and options, by name
-    kwargs: object = None           # (at) -> keywords; None: its handed inputs and options, by name
+    inputs: tuple = ()              # its inputs (`Input`)
+    options: tuple = ()             # its value as options (`Option`)
+    draw: object = None             # hook -> {name: array}: the inputs it draws (from rng) or changes
     mistakes: object = lambda ctx, value: []
     apply: object = None            # (case, rng) -> the case with this feature added, or None
-    run_wide: bool = False          # changes how every case of the run is called or judged
-    hand: object = None             # (at, args, kw) -> (args, kw): what the callable gets
-    layout: object = None           # the layout it wants (None: the target's): a name ("bthd"), or the
-    #                                 methods of call.Dense for another (varlen's packed thd)
-    widen: object = None            # run-wide: case -> the case as this feature runs it
-    forward_only: bool = False      # its cases judge out (and lse) alone
-    recover: object = None          # (at, caller) -> findings: learnt from the target (at.opts: before it)
-    fit: object = lambda case, value: value     # (case of new sizes, value) -> the value fitting it, or None
-    excludes: tuple = ()            # the features it cannot be combined with, and why:
-    excludes_why: str = ""
-    random: bool = False            # its kernel draws from torch's global RNG (seeded by the check): moving
-    #                                 the RNG is no remark, and SDPA's own draw is no yardstick for it
-    returns_lse: bool = False       # run-wide: the callable returns (out, lse), and lse is judged
-    lse_gradient: bool = False      # run-wide: a random gradient flows back through lse too
-    repeats: bool = False           # run-wide: each case is called twice and compared bitwise
-    aligned: bool = False           # its keys or weights move with the alignment of Tq ≠ Tk (a window, ALiBi)
-    alignment_mistake: object = None  # (ctx) -> (id, says) naming the other alignment in its own terms, or None
-    lse_form: object = None         # (at, lse) -> (lse, note, note_else): another lse
-    #                                 kernels return for it, accepted when closer (ALiBi's FlashAttention form)
-    head_counts: object = None      # (case, value) -> [(heads, value)], smallest first: what a shrunk case may take
-    sets: str = None                # the case's shape its value is: "kv_heads" (GQA), "v_dim", "seqlens"
+    excludes: dict = field(default_factory=dict)   # {feature: why} it cannot be combined with
+    calling: Calling = Calling()
+    judging: Judging = Judging()
+    shrinking: Shrinking = Shrinking()
 
     def __post_init__(self):
-        handed = tuple(i.name for i in self.inputs if i.handed) + tuple(o.name for o in self.options if o.keyword)
-        object.__setattr__(self, "keywords", tuple(dict.fromkeys(self.keywords + handed)))
-        if self.reference is None:
-            object.__setattr__(self, "reference", partial(_declared_options, feature=self))
-        if self.kwargs is None:
-            object.__setattr__(self, "kwargs", partial(_declared_keywords, feature=self))
+        calling = self.calling
+        if calling.reference is None:
+            calling = replace(calling, reference=_bound(_declared_options, self))
+        if calling.arguments is None:
+            calling = replace(calling, arguments=_bound(_declared_keywords, self))
+        hook = lambda name, fn: fn if fn is None or isinstance(fn, Hook) else Hook(self.name, name, fn)
+        object.__setattr__(self, "draw", hook("draw", self.draw))
+        object.__setattr__(self, "calling", replace(calling, **{n: hook(n, getattr(calling, n)) for n in
+                                                                ("reference", "arguments", "hand", "recover")}))
+        object.__setattr__(self, "judging", replace(self.judging, **{n: hook(n, getattr(self.judging, n))
+                                                                     for n in ("lse_form", "inputs_error")}))
+
+    @property
+    def keywords(self):
+        """What the callable receives on the feature's cases: its handed inputs, options and
+        `Calling.keywords` (a callable whose signature lacks one is a usage error: `require`)."""
+        handed = tuple(i.name for i in self.inputs if i.handed) + tuple(o.name for o in self.options
+                                                                          if "kernel" in o.to)
+        return tuple(dict.fromkeys(handed + self.calling.keywords))
+
+    def declares(self, name):
+        """The value of field ``name`` in whichever group has it (`Calling`, `Judging`, `Shrinking`)."""
+        for group in (self.calling, self.judging, self.shrinking):
+            if name in _FIELDS[type(group)]:
+                return getattr(group, name)
+        raise AttributeError(f"no feature group has a field {name!r}")
+
+
+_FIELDS = {g: {f.name for f in fields(g)} for g in (Calling, Judging, Shrinking)}
+
+
+def _bound(fn, feature):
+    """``fn`` with ``feature`` given, its signature the hook's (so `Hook` reads its names)."""
+    def bound(**kw):
+        return fn(**kw, feature=feature)
+    params = [p for p in inspect.signature(fn).parameters.values() if p.name != "feature"]
+    bound.__signature__ = inspect.Signature(params)
+    return bound
 
 
 @dataclass(frozen=True)
@@ -214,7 +266,7 @@ def parse_features(features):
     for f in names:                                    # what a feature declares it cannot meet
         clash = sorted(set(REGISTRY[f].excludes) & set(names))
         if clash:
-            raise ValueError(f"features: {f} ({REGISTRY[f].excludes_why}) cannot be combined with "
+            raise ValueError(f"features: {f} ({REGISTRY[f].excludes[clash[0]]}) cannot be combined with "
                              + " or ".join(clash))
     return list(dict.fromkeys(names))
 
@@ -237,23 +289,25 @@ def _accepts(fn, keyword):
     return p is not None and p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
 
-def declares(fn, feature):
+def takes_form(fn, feature):
     """Whether ``fn``'s signature names every keyword ``feature`` passes: the form of call it
     takes (a ``**kwargs`` does not say which)."""
     params = _parameters(fn) or {}
     return all(kw in params for kw in REGISTRY[feature].keywords)
 
 
-def asks(features, field):
+def declared(features, field):
     """Whether any of ``features`` (names; the grid's own variations among them are not
-    features) declares ``field``: what the runner asks instead of a feature's name."""
-    return any(getattr(REGISTRY[n], field) for n in features if n in REGISTRY)
+    features) declares ``field`` (`Feature.declares`): what the runner asks instead of a
+    feature's name."""
+    return any(REGISTRY[n].declares(field) for n in features if n in REGISTRY)
 
 
 def layout(features):
     """The layout of q and out the features want (None: the target's); the first in registry
     order wins (varlen's packed thd before paged's bthd)."""
-    return next((REGISTRY[n].layout for n in FEATURES if n in features and REGISTRY[n].layout), None)
+    return next((REGISTRY[n].calling.layout for n in FEATURES if n in features and REGISTRY[n].calling.layout),
+                None)
 
 
 def layout_name(layout):
@@ -261,9 +315,18 @@ def layout_name(layout):
     return layout if layout is None or isinstance(layout, str) else layout.name
 
 
+# The inputs every case has; a feature may declare them again (FP8 stores q, k, v in float8).
+CORE = ("q", "k", "v", "dout")
+
+
 def declared_inputs(features):
-    """{name: `Input`} of the extra inputs ``features`` (names) declare."""
-    return {i.name: i for n in features if n in REGISTRY for i in REGISTRY[n].inputs}
+    """{name: `Input`} of the extra inputs ``features`` (names) declare (not q, k, v, dO)."""
+    return {i.name: i for n in features if n in REGISTRY for i in REGISTRY[n].inputs if i.name not in CORE}
+
+
+def stored_inputs(case):
+    """{name: `Input`} of q, k, v as ``case``'s features declare them again (FP8's, in float8)."""
+    return {i.name: i for n, _ in case.features if n in REGISTRY for i in REGISTRY[n].inputs if i.name in CORE}
 
 
 def handed_inputs(case):
@@ -279,7 +342,7 @@ def differentiated_inputs(case, present):
 
 def require(target, features):
     """ValueError, before any case, for a feature the target cannot be given."""
-    lse = [f for f in features if REGISTRY[f].returns_lse]
+    lse = [f for f in features if REGISTRY[f].calling.returns_lse]
     if lse and target.returns_lse is False:
         raise ValueError(f"features: {lse[0]!r} needs a target that returns (out, lse), and {target.name} "
                          "returns out alone")
@@ -288,7 +351,7 @@ def require(target, features):
         if missing:
             raise ValueError(f"features: {f!r} passes {', '.join(k + '=' for k in missing)} to the target, "
                              f"and {target.name}'s signature has no such keyword")
-        if target.features is not None and f not in target.features and not REGISTRY[f].returns_lse:
+        if target.features is not None and f not in target.features and not REGISTRY[f].calling.returns_lse:
             raise ValueError(f"features: {target.name} does not express {f!r} (it expresses "
                              f"{', '.join(sorted(target.features))})")
 
@@ -336,6 +399,9 @@ def _applied(case, group, seed):
 # Each module imports this one: the registry is filled last, and lends a case its views.
 REGISTRY = {name: import_module(f"{__name__}.{name}").FEATURE for name in FEATURES}
 INPUTS = declared_inputs(FEATURES)          # every feature's extra inputs, by name
+INPUT_GRADS = tuple("d" + n for n, i in INPUTS.items() if i.grad)    # dbias, dsinks: judged as tensors
+NO_GRAD = {"d" + n: i.no_grad for n, i in INPUTS.items() if i.grad}  # their catalogue ids when none arrives
+PER_HEAD = tuple(n for n, i in INPUTS.items() if i.per_head)         # (H,) inputs: sinks, slopes
 cases.FEATURE_VIEWS.update(ordered=ordered, label=label,
-                           forward_only=lambda name: name in REGISTRY and REGISTRY[name].forward_only,
-                           sets=lambda name: REGISTRY[name].sets if name in REGISTRY else None)
+                           forward_only=lambda name: name in REGISTRY and REGISTRY[name].judging.forward_only,
+                           sets=lambda name: REGISTRY[name].shrinking.sets if name in REGISTRY else None)

@@ -8,7 +8,7 @@ import numpy as np
 
 from parity_tests.kernels.cases import Case
 from parity_tests.kernels.dense import alibi_slopes, offsets
-from parity_tests.kernels.features import Feature, Input, both_alignments
+from parity_tests.kernels.features import Feature, Input, Judging, both_alignments
 
 
 def cases(causal, plan):
@@ -17,8 +17,8 @@ def cases(causal, plan):
                             Case(2, 8, 77, 45, 32, causal, (("alibi", True),))], plan)
 
 
-def draw(at):
-    at.inputs["alibi_slopes"] = np.array(alibi_slopes(at.case.heads))
+def draw(case):
+    return {"alibi_slopes": np.array(alibi_slopes(case.heads))}
 
 
 def mistakes(ctx, on):
@@ -41,19 +41,18 @@ def mistakes(ctx, on):
     return out
 
 
-def flash_lse(at, lse):
+def flash_lse(case, align, inputs, lse):
     """lse in FlashAttention's causal ALiBi form: + slope_h · (i + offset) per row (its bias is
     slope · j, which differs from −slope · |i + o − j| by a constant per row on the keys a
     causal row sees, so out is the same and only lse moves)."""
-    case = at.case
     lens = case.seqlens or (None, None)
-    offs = np.array(offsets(case.tq, case.tk, lens[0], lens[1], at.align, case.batch))
+    offs = np.array(offsets(case.tq, case.tk, lens[0], lens[1], align, case.batch))
     i = np.arange(case.tq)[None, None, :] + offs[:, None, None]                  # (B, 1, Tq)
-    return (lse + np.asarray(at.inputs["alibi_slopes"])[None, :, None] * i,
+    return (lse + np.asarray(inputs["alibi_slopes"])[None, :, None] * i,
             "lse in FlashAttention's causal ALiBi form (+slope j)", "lse in the reference's ALiBi form")
 
 
 FEATURE = Feature("alibi", "alibi_slopes= float32 tensor (H,), ALiBi's slopes",
                   cases=cases, label=lambda on: "alibi", draw=draw,
-                  inputs=(Input("alibi_slopes", rounded=False),), mistakes=mistakes,
-                  apply=lambda case, rng: case.with_feature("alibi", True), aligned=True, lse_form=flash_lse)
+                  inputs=(Input("alibi_slopes", dtype="float32", per_head=True),), mistakes=mistakes,
+                  apply=lambda case, rng: case.with_feature("alibi", True), judging=Judging(aligned=True, lse_form=flash_lse))

@@ -4,7 +4,7 @@ checked in the bias's own shape (the sum over its broadcast axes).  Shapes (B, H
 the bias (dbias = 0)."""
 
 from parity_tests.kernels.cases import Case
-from parity_tests.kernels.features import Feature, Input
+from parity_tests.kernels.features import Feature, Input, Shrinking
 
 
 def cases(causal, plan):
@@ -12,8 +12,8 @@ def cases(causal, plan):
             for s in ((2, 2, 45, 77), (1, 2, 45, 77), (2, 1, 1, 77), (45, 77))]
 
 
-def draw(at):
-    at.inputs["bias"] = at.rng.standard_normal(at.value)
+def draw(bias, rng):
+    return {"bias": rng.standard_normal(bias)}
 
 
 def mistakes(ctx, shape):
@@ -29,5 +29,6 @@ def fit(case, shape):
 
 FEATURE = Feature("bias", "bias= tensor broadcastable to (B, H, Tq, Tk), requiring grad: dbias is checked",
                   cases=cases, label=lambda s: "bias" + "x".join(map(str, s)), draw=draw,
-                  inputs=(Input("bias", grad=True),), mistakes=mistakes,
-                  apply=lambda case, rng: case.with_feature("bias", (1, case.heads, case.tq, case.tk)), fit=fit)
+                  inputs=(Input("bias", grad=True, no_grad="bias-no-grad"),), mistakes=mistakes,
+                  apply=lambda case, rng: case.with_feature("bias", (1, case.heads, case.tq, case.tk)),
+                  shrinking=Shrinking(fit=fit))

@@ -5,7 +5,7 @@ decode queries placed top-left."""
 from dataclasses import replace
 
 from parity_tests.kernels.cases import Case
-from parity_tests.kernels.features import Feature
+from parity_tests.kernels.features import Feature, Judging
 
 
 def cases(causal, plan):
@@ -23,4 +23,4 @@ def top_left(ctx):
 
 
 FEATURE = Feature("decode", "Tq of 1 to a few queries against a long Tk, bottom-right; forward only",
-                  cases=cases, label=lambda on: "decode", forward_only=True, alignment_mistake=top_left)
+                  cases=cases, label=lambda on: "decode", judging=Judging(forward_only=True, alignment_mistake=top_left))

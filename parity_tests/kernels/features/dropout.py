@@ -35,7 +35,7 @@ import numpy as np
 
 from parity_tests.common.seeding import manual_seed
 from parity_tests.kernels.cases import Case
-from parity_tests.kernels.features import Feature, Input, Option
+from parity_tests.kernels.features import Calling, Feature, Input, Option
 
 # A correct kernel fails the keep-rate test with this probability per case.
 ALPHA = 1e-6
@@ -52,16 +52,16 @@ def seed_of(case):
     return zlib.crc32(repr(("dropout",) + astuple(case)).encode())
 
 
-def hand(at, args, kw):
+def hand(case, args, kw):
     """Nothing changes in what the callable gets; torch is seeded just before the call."""
-    manual_seed(seed_of(at.case))
+    manual_seed(seed_of(case))
     return args, kw
 
 
-def reference(at):
-    if "keep" not in at.inputs:              # a draw the mask was not recovered for
+def reference(dropout, inputs):
+    if "keep" not in inputs:                 # a draw the mask was not recovered for
         return {}
-    return {"keep": at.inputs["keep"], "dropout_p": float(at.value)}
+    return {"keep": inputs["keep"], "dropout_p": float(dropout)}
 
 
 # ----------------------------------------------------------------------------
@@ -101,10 +101,10 @@ def binomial_pvalue(k, n, prob):
     return float(min(1.0, pmf[pmf <= pmf[k] * (1 + 1e-7)].sum()))
 
 
-def recover(at, caller):
-    """Recover the kernel's forward and backward masks (module docstring); put the forward's
-    in ``at.inputs["keep"]``; return the `Finding` s (empty when the mask is sound)."""
-    case, p, rounded, opts = at.case, at.value, at.inputs, at.opts
+def recover(case, dropout, inputs, opts, caller):
+    """Recover the kernel's forward and backward masks (module docstring): ({"keep": the
+    forward's mask}, the `Finding` s: empty when the mask is sound)."""
+    p, rounded = dropout, inputs
     from numpy_ref import reference_attention
     b, h, hkv, tq, tk, dv = case.batch, case.heads, case.hkv, case.tq, case.tk, case.dv
     W_f, W_b = np.zeros((b, h, tq, tk)), np.zeros((b, h, tq, tk))
@@ -114,7 +114,7 @@ def recover(at, caller):
                               "dout": _identity_columns(tq, s * dv, dv, (b, h))})
         if not isinstance(got, dict) or not isinstance(got.get("out"), np.ndarray):
             why = got[1] if isinstance(got, tuple) else str(got)
-            return [Finding(("out", "dq", "dk", "dv"), "dropout-not-recovered",
+            return {}, [Finding(("out", "dq", "dk", "dv"), "dropout-not-recovered",
                             f"the dropout mask could not be recovered (a call with v = columns of the "
                             f"identity: {why})")]
         k0, k1, q0, q1 = s * dv, min(tk, (s + 1) * dv), s * dv, min(tq, (s + 1) * dv)
@@ -130,7 +130,7 @@ def recover(at, caller):
     P = reference_attention(rounded["q"], rounded["k"], eye, **opts)["out"]
     seen = P > 0
     kept_f = (W_f != 0) & seen
-    rounded["keep"] = kept_f | ~seen                 # hidden keys: kept or not, their weight is 0
+    learnt = {"keep": kept_f | ~seen}                # hidden keys: kept or not, their weight is 0
     n, k = int(seen.sum()), int(kept_f.sum())
     found = []
     if isinstance(again, dict) and isinstance(again.get("out"), np.ndarray) and \
@@ -140,7 +140,7 @@ def recover(at, caller):
                              f"two calls after the same torch.manual_seed drop different weights ({moved} of "
                              f"{first_slice.size} differ): the kernel's mask does not come from torch's global RNG "
                              "(its own generator, or a state the seed does not set)"))
-        return found
+        return learnt, found
     pvalue = binomial_pvalue(k, n, 1.0 - p)
     if p == 0 and k < n:
         found.append(Finding(("out", "dq", "dk", "dv"), "dropout-at-zero",
@@ -165,7 +165,7 @@ def recover(at, caller):
     if how:                                # dv read the forward's mask when only dP's differs
         found.append(Finding(("dq", "dk", "dv") if differ else ("dq", "dk"), "dropout-backward-mask",
                              f"the backward drops other weights than the forward: {how}"))
-    return found
+    return learnt, found
 
 
 def _softmax_backward_mask(caller, case, rounded, opts, kept_f):
@@ -232,7 +232,7 @@ def mistakes(ctx, p):
 FEATURE = Feature("dropout", "dropout_p=float, dropout on the weights after the softmax, the mask drawn from "
                   "torch's global RNG (seeded by the check) and recovered from the kernel; p = 0, 0.1, 0.5",
                   cases=cases, label=lambda p: f"dropout {p:g}",
-                  reference=reference, options=(Option("dropout_p", float, reference=False),),
-                  mistakes=mistakes, hand=hand, recover=recover, random=True,
-                  inputs=(Input("keep", handed=False),),
-                  excludes=("paged", "varlen"), excludes_why="its mask read back from (B, H, Tq, Tk) weights")
+                  options=(Option("dropout_p", float, to=("kernel",)),), inputs=(Input("keep", to=("reference",)),),
+                  mistakes=mistakes,
+                  excludes=dict.fromkeys(("paged", "varlen"), "its mask read back from (B, H, Tq, Tk) weights"),
+                  calling=Calling(reference=reference, hand=hand, recover=recover, random=True))

@@ -6,7 +6,7 @@ of its group instead of summed over the group (the adjoint of the repeat is a su
 import numpy as np
 
 from parity_tests.kernels.cases import Case, halvings
-from parity_tests.kernels.features import Feature
+from parity_tests.kernels.features import Feature, Shrinking
 
 
 def cases(causal, plan):
@@ -59,4 +59,4 @@ def fit(case, kv_heads):
 
 
 FEATURE = Feature("gqa", "k and v with fewer heads than q (MQA included)", cases=cases, mistakes=mistakes,
-                  apply=apply, head_counts=head_counts, fit=fit, sets="kv_heads")
+                  apply=apply, shrinking=Shrinking(fit=fit, head_counts=head_counts, sets="kv_heads"))

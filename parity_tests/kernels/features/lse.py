@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from parity_tests.kernels.features import Feature
+from parity_tests.kernels.features import Calling, Feature
 
 
 def mistakes(ctx, on=True):
@@ -22,5 +22,5 @@ def mistakes(ctx, on=True):
                   ctx.changed(lse=np.where(np.isfinite(lse), lse - m, lse)), ("lse",))]
 
 
-FEATURE = Feature("lse", "nothing new: the callable returns (out, lse), natural log", mistakes=mistakes, run_wide=True,
-                  returns_lse=True)
+FEATURE = Feature("lse", "nothing new: the callable returns (out, lse), natural log", mistakes=mistakes,
+                  calling=Calling(run_wide=True, returns_lse=True))

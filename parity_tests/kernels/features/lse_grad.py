@@ -4,7 +4,7 @@ Since ``∂lse_i/∂S_ij = P_ij``, the backward's row term ``D_i`` becomes ``D_i
 (``numpy_ref.reference_attention``'s ``dlse``); dv does not change.  Invited mistake:
 the lse gradient dropped (dq, dk as if dlse were 0)."""
 
-from parity_tests.kernels.features import Feature
+from parity_tests.kernels.features import Calling, Feature
 
 
 def mistakes(ctx, on=True):
@@ -15,4 +15,4 @@ def mistakes(ctx, on=True):
 
 
 FEATURE = Feature("lse_grad", "the callable returns (out, lse); a random gradient flows back through lse too",
-                   mistakes=mistakes, run_wide=True, returns_lse=True, lse_gradient=True)
+                   mistakes=mistakes, calling=Calling(run_wide=True, returns_lse=True, lse_gradient=True))

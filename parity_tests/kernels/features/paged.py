@@ -28,7 +28,7 @@ import torch
 
 from parity_tests.kernels import dense
 from parity_tests.kernels.cases import Case, case_rng
-from parity_tests.kernels.features import Feature
+from parity_tests.kernels.features import Calling, Feature, Judging, Shrinking
 from parity_tests.kernels.diagnosis.poisoned import Poisoned
 
 KEYWORDS = ("block_table", "cache_seqlens")
@@ -100,9 +100,9 @@ def cache(x, table, size, num, lengths):
     return flat.view((num, size) + tuple(x.shape[2:]))
 
 
-def hand(at, args, kw):
-    (size, lengths), device = at.value, at.device
-    table, num = pages(at.case, at.value)
+def hand(case, paged, args, kw, device):
+    size, lengths = paged
+    table, num = pages(case, paged)
     k, v = args["k"].detach(), args["v"].detach()                      # (B, Tk, Hkv, D): bthd
     kw = {**kw, "block_table": torch.tensor(table, dtype=torch.int32, device=device),
           "cache_seqlens": torch.tensor(lengths, dtype=torch.int32, device=device)}
@@ -110,14 +110,17 @@ def hand(at, args, kw):
             "v_cache": cache(v, table, size, num, lengths)}, kw
 
 
-def draw(at):
-    for b, n in enumerate(at.value[1]):                       # keys past a sequence's length are zero
-        at.inputs["k"][b, :, n:] = 0.0
-        at.inputs["v"][b, :, n:] = 0.0
+def draw(paged, inputs):
+    """Keys past a sequence's length zero."""
+    out = {n: inputs[n].copy() for n in ("k", "v")}
+    for b, n in enumerate(paged[1]):
+        for x in out.values():
+            x[b, :, n:] = 0.0
+    return out
 
 
-def reference(at):
-    return {"seqlens_q": np.full(at.case.batch, at.case.tq), "seqlens_k": np.array(at.value[1]), "align": "bottom-right"}
+def reference(case, paged):
+    return {"seqlens_q": np.full(case.batch, case.tq), "seqlens_k": np.array(paged[1]), "align": "bottom-right"}
 
 
 def _read(ctx, value, hid, says, positions):
@@ -195,7 +198,9 @@ def mistakes(ctx, value):
 
 FEATURE = Feature("paged", "FlashAttention's kvcache form: k_cache, v_cache (num_pages, page_size, Hkv, D), "
                   "block_table, cache_seqlens; q and out (B, T, H, D); bottom-right; forward only",
-                  keywords=KEYWORDS, cases=cases, label=label, draw=draw, reference=reference,
-                  mistakes=mistakes, run_wide=True, hand=hand, layout="bthd", widen=widen, forward_only=True,
-                  excludes=("varlen", "lse_grad"), excludes_why="a forward-only kvcache call",
-                  fit=lambda case, v: (v[0], tuple(min(x, case.tk) for x in v[1][:case.batch])))
+                  cases=cases, label=label, draw=draw, mistakes=mistakes,
+                  excludes=dict.fromkeys(("varlen", "lse_grad"), "a forward-only kvcache call"),
+                  calling=Calling(keywords=KEYWORDS, reference=reference, run_wide=True, hand=hand, layout="bthd",
+                                  widen=widen),
+                  judging=Judging(forward_only=True),
+                  shrinking=Shrinking(fit=lambda case, v: (v[0], tuple(min(x, case.tk) for x in v[1][:case.batch]))))

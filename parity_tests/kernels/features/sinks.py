@@ -12,9 +12,9 @@ def cases(causal, plan):
     return [Case(1, 4, t, 77, 64, causal, (("sinks", s),)) for t in (77, 45) for s in ("large", "small")]
 
 
-def draw(at):
-    base = math.log(at.case.tk) + 1.0 if at.value == "large" else -1.0
-    at.inputs["sinks"] = base + 0.5 * at.rng.standard_normal(at.case.heads)
+def draw(case, sinks, rng):
+    base = math.log(case.tk) + 1.0 if sinks == "large" else -1.0
+    return {"sinks": base + 0.5 * rng.standard_normal(case.heads)}
 
 
 def mistakes(ctx, size):
@@ -30,5 +30,5 @@ def mistakes(ctx, size):
 
 FEATURE = Feature("sinks", "sinks= float32 tensor (H,), requiring grad: dsinks is checked",
                   cases=cases, label=lambda s: f"sinks {s}", draw=draw,
-                  inputs=(Input("sinks", rounded=False, grad=True),), mistakes=mistakes,
+                  inputs=(Input("sinks", dtype="float32", grad=True, per_head=True, no_grad="sink-no-grad"),), mistakes=mistakes,
                   apply=lambda case, rng: case.with_feature("sinks", "large"))

@@ -13,9 +13,8 @@ def cases(causal, plan):
             Case(1, 2, 77, 77, 64, causal, (("softcap", 1.0),))]
 
 
-def draw(at):
-    if at.value < 10:
-        at.inputs["q"] = at.inputs["q"] * 4.0           # scores of spread ~4: tanh saturates at softcap 1
+def draw(softcap, inputs):
+    return {"q": inputs["q"] * 4.0} if softcap < 10 else {}     # scores of spread ~4: tanh saturates at 1
 
 
 def mistakes(ctx, cap):

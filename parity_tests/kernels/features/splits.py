@@ -20,7 +20,7 @@ import torch
 
 from parity_tests.kernels import dense
 from parity_tests.kernels.cases import Case
-from parity_tests.kernels.features import Feature, Option
+from parity_tests.kernels.features import Feature, Judging, Option
 from parity_tests.kernels.diagnosis.poisoned import Poisoned
 
 COUNTS = (1, 2, 3, 7, 133)
@@ -105,5 +105,5 @@ def mistakes(ctx, splits):
 
 FEATURE = Feature("splits", "num_splits=int, FlashAttention's split-KV: the unsplit result for 1, 2, 3, 7 and "
                   "133 splits, splits that see no key included; forward only",
-                  cases=cases, label=lambda s: f"splits {s}", options=(Option("num_splits", int, reference=False),),
-                  mistakes=mistakes, forward_only=True)
+                  cases=cases, label=lambda s: f"splits {s}", options=(Option("num_splits", int, to=("kernel",)),),
+                  mistakes=mistakes, judging=Judging(forward_only=True))

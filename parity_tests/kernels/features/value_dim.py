@@ -2,7 +2,7 @@
 and Dqk 192 with Dv 128 (MLA's shape)."""
 
 from parity_tests.kernels.cases import Case
-from parity_tests.kernels.features import Feature
+from parity_tests.kernels.features import Feature, Shrinking
 
 
 def cases(causal, plan):
@@ -13,4 +13,4 @@ def cases(causal, plan):
 
 FEATURE = Feature("value_dim", "v with a head dim other than q's and k's", cases=cases,
                   apply=lambda case, rng: case.with_feature("value_dim", 32 if case.head_dim != 32 else 48),
-                  sets="v_dim")
+                  shrinking=Shrinking(sets="v_dim"))

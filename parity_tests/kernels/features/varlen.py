@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from parity_tests.kernels.cases import Case
-from parity_tests.kernels.features import Feature
+from parity_tests.kernels.features import Calling, Feature, Shrinking
 
 KEYWORDS = ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")
 # The padding of a packed buffer past its last token, filled with NaN.
@@ -46,7 +46,7 @@ def unpack(x, lengths, tq, fill=0.0):
 
 
 class Packed:
-    """The layout ``thd`` (the methods of ``call.Dense``): q (total_q, H, D), k and v
+    """The layout ``thd`` (the methods of ``call.Strided``): q (total_q, H, D), k and v
     (total_k, Hkv, D), views of buffers whose tail is NaN; out and dO packed as q, lse
     (H, total_q); the callable also receives ``cu_seqlens_q/k`` and ``max_seqlen_q/k``."""
     name = "thd"
@@ -108,17 +108,18 @@ def label(lengths):
     return "lens " + (text if lk == lq else text + "x" + ",".join(map(str, lk)))
 
 
-def draw(at):
-    inputs = at.inputs
-    for n, (lq, lk) in enumerate(zip(*at.value)):          # padding rows are zero
-        for name, t in (("q", lq), ("dout", lq), ("k", lk), ("v", lk)):
-            inputs[name][n, :, t:] = 0.0
-        if "dlse" in inputs:
-            inputs["dlse"][n, :, lq:] = 0.0
+def draw(varlen, inputs):
+    """Padding rows zero."""
+    names = [n for n in ("q", "dout", "k", "v", "dlse") if n in inputs]
+    out = {n: inputs[n].copy() for n in names}
+    for n, (lq, lk) in enumerate(zip(*varlen)):
+        for name in names:
+            out[name][n, :, lk if name in ("k", "v") else lq:] = 0.0
+    return out
 
 
-def reference(at):
-    return {"seqlens_q": np.array(at.value[0]), "seqlens_k": np.array(at.value[1])}
+def reference(varlen):
+    return {"seqlens_q": np.array(varlen[0]), "seqlens_k": np.array(varlen[1])}
 
 
 def _packed_as_one(ctx, lengths):
@@ -181,7 +182,9 @@ def apply(case, rng):
 
 
 FEATURE = Feature("varlen", "with --layout thd, FlashAttention's packed varlen layout and cu_seqlens",
-                  keywords=KEYWORDS, cases=cases, label=label, draw=draw, reference=reference, mistakes=mistakes, run_wide=True, layout=Packed(),
-                  apply=apply, widen=with_lengths, sets="seqlens", excludes=("bias",), excludes_why="a bias has no packed layout",
-                  fit=lambda case, lens: tuple(tuple(min(x, t) for x in ls[:case.batch])
-                                               for ls, t in zip(lens, (case.tq, case.tk))))
+                  cases=cases, label=label, draw=draw, mistakes=mistakes, apply=apply,
+                  excludes={"bias": "a bias has no packed layout"},
+                  calling=Calling(keywords=KEYWORDS, reference=reference, run_wide=True, layout=Packed(),
+                                  widen=with_lengths),
+                  shrinking=Shrinking(sets="seqlens", fit=lambda case, lens: tuple(
+                      tuple(min(x, t) for x in ls[:case.batch]) for ls, t in zip(lens, (case.tq, case.tk)))))

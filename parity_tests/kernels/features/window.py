@@ -7,7 +7,7 @@ mistakes: each edge one key off either way, the sides swapped, the window placed
 with the other alignment than the causal mask."""
 
 from parity_tests.kernels.cases import Case, case_rng
-from parity_tests.kernels.features import Feature, Option, both_alignments
+from parity_tests.kernels.features import Feature, Judging, Option, both_alignments
 
 
 def _windows(tk, causal, rng):
@@ -56,4 +56,4 @@ def apply(case, rng):
 FEATURE = Feature("window", "window=(left, right), FlashAttention's window_size",
                   cases=cases, label=lambda w: f"window({w[0]},{w[1]})",
                   options=(Option("window", tuple),), mistakes=mistakes, apply=apply,
-                  aligned=True)
+                  judging=Judging(aligned=True))

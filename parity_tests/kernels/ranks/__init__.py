@@ -40,6 +40,7 @@ import parity_tests.kernels.ranks.diagnosis as rank_diagnosis
 from parity_tests.kernels import targets
 from parity_tests.kernels.ranks import world as rank_world
 from parity_tests.kernels.cases import Case
+from parity_tests.kernels.features import declared
 from parity_tests.kernels.report import Report
 from parity_tests.kernels.row import Row
 
@@ -306,7 +307,7 @@ def _assemble(results, positions, gold, names):
 
 def _run_case(ranks, name, sent, case, dtype, device, shardings, wanted, seed, times):
     """The rows of one case in one dtype, for each sharding."""
-    wants_lse = "lse" in wanted
+    wants_lse = declared(wanted, "returns_lse")
     inputs = _inputs(case, seed, dtype)
     rounded = [inputs[n] for n in ("q", "k", "v", "dout")]
     opts = runner.reference_options(case, "top-left", inputs)

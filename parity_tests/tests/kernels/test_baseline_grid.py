@@ -37,7 +37,7 @@ CASES = [pytest.param(case, align, id=f"{case} {align}",
 
 def _both_paths(case, align, dtype, weights, monkeypatch):
     """(golden, written-out result, autograd result) on the case's inputs rounded to ``dtype``."""
-    inputs = runner._rounded(runner.draw(case), dtype)
+    inputs = runner.round_inputs(runner.draw(case), dtype, case)
     opts = runner.reference_options(case, align, inputs)
     taken = []
     monkeypatch.setattr(dense, "_written_out", lambda *a, _f=dense._written_out: taken.append(1) or _f(*a))

@@ -213,7 +213,7 @@ def _forward_predictions(case, wanted, rows=None):
     ``row_block.on_rows`` hands it to the catalogue."""
     from parity_tests.kernels.diagnosis import mistakes
     align = case.align or "top-left"
-    inputs = runner._rounded(runner.draw(case, 0, wanted), "float32")
+    inputs = runner.round_inputs(runner.draw(case, 0, wanted), "float32", case)
     opts = runner.reference_options(case, align, inputs)
     gold = runner.golden(inputs, opts, grads=False)
     first, end = rows or (0, case.tq)

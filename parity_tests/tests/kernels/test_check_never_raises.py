@@ -24,7 +24,7 @@ OWN = {"decode": lambda c: replace(c, tq=3, align="bottom-right").with_feature("
 
 
 def test_every_feature_without_apply_or_run_wide_form_has_its_small_case():
-    lacking = {n for n, f in REGISTRY.items() if f.apply is None and not f.run_wide}
+    lacking = {n for n, f in REGISTRY.items() if f.apply is None and not f.calling.run_wide}
     assert lacking == set(OWN), lacking
 
 
