@@ -24,9 +24,9 @@ import parity_tests.kernels.targets as targets
 from parity_tests.common import capabilities
 from parity_tests.kernels import variations
 from parity_tests.kernels.features import (REGISTRY, declared, differentiated_inputs, handed_inputs,
-                                          layout as features_layout, stored_inputs)
+                                          layout as features_layout, per_head, stored_inputs)
 
-__all__ = ["Caller", "Strided", "per_head", "stored", "DTYPES", "RAISED", "DEFAULT_TIMEOUT", "CaseTimeout", "time_limit"]
+__all__ = ["Caller", "Strided", "stored", "DTYPES", "RAISED", "DEFAULT_TIMEOUT", "CaseTimeout", "time_limit"]
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32,
           "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -66,12 +66,6 @@ def _unchanged(handed, kept):
         a, b = x.detach(), kept[n]
         if not torch.equal(a, b) and not bool(((a == b) | (a.isnan() & b.isnan())).all()):
             raise _Fail(f"the kernel wrote into {n}: its values changed during the call (work on a copy)")
-
-
-def per_head(scale, heads):
-    """A (B, Hkv) scale as (B, heads, 1, 1): query head h takes kv head h // (heads / Hkv)'s."""
-    scale = np.asarray(scale, dtype=np.float64)
-    return np.repeat(scale, heads // scale.shape[1], axis=1)[:, :, None, None]
 
 
 def stored(x, scale, dtype):

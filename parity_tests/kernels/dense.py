@@ -223,7 +223,8 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
     left out).  ``weights``: how the right weights are formed, "softmax" (the row maximum
     subtracted, divided by the sum) or "lse" (``P = exp(S − lse)``, lse kept in float32 or
     wider, as FlashAttention's backward and every merge through the log-sum-exp form
-    them): the baseline's two formulations (``tolerances``, "the baseline").  ``keep``: a
+    them): the baseline's two formulations (``tolerances``, "the baseline"); or "fp8"
+    (`fp8_weights`, the FP8 features' baseline).  ``keep``: a
     bool tensor broadcastable to (B, Hq, Tq, Tk) (these rows), the weights becoming
     ``P ∘ keep / (1 − dropout_p)``, the factor formed in the dtype as ``nn.Dropout`` does."""
     b, hq, tq, _ = q.shape
@@ -291,6 +292,8 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
         wide = S_safe.to(torch.promote_types(S.dtype, torch.float32))
         L = torch.logsumexp(wide, dim=-1).masked_fill(~row_seen, 0.0)[..., None]
         P = (torch.exp(wide - L) * row_seen[..., None]).to(S.dtype)
+    elif weights in ("fp8", "fp8-no-max"):      # FlashAttention-3's FP8 forward (`fp8_weights`)
+        P = fp8_weights(S_safe, row_seen[..., None], weights == "fp8").to(S.dtype)
     else:
         P = torch.softmax(S_safe, dim=axis) * seen_along
     if sinks is not None:
@@ -303,6 +306,23 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
     if with_max:
         return out, lse, S.detach().amax(-1)
     return out, lse
+
+
+def fp8_weights(S, seen=None, subtract_max=True):
+    """FlashAttention-3's FP8 weights: E = exp(S − m) in float32 (m the row's maximum), rounded
+    to float8_e4m3fn for the P V matmul, divided by l = Σ_j E_ij of the unrounded E (returned
+    in float32, the 1/l applied as the kernel applies it to its accumulator: once per row).
+    E ≤ 1, so e4m3's largest value 448 is never reached; weights below its smallest
+    subnormal 2^-9 are 0.  ``seen``: (.., rows, 1) False on rows that see no key (weights 0).
+    ``subtract_max=False``: the mistake of casting exp(S) itself (past 448 it saturates; below
+    2^-9 it vanishes; l overflows to inf past S = 88)."""
+    wide = S.to(torch.promote_types(S.dtype, torch.float32))
+    m = wide.amax(-1, keepdim=True) if subtract_max else torch.zeros_like(wide[..., :1])
+    E = torch.exp(wide - torch.where(torch.isfinite(m), m, 0.0))
+    if seen is not None:
+        E = E * seen
+    l = E.sum(-1, keepdim=True)
+    return E.to(torch.float8_e4m3fn).to(wide.dtype) / torch.where(l > 0, l, 1.0)
 
 
 def run(q, k, v, dout, opts, dtype=torch.float64, device="cpu", grads=True, dlse=None, rows=None,
@@ -469,7 +489,10 @@ def _written_out(q, k, v, dout, opts, dtype, device, rows, weights):
             else:
                 blind = None
         L = torch.logsumexp(S, dim=-1)
-        if weights == "lse":
+        if weights in ("fp8", "fp8-no-max"):
+            Pw = fp8_weights(S, None if blind is None else ~blind, weights == "fp8")
+            P = Pw.to(dtype)
+        elif weights == "lse":
             Sw = S.to(wide)                                         # lse kept in float32 or wider
             Pw = torch.exp(Sw - (L[..., None] if wide == dtype else torch.logsumexp(Sw, dim=-1, keepdim=True)))
             if blind is not None:

@@ -49,6 +49,21 @@ def _dtypes(dtypes, device):
     return list(dict.fromkeys(names))
 
 
+def _dtypes_of(wanted, names, default):
+    """The dtypes among ``names`` that every feature of ``wanted`` runs in (`Judging.dtypes`:
+    FP8's kernels return bfloat16); ValueError when none is left of dtypes asked for."""
+    for f in wanted:
+        allowed = feat.REGISTRY[f].judging.dtypes
+        if allowed is None:
+            continue
+        kept = [d for d in names if d in allowed]
+        if not kept and not default:
+            raise ValueError(f"dtypes: {f} runs in {' or '.join(allowed)} (the dtype its kernels return), "
+                             f"not {', '.join(names)}")
+        names = kept or [allowed[0]]
+    return names
+
+
 def _device(device):
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
@@ -139,6 +154,7 @@ def _plan(target, device, dtypes, tokens, head_dims, heads, batch, causal, align
     grid = cases_mod.build_grid(tokens=listify(tokens), head_dims=listify(head_dims), heads=listify(heads),
                                 batch=listify(batch), causal=CAUSAL[causal], long=long, device=device)
     wanted = feat.parse_features(features)
+    names = _dtypes_of(wanted, names, dtypes is None)
     packed = [f for f in wanted if feat.layout_name(feat.REGISTRY[f].calling.layout) == "thd"]  # FlashAttention's packed layout
     if layout == "thd":
         if not packed:
@@ -353,8 +369,7 @@ def build_parser():
     p.add_argument("--layout", choices=["bhtd", "bthd", "thd"], default="bhtd",
                    help="the layout a callable takes: (B, H, T, D) (default), (B, T, H, D), or packed (varlen)")
     p.add_argument("--features", action="append", metavar="F,...",
-                   help="add the cases of production features, comma-separated: " + ", ".join(feat.FEATURES)
-                        + " (each in docs/features.md)")
+                   help="production features (docs/features.md): " + ", ".join(feat.FEATURES))
     p.add_argument("--long", action="store_true",
                    help="add one head of D = 64 at T = 16384 and 65536 (docs/check.md#long-cases)")
     p.add_argument("--seed", type=outputs.seed, default=0,

@@ -44,9 +44,10 @@ from parity_tests.kernels.diagnosis import diagnose
 from parity_tests.kernels.diagnosis.diagnose import judged
 import parity_tests.kernels.targets as targets
 from parity_tests.kernels import dense, variations
-from parity_tests.kernels.call import Caller, DTYPES, DEFAULT_TIMEOUT, per_head, stored, time_limit      # noqa: F401
+from parity_tests.kernels.call import Caller, DTYPES, DEFAULT_TIMEOUT, stored, time_limit      # noqa: F401
 from parity_tests.kernels.cases import case_rng
-from parity_tests.kernels.features import REGISTRY, declared, declared_inputs, differentiated_inputs, stored_inputs
+from parity_tests.kernels.features import (REGISTRY, declared, declared_inputs, differentiated_inputs, per_head,
+                                          stored_inputs)
 from parity_tests.kernels.row import Row
 
 # DTYPES, DEFAULT_TIMEOUT and time_limit are call's, named here for the command's options
@@ -324,6 +325,9 @@ def _run_case(split, target, case, dtype, device, align, seed, wanted, timeout):
                 if n in failing:
                     failing.remove(n)
     yardstick = _yardstick(case, dtype, device, case_align, rounded, timeout, gold, den)
+    if declared(dict(case.features), "inputs_error"):
+        with split("golden"):
+            _beside(rows, golden(draw(case, seed, wanted), opts, grads=False), gold, den, unjudged)
     for n, r in rows.items():
         r.seconds = caller.forward_seconds
         if yardstick:
@@ -458,13 +462,28 @@ def round_inputs(raw, dtype, case):
     return out
 
 
+def _beside(rows, unrounded, gold, den, unjudged):
+    """Each forward row's ``inputs_error``, in its note too: the golden on the drawn inputs
+    (``unrounded``) against the golden on the rounded ones, what the inputs' own rounding
+    costs (FP8's quantisation), never part of the verdict."""
+    for n in ("out", "lse"):
+        if n in rows and n in unrounded:
+            a = judged({n: unrounded[n]})[n]
+            if n == "lse":
+                a = np.where(unjudged | ~np.isfinite(a), 0.0, a) if unjudged is not None else a
+            r = rows[n]
+            r.inputs_error = tensor_errors(a, gold[n], den[n])[0]
+            r.note = (r.note + "; " if r.note else "") + f"quantisation alone {r.inputs_error:.1e}"
+
+
 def _added_baselines(case):
     """The baseline formulations the case's features add (`features.Judging.baselines`)."""
     return tuple(w for n, _ in case.features if n in REGISTRY for w in REGISTRY[n].judging.baselines)
 
 
 # What a kernel must not do, named from the reason its case failed.
-MUST_NOT = (("the kernel wrote into", "wrote-into-input"), ("returned the previous call's output", "previous-output"))
+MUST_NOT = (("the kernel wrote into", "wrote-into-input"), ("returned the previous call's output", "previous-output"),
+            ("wrong dtype: output", "output-dtype"))
 
 
 def _named_failure(reason):

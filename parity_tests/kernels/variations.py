@@ -107,14 +107,20 @@ def _redrawn(case, kind, rng, inputs):
 
 
 def _fused(t, layout, grad):
-    """q, k, v as views of one (B, T, 3, H, D) buffer, as a fused qkv projection leaves."""
+    """q, k, v as views of one (B, T, 3, H, D) buffer, as a fused qkv projection leaves; where q
+    is kept in another dtype than k and v (an FP8 KV cache), k and v of one (B, T, 2, H, D)
+    buffer, as a fused kv cache, and q contiguous."""
     import torch
 
-    from parity_tests.kernels.targets import to_layout
-    buf = torch.stack([t[n].transpose(1, 2) for n in ("q", "k", "v")], dim=2).requires_grad_(grad)
-    given = {n: to_layout(buf[:, :, i].transpose(1, 2), layout) for i, n in enumerate(t)}
-    read = {n: (lambda i=i: None if buf.grad is None else buf.grad[:, :, i].transpose(1, 2)) for i, n in enumerate(t)}
-    return given, read
+    from parity_tests.kernels.targets import from_layout, to_layout
+    names = [n for n in ("q", "k", "v") if t[n].dtype == t["k"].dtype]
+    buf = torch.stack([t[n].transpose(1, 2) for n in names], dim=2).requires_grad_(grad)
+    given = {n: to_layout(buf[:, :, i].transpose(1, 2), layout) for i, n in enumerate(names)}
+    read = {n: (lambda i=i: None if buf.grad is None else buf.grad[:, :, i].transpose(1, 2)) for i, n in enumerate(names)}
+    if "q" not in names:
+        q = to_layout(t["q"], layout).clone(memory_format=torch.contiguous_format).requires_grad_(grad)
+        given["q"], read["q"] = q, lambda: None if q.grad is None else from_layout(q.grad, layout)
+    return {n: given[n] for n in t}, {n: read[n] for n in t}
 
 
 def _padded(t, layout, grad):

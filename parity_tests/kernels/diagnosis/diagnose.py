@@ -277,7 +277,7 @@ def _catalogue_of(sub):
     r = sub.rounded
     return mistakes.catalogue(mistakes.Context(sub.case, sub.align, (r["q"], r["k"], r["v"], r["dout"]),
                                                r.get("dlse"), sub.opts, sub.gold_raw, judge, sub.wanted,
-                                               rows=sub.rows))
+                                               rows=sub.rows, arrays=r))
 
 
 def _screened(rest, ev):
@@ -390,7 +390,7 @@ def _non_finite(t, a, case, align):
 def _context(ev):
     r = ev.rounded
     return mistakes.Context(ev.case, ev.align, (r["q"], r["k"], r["v"], r["dout"]), r.get("dlse"), ev.opts,
-                            ev.gold_raw, judged, ev.wanted)
+                            ev.gold_raw, judged, ev.wanted, arrays=r)
 
 
 def name_non_finite(n, ev):
@@ -488,7 +488,7 @@ def _diagnose_tensor(t, hyps, cache, got, ref, denom, bound, sel):
             continue
         pred = _predict(hyp, cache, grads=t not in ("out", "lse")).get(t)
         if pred is not None and np.any(pred):
-            candidates.append((slice_errors(a, pred, denom), hyp.id, hyp.says))
+            candidates.append((slice_errors(a, pred, _own_scale(pred, denom)), hyp.id, hyp.says))
     if t == "out":
         c, fitted = _row_scaled(a, r)
         residual = slice_errors(a, fitted, denom)
@@ -521,6 +521,15 @@ def _diagnose_tensor(t, hyps, cache, got, ref, denom, bound, sel):
         return Diagnosis("none", f"{t} matches none of the catalogued mistakes")
     return Diagnosis("none", f"{t} matches none of the catalogued mistakes (closest: {best[2]}, "
                      f"{_fmt(best[0])} vs bound {_fmt(bound)})", best[0], bound)
+
+
+def _own_scale(pred, denom):
+    """(B, H) denominators of a hypothesis's residual: the tensor's, or the prediction's own
+    size where that is larger (a descale left out predicts an output 100 times the reference's,
+    and a kernel computing it rounds 100 times more: measured on the reference's scale, the
+    right hypothesis would miss by its rounding alone)."""
+    own = np.abs(np.where(np.isfinite(pred), pred, 0.0)).max(axis=(-1, -2))
+    return np.maximum(denom, own)
 
 
 def _by_slice(t, candidates, a, r, denom, bound, sel):

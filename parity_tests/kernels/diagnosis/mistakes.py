@@ -57,10 +57,12 @@ class Context:
     (q, k, v, dout) and upstream lse gradient, the reference's options and result
     (``golden_raw``, its own shapes), and ``judged`` (raw dict -> judged form).  ``rows``:
     (first, total) when q, dout, dlse and the row-wise results hold a block of query rows
-    of a long case (``row_block``; k, v, dk and dv whole)."""
+    of a long case (``row_block``; k, v, dk and dv whole).  ``arrays``: every rounded input by
+    name, those only the kernel receives included (FP8's descales)."""
 
-    def __init__(self, case, align, inputs, dlse, opts, golden_raw, judged, wanted, rows=None):
+    def __init__(self, case, align, inputs, dlse, opts, golden_raw, judged, wanted, rows=None, arrays=None):
         self.case, self.align, self.inputs, self.dlse, self.opts = case, align, inputs, dlse, opts
+        self.arrays = arrays or {}
         self.rows = rows
         self.golden_raw, self.judged, self.wanted = golden_raw, judged, wanted
         self.present = tuple(n for n in ("out", "lse", "dq", "dk", "dv") + INPUT_GRADS if n in golden_raw)

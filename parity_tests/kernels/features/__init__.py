@@ -46,11 +46,13 @@ from dataclasses import dataclass, field, fields, replace
 from importlib import import_module
 from itertools import combinations
 
+import numpy as np
+
 from parity_tests.kernels import cases, variations
 
 __all__ = ["Feature", "Input", "Option", "Calling", "Judging", "Shrinking", "HOOKS", "FEATURES", "REGISTRY",
            "INPUTS", "INPUT_GRADS", "NO_GRAD", "PER_HEAD", "parse_features", "require", "declared", "layout", "declared_inputs", "handed_inputs",
-           "differentiated_inputs", "stored_inputs", "CORE", "feature_cases", "label", "ordered", "Plan", "help_line", "takes_form"]
+           "differentiated_inputs", "stored_inputs", "per_head", "CORE", "feature_cases", "label", "ordered", "Plan", "help_line", "takes_form"]
 
 # What each hook may name, by hook: exactly what its call offers.
 HOOKS = {
@@ -60,7 +62,6 @@ HOOKS = {
     "hand": ("case", "value", "args", "kw", "inputs", "device", "dtype", "align"),     # -> (args, kw)
     "recover": ("case", "value", "inputs", "opts", "caller", "seed", "device", "dtype", "align"),
     "lse_form": ("case", "value", "inputs", "align", "lse"),
-    "inputs_error": ("case", "value", "inputs", "drawn"),
 }
 
 
@@ -142,8 +143,8 @@ class Judging:
     alignment_mistake: object = None   # (ctx) -> (id, says) naming the other alignment in its terms, or None
     lse_form: object = None    # hook -> (lse, note, note_else): another lse its kernels return, accepted
     #                            when closer (ALiBi's FlashAttention form)
-    inputs_error: object = None  # hook -> {tensor: error}: its inputs' own rounding (FP8's quantisation),
-    #                            reported beside the verdict
+    inputs_error: bool = False  # the error of its inputs' own rounding (FP8's quantisation: the golden
+    #                            on the drawn inputs against the golden on the rounded) beside the verdict
 
 
 @dataclass(frozen=True)
@@ -155,12 +156,14 @@ class Shrinking:
 
 
 def _declared_options(case, value, inputs, align, feature=None):
-    return {**{i.name: inputs[i.name] for i in feature.inputs if "reference" in i.to and i.name in inputs},
+    return {**{i.name: inputs[i.name] for i in feature.inputs
+               if "reference" in i.to and i.name in inputs and i.name not in CORE},
             **{o.name: o.convert(value) for o in feature.options if "reference" in o.to}}
 
 
 def _declared_keywords(case, value, tensors, inputs, device, dtype, align, feature=None):
-    return {**{i.name: tensors[i.name] for i in feature.inputs if i.handed and i.name in tensors},
+    return {**{i.name: tensors[i.name] for i in feature.inputs
+               if i.handed and i.name in tensors and i.name not in CORE},
             **{o.name: o.convert(value) for o in feature.options if "kernel" in o.to}}
 
 
@@ -190,15 +193,14 @@ class Feature:
         object.__setattr__(self, "draw", hook("draw", self.draw))
         object.__setattr__(self, "calling", replace(calling, **{n: hook(n, getattr(calling, n)) for n in
                                                                 ("reference", "arguments", "hand", "recover")}))
-        object.__setattr__(self, "judging", replace(self.judging, **{n: hook(n, getattr(self.judging, n))
-                                                                     for n in ("lse_form", "inputs_error")}))
+        object.__setattr__(self, "judging", replace(self.judging, lse_form=hook("lse_form", self.judging.lse_form)))
 
     @property
     def keywords(self):
         """What the callable receives on the feature's cases: its handed inputs, options and
         `Calling.keywords` (a callable whose signature lacks one is a usage error: `require`)."""
-        handed = tuple(i.name for i in self.inputs if i.handed) + tuple(o.name for o in self.options
-                                                                          if "kernel" in o.to)
+        handed = tuple(i.name for i in self.inputs if i.handed and i.name not in CORE) + \
+            tuple(o.name for o in self.options if "kernel" in o.to)
         return tuple(dict.fromkeys(handed + self.calling.keywords))
 
     def declares(self, name):
@@ -232,7 +234,7 @@ class Plan:
 
 # The registry: one module per feature, in this order (help, parsing, the table of docs/features.md).
 FEATURES = ("gqa", "value_dim", "window", "softcap", "alibi", "bias", "sinks", "varlen", "lse",
-            "lse_grad", "decode", "deterministic", "paged", "splits", "dropout")
+            "lse_grad", "decode", "deterministic", "paged", "splits", "dropout", "fp8", "fp8_kv")
 
 
 def ordered(values):
@@ -324,6 +326,12 @@ def declared_inputs(features):
     return {i.name: i for n in features if n in REGISTRY for i in REGISTRY[n].inputs if i.name not in CORE}
 
 
+def per_head(scale, heads):
+    """A (B, Hkv) scale as (B, heads, 1, 1): query head h takes kv head h // (heads / Hkv)'s."""
+    scale = np.asarray(scale, dtype=np.float64)
+    return np.repeat(scale, heads // scale.shape[1], axis=1)[:, :, None, None]
+
+
 def stored_inputs(case):
     """{name: `Input`} of q, k, v as ``case``'s features declare them again (FP8's, in float8)."""
     return {i.name: i for n, _ in case.features if n in REGISTRY for i in REGISTRY[n].inputs if i.name in CORE}
@@ -371,7 +379,7 @@ def feature_cases(features, causal, plan):
     value of ``causal`` (a tuple of bools); then the features meeting each other (every
     pair, and all together), and each feature at the run's own lengths (``plan.grid``, from
     ``--tokens``) or, on the default grid, once at `LONG_T`."""
-    own = [c for f in FEATURES if f in features for cz in causal for c in REGISTRY[f].cases(cz, plan)]
+    own = list(dict.fromkeys(c for f in FEATURES if f in features for cz in causal for c in REGISTRY[f].cases(cz, plan)))
     meeting = [REGISTRY[f] for f in FEATURES if f in features and REGISTRY[f].apply is not None]
     groups = list(combinations(meeting, 2)) + ([tuple(meeting)] if len(meeting) > 2 else [])
     added = [_applied(cases.Case(2, 4, 61, 83, 64, cz), group, plan.seed) for cz in causal for group in groups]

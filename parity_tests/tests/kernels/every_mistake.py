@@ -10,8 +10,11 @@ FlashAttention's kvcache form, ``varlen``: the packed layout, ``lse``: (out, lse
 A mistake of a layout (the paged twins, the varlen ones) is planted where that layout is.
 """
 
+import torch
+
 import check_gallery
 import feature_gallery
+import fp8_gallery
 import serving_examples
 
 
@@ -54,6 +57,9 @@ MISTAKES = {
     "in-bfloat16": (_featured("in-bfloat16"), None),
     **{f"splits-{m}": (_split(m), None) for m in ("not-rescaled", "empty-nan", "base-2")},
     **{f"paged-{m}": (_featured(None), "paged") for m in PAGED_TWINS},
+    # FP8's: the gallery's kernels themselves (a mistake in how the float8 inputs are read)
+    **{m if m.startswith("fp8-") else f"fp8-{m}": (fp8_gallery.GALLERY[m], "fp8") for m in fp8_gallery.GALLERY},
+    **{f"fp8_kv-{m}": (fp8_gallery.GALLERY_KV[m], "fp8_kv") for m in fp8_gallery.GALLERY_KV},
 }
 
 
@@ -64,7 +70,9 @@ def plantable(name, features):
 
 def kernel(name, features):
     """A callable with mistake ``name`` planted, in the signature ``features`` ask for."""
-    core, _ = MISTAKES[name]
+    core, where = MISTAKES[name]
+    if where in ("fp8", "fp8_kv"):                 # FP8's own kernels, planted as they are
+        return core
     mistake = name.split("-", 1)[1] if name.startswith("paged-") else name
     returns_lse = bool({"lse", "lse_grad"} & set(features))
     done = lambda out, lse: (out, lse) if returns_lse else out
@@ -92,7 +100,11 @@ def kernel(name, features):
             return done(out, lse)
     else:
         def fn(q, k, v, *, causal, scale, align="top-left", window=None, softcap=None, alibi_slopes=None,
-               bias=None, sinks=None, num_splits=None, dropout_p=0.0):
+               bias=None, sinks=None, num_splits=None, dropout_p=0.0, q_descale=None, k_descale=None,
+               v_descale=None):
+            low = q.dtype if q_descale is None else torch.bfloat16        # FP8's: dequantised first
+            q, k, v = (x if s is None else fp8_gallery.dequantised(x, s, x.shape[1]).to(low)
+                       for x, s in ((q, q_descale), (k, k_descale), (v, v_descale)))
             return done(*core(q, k, v, causal=causal, scale=scale, align=align, window=window, softcap=softcap,
                               alibi_slopes=alibi_slopes, bias=bias, sinks=sinks, num_splits=num_splits,
                               dropout_p=dropout_p))

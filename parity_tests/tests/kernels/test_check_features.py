@@ -279,4 +279,5 @@ def test_flash_attention_targets_on_cuda(name, features, align):
 
 def test_feature_names_are_the_contracts():
     assert feat.FEATURES == ("gqa", "value_dim", "window", "softcap", "alibi", "bias", "sinks", "varlen",
-                             "lse", "lse_grad", "decode", "deterministic", "paged", "splits", "dropout")
+                             "lse", "lse_grad", "decode", "deterministic", "paged", "splits", "dropout", "fp8",
+                             "fp8_kv")

@@ -61,7 +61,8 @@ def check_mistakes(names, features):
     rows = []
     for name in names:
         fn = every_mistake.kernel(name, features)
-        plan = run._plan(fn, "cpu", ["float32"], None, None, None, None, "yes", "top-left", "bhtd", False,
+        dtypes = [REGISTRY[f].judging.dtypes[0] for f in features if REGISTRY[f].judging.dtypes] or ["float32"]
+        plan = run._plan(fn, "cpu", dtypes[:1], None, None, None, None, "yes", "top-left", "bhtd", False,
                          features)
         report = run._run(plan._replace(grid=[small_case(plan.wanted)], classes=[]), "top-left", 0, False)
         rows += [(name, r) for r in report.rows]

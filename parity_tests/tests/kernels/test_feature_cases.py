@@ -10,6 +10,12 @@ from parity_tests.kernels.cases import Case
 from parity_tests.kernels.features import FEATURES, REGISTRY, Plan
 
 BR = "bottom-right"
+# FP8's: the tile boundary plus one, slices 2^6 apart, an outlier, logits x8 and x32, and the long
+# case (not causal whatever the run's mask: ``LONG``)
+LONG = {"causal": False}
+FP8_CASES = [(2, 4, 97, 97, 64, ("amax", 1.0)), (1, 4, 129, 129, 128, ("wide", 1.0)),
+             (1, 4, 77, 129, 64, ("outlier", 1.0)), (1, 2, 129, 129, 64, ("amax", 8.0)),
+             (1, 2, 129, 129, 64, ("amax", 32.0)), (1, 1, 64, 32769, 64, ("amax", 1.0), LONG)]
 
 # feature -> (B, H, Tq, Tk, D, value[, align]) for causal and not (window: {causal: rows})
 OWN_CASES = {
@@ -44,6 +50,8 @@ OWN_CASES = {
                (1, 2, 5, 300, 64, 133), (2, 2, 1, 7, 64, 133), (1, 2, 30, 45, 64, 7)],
     "dropout": [(1, 2, 77, 77, 64, 0.0), (1, 2, 77, 77, 64, 0.1), (1, 2, 77, 77, 64, 0.5),
                 (2, 2, 45, 113, 32, 0.1), (1, 3, 113, 45, 40, 0.5)],
+    "fp8": FP8_CASES,
+    "fp8_kv": FP8_CASES + [(1, 4, 129, 129, 192, ("amax", 1.0), {"value_dim": 128})],
 }
 # a callable that takes ``align`` gets these features' cases with Tq != Tk in both alignments ...
 BOTH_ALIGNMENTS = {"window", "alibi"}
@@ -54,7 +62,15 @@ BOTTOM_RIGHT = {"decode", "splits"}
 def _expected(name, causal):
     rows = OWN_CASES[name]
     rows = rows[causal] if isinstance(rows, dict) else rows
-    return [Case(b, h, tq, tk, d, causal, ((name, value),), *rest) for b, h, tq, tk, d, value, *rest in rows]
+    return [_case(name, causal, *row) for row in rows]
+
+
+def _case(name, causal, b, h, tq, tk, d, value, *rest):
+    """A row of `OWN_CASES`: its align, or a dict of the case's causal and other features' values."""
+    more = rest[0] if rest and isinstance(rest[0], dict) else {}
+    align = () if more else tuple(rest)
+    others = tuple((n, v) for n, v in more.items() if n != "causal")
+    return Case(b, h, tq, tk, d, more.get("causal", causal), others + ((name, value),), *align)
 
 
 def test_every_feature_has_its_row_in_the_table():
