@@ -67,7 +67,7 @@ def offset_of(tq, tk, align):
 FEATURE_VIEWS = {"ordered": lambda values: tuple(values.items()),
                  "label": lambda name, value: f"{name} {value}",
                  "forward_only": lambda name: False,
-                 "sets": lambda name: None}          # the shape field a feature's value is (Shrinking.sets)
+                 "shape": lambda name: None}         # the shape field a feature's value is (Shrinking.shape)
 
 
 @dataclass(frozen=True)
@@ -89,9 +89,9 @@ class Case:
         return replace(self, features=FEATURE_VIEWS["ordered"](dict(self.features, **{name: value})))
 
     def _shape(self, field, default):
-        """The value of the feature that declares it is ``field`` (``Shrinking.sets``), else ``default``."""
-        sets = FEATURE_VIEWS["sets"]
-        return next((v for n, v in self.features if sets(n) == field), default)
+        """The value of the feature that declares it is ``field`` (``Shrinking.shape``), else ``default``."""
+        shape = FEATURE_VIEWS["shape"]
+        return next((v for n, v in self.features if shape(n) == field), default)
 
     @property
     def hkv(self):

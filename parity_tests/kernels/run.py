@@ -422,7 +422,7 @@ def main(argv=None):
         for name, text in targets.builtin_names(args.device).items():
             print(f"{name:<17} {text}")
         if args.device == "cuda" and "flash" not in targets.builtin_names("cuda"):
-            from parity_tests.kernels.targets.features import flash_unavailable
+            from parity_tests.kernels.targets.builtin import flash_unavailable
             print(f"(FlashAttention's {', '.join(targets.FLASH)} skipped: {flash_unavailable()})")
         return 0
     if args.invariance and (args.merge or args.world_size is not None):

@@ -41,7 +41,7 @@ import torch
 from parity_tests.common import capabilities, heap
 from parity_tests.common import tolerances as tol
 from parity_tests.kernels.diagnosis import diagnose
-from parity_tests.kernels.diagnosis.diagnose import judged
+from parity_tests.kernels.diagnosis.diagnose import as_4d
 import parity_tests.kernels.targets as targets
 from parity_tests.kernels import dense, variations
 from parity_tests.kernels.call import Caller, DTYPES, DEFAULT_TIMEOUT, stored, time_limit      # noqa: F401
@@ -51,7 +51,7 @@ from parity_tests.kernels.features import (REGISTRY, declared, declared_inputs, 
 from parity_tests.kernels.row import Row
 
 # DTYPES, DEFAULT_TIMEOUT and time_limit are call's, named here for the command's options
-__all__ = ["run_case", "DTYPES", "DEFAULT_TIMEOUT", "time_limit", "case_memory", "draw", "judged",
+__all__ = ["run_case", "DTYPES", "DEFAULT_TIMEOUT", "time_limit", "case_memory", "draw", "as_4d",
            "tensor_errors", "golden", "baseline", "Split", "SPLIT_PARTS"]
 
 GRADS = diagnose.GRADS
@@ -298,9 +298,9 @@ def _run_case(split, target, case, dtype, device, align, seed, wanted, timeout):
     finite_lse = full["lse"][np.isfinite(full["lse"])]
     logits = float(np.abs(finite_lse).max(initial=0.0))              # how large the scores run
     gold_raw = {n: a for n, a in full.items() if n in names}
-    gold = judged(gold_raw)
+    gold = as_4d(gold_raw)
     with split("baseline"):
-        bases = [judged({n: a for n, a in baseline(rounded, opts, dtype, device, grads, w).items() if n in names})
+        bases = [as_4d({n: a for n, a in baseline(rounded, opts, dtype, device, grads, w).items() if n in names})
                  for w in tol.baseline_formulations(logits) + _added_baselines(case)]
     unjudged = None
     if "lse" in names:                    # rows that see no key: not judged (NaN there still FAILS)
@@ -337,7 +337,7 @@ def _run_case(split, target, case, dtype, device, align, seed, wanted, timeout):
     if second is not None:
         for n in names:
             if n in arrays and not _bitwise(second, n, got):
-                moved = tensor_errors(judged({n: second[n]})[n], judged({n: got[n]})[n], den[n])[0] \
+                moved = tensor_errors(as_4d({n: second[n]})[n], as_4d({n: got[n]})[n], den[n])[0] \
                     if isinstance(second, dict) and isinstance(second.get(n), np.ndarray) else math.inf
                 r = rows[n]
                 r.verdict = "FAIL"
@@ -390,7 +390,7 @@ def _judge(n, value, gold, bases, den, zero, dtype, logits, unjudged, case, alig
         return row(n, verdict="not supported", note=value), bound, None
     if isinstance(value, tuple):                      # ("FAIL", why)
         return row(n, error=math.inf, baseline=base_err, bound=bound, verdict="FAIL", note=value[1]), bound, None
-    a, ref, note = judged({n: value})[n], gold[n], ""
+    a, ref, note = as_4d({n: value})[n], gold[n], ""
     if n == "lse":
         a = np.where(unjudged & ~np.isnan(a), 0.0, a)
         for name, value in case.features:                 # another lse form a feature's kernels return
@@ -398,7 +398,7 @@ def _judge(n, value, gold, bases, den, zero, dtype, logits, unjudged, case, alig
             if lse_form is not None:
                 form, said, else_said = lse_form(case=case, value=value, inputs=rounded, align=align,
                                                  lse=gold_raw["lse"])
-                form = np.where(unjudged, 0.0, judged({"lse": form})["lse"])
+                form = np.where(unjudged, 0.0, as_4d({"lse": form})["lse"])
                 if tensor_errors(a, form, den[n])[0] < tensor_errors(a, ref, den[n])[0]:
                     ref, note = form, said
                 else:
@@ -417,7 +417,7 @@ def _yardstick(case, dtype, device, align, rounded, timeout, gold, den):
     """(seconds, {"out": error}) of PyTorch's SDPA's forward on the same case, or None where
     SDPA cannot express the case: what each row's time and out's error are set beside (never
     a verdict)."""
-    from parity_tests.kernels.targets.features import SDPA_FEATURES
+    from parity_tests.kernels.targets.builtin import SDPA_FEATURES
     features = {n for n, _ in case.features if n in REGISTRY}
     if not features <= SDPA_FEATURES or _random(case):      # SDPA's own draw: not the kernel's
         return None
@@ -430,7 +430,7 @@ def _yardstick(case, dtype, device, align, rounded, timeout, gold, den):
     for _ in range(YARDSTICK_CALLS):          # its forward once warm (the call above warmed it)
         sdpa._call(False)
         best = min(best, sdpa.seconds)
-    return best, {n: tensor_errors(judged({n: a})[n], gold[n], den[n])[0]
+    return best, {n: tensor_errors(as_4d({n: a})[n], gold[n], den[n])[0]
                   for n, a in got.items() if isinstance(a, np.ndarray) and n in gold}
 
 
@@ -468,7 +468,7 @@ def _beside(rows, unrounded, gold, den, unjudged):
     costs (FP8's quantisation), never part of the verdict."""
     for n in ("out", "lse"):
         if n in rows and n in unrounded:
-            a = judged({n: unrounded[n]})[n]
+            a = as_4d({n: unrounded[n]})[n]
             if n == "lse":
                 a = np.where(unjudged | ~np.isfinite(a), 0.0, a) if unjudged is not None else a
             r = rows[n]

@@ -142,7 +142,7 @@ class Evidence:
     gold_raw: dict         # the reference in its own shapes
     den: dict
     bounds: dict
-    arrays: dict           # the target's tensors, judged form
+    arrays: dict           # the target's tensors, as_4d form
     got: dict              # the target's raw answer
     second: object         # a second call's answer, or None
     caller: object         # calls the target again
@@ -152,7 +152,7 @@ class Evidence:
     in_float64: object = None    # the target's answer on the same inputs in float64 (`_float64_run`), once
 
 
-def judged(arrays):
+def as_4d(arrays):
     """Every tensor as a 4-D array, so that each is sliced by (batch, head): lse (B, H, T)
     -> (B, H, T, 1), a bias of fewer dims padded in front, a gradient per head (dsinks: (H,))
     -> (1, H, 1, 1)."""
@@ -203,7 +203,7 @@ def diagnose(failing, rows, ev):
     for n in list(rest):
         again = ev.second.get(n) if isinstance(ev.second, dict) else None
         if isinstance(again, np.ndarray):
-            first, again = judged({n: ev.got[n]})[n], judged({n: again})[n]
+            first, again = as_4d({n: ev.got[n]})[n], as_4d({n: again})[n]
             moved = slice_errors(np.where(first == again, 0.0, again), np.where(first == again, 0.0, first),
                                  ev.den[n]).max()
             if moved > ev.bounds[n]:
@@ -267,10 +267,10 @@ def _catalogue(rest, rows, ev):
 def _catalogue_of(sub):
     """The catalogue's mistakes, recomputed from the evidence ``sub`` (a case, a slice or a
     block of rows), each predicting the judged form (lse on the rows the reference judges)."""
-    unjudged = ~np.isfinite(judged({"lse": sub.gold_raw["lse"]})["lse"]) if "lse" in sub.gold else None
+    unjudged = ~np.isfinite(as_4d({"lse": sub.gold_raw["lse"]})["lse"]) if "lse" in sub.gold else None
 
     def judge(raw):
-        out = judged(raw)
+        out = as_4d(raw)
         if unjudged is not None and "lse" in out:
             out["lse"] = np.where(unjudged, 0.0, out["lse"])
         return out
@@ -324,7 +324,7 @@ def _recomputed_part(rest, ev):
 
 def _summed_over_rows(n, hyps, cache, sub, sel):
     """dk, dv (sums over every query row) on a block of rows: only the mistakes the reference
-    itself gives are judged, on the whole slice; the others are said not to be."""
+    itself gives are as_4d, on the whole slice; the others are said not to be."""
     tried = [h for h in hyps if getattr(h.predict, "from_reference", False)]
     d = _diagnose_tensor(n, tried, cache, sub.arrays, sub.gold, sub.den[n], sub.bounds[n], sel)
     if d.id != "none":
@@ -390,7 +390,7 @@ def _non_finite(t, a, case, align):
 def _context(ev):
     r = ev.rounded
     return mistakes.Context(ev.case, ev.align, (r["q"], r["k"], r["v"], r["dout"]), r.get("dlse"), ev.opts,
-                            ev.gold_raw, judged, ev.wanted, arrays=r)
+                            ev.gold_raw, as_4d, ev.wanted, arrays=r)
 
 
 def name_non_finite(n, ev):
@@ -562,7 +562,7 @@ def _lower_precision(result, rows, ev):
         return
     low_errors = {}
     for low in (d for d in LOWER[ev.dtype] if not capabilities.dtype_lacks(d, ev.device)):
-        base = judged({n: a for n, a in ev.baseline_in(low).items() if n in ev.gold})
+        base = as_4d({n: a for n, a in ev.baseline_in(low).items() if n in ev.gold})
         if "lse" in base:
             base["lse"] = np.where(ev.gold["lse"] == 0.0, 0.0, base["lse"])
         for n in unnamed:
@@ -600,7 +600,7 @@ def _rounding_like(n, rows, ev):
         got = _float64_run(ev)
         a64 = got.get(n) if isinstance(got, dict) else None
         if isinstance(a64, np.ndarray) and np.isfinite(a64).all():
-            a64 = judged({n: a64})[n]
+            a64 = as_4d({n: a64})[n]
             off_grid = bool(np.any(a64.astype(np.float32).astype(np.float64) != a64))
             gap = float(slice_errors(a64, ev.gold[n], ev.den[n]).max())
             if off_grid and gap >= SAME_GAP * error:

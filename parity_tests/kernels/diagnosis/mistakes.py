@@ -60,11 +60,11 @@ class Context:
     of a long case (``row_block``; k, v, dk and dv whole).  ``arrays``: every rounded input by
     name, those only the kernel receives included (FP8's descales)."""
 
-    def __init__(self, case, align, inputs, dlse, opts, golden_raw, judged, wanted, rows=None, arrays=None):
+    def __init__(self, case, align, inputs, dlse, opts, golden_raw, as_4d, wanted, rows=None, arrays=None):
         self.case, self.align, self.inputs, self.dlse, self.opts = case, align, inputs, dlse, opts
         self.arrays = arrays or {}
         self.rows = rows
-        self.golden_raw, self.judged, self.wanted = golden_raw, judged, wanted
+        self.golden_raw, self.as_4d, self.wanted = golden_raw, as_4d, wanted
         self.present = tuple(n for n in ("out", "lse", "dq", "dk", "dv") + INPUT_GRADS if n in golden_raw)
         self.other_align = "bottom-right" if align == "top-left" else "top-left"
         lens = case.seqlens or (None, None)
@@ -87,13 +87,13 @@ class Context:
         opts = {**self.opts, **(changes or {})}
 
         def predict(grads=True):
-            return self.judged(self.dense(q, k, v, dout, opts, grads=grads, dlse=dlse, **knobs))
+            return self.as_4d(self.dense(q, k, v, dout, opts, grads=grads, dlse=dlse, **knobs))
         return predict
 
     def changed(self, **arrays):
         """The reference with some tensors replaced (``from_reference``: no recomputation, so
         judged on whole tensors even on a block of rows)."""
-        predict = lambda grads=True: self.judged({**self.golden_raw, **arrays})
+        predict = lambda grads=True: self.as_4d({**self.golden_raw, **arrays})
         predict.from_reference = True
         return predict
 
@@ -278,5 +278,5 @@ def _swapped(ctx):
 
     def predict(grads=True):
         r = dense.run(q, k, v, dout if grads else None, opts, grads=grads)
-        return ctx.judged({n: r[n].swapaxes(1, 2) for n in ("out", "dq", "dk", "dv") if n in r})
+        return ctx.as_4d({n: r[n].swapaxes(1, 2) for n in ("out", "dq", "dk", "dv") if n in r})
     return predict

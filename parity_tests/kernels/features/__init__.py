@@ -32,7 +32,7 @@ Optional groups, for what a few features need:
   in), ``baselines`` (the formulations it adds to the baseline's), ``aligned``,
   ``alignment_mistake``, ``lse_form``, ``inputs_error`` (the error of its inputs' own
   rounding, reported beside the verdict);
-- `Shrinking`, how ``check --repro`` shrinks a case: ``fit``, ``head_counts``, ``sets``.
+- `Shrinking`, how ``check --repro`` shrinks a case: ``fit``, ``head_counts``, ``shape``.
 
 Hooks name the arguments they use (pluggy's way): ``def draw(value, inputs)`` receives
 those two, by name; a hook naming an argument its call does not offer is a TypeError when
@@ -152,7 +152,7 @@ class Shrinking:
     """How ``check --repro`` shrinks the feature's cases (each field optional)."""
     fit: object = lambda case, value: value   # (case of new sizes, value) -> the value fitting it, or None
     head_counts: object = None  # (case, value) -> [(heads, value)], smallest first: what a shrunk case may take
-    sets: str = None           # the case's shape its value is: "kv_heads" (GQA), "v_dim", "seqlens"
+    shape: str = None          # the field of the case's shape its value is: "kv_heads" (GQA), "v_dim", "seqlens"
 
 
 def _declared_options(case, value, inputs, align, feature=None):
@@ -412,4 +412,4 @@ NO_GRAD = {"d" + n: i.no_grad for n, i in INPUTS.items() if i.grad}  # their cat
 PER_HEAD = tuple(n for n, i in INPUTS.items() if i.per_head)         # (H,) inputs: sinks, slopes
 cases.FEATURE_VIEWS.update(ordered=ordered, label=label,
                            forward_only=lambda name: name in REGISTRY and REGISTRY[name].judging.forward_only,
-                           sets=lambda name: REGISTRY[name].shrinking.sets if name in REGISTRY else None)
+                           shape=lambda name: REGISTRY[name].shrinking.shape if name in REGISTRY else None)

@@ -164,7 +164,7 @@ def tiles_in_bf16(ctx, block, truncate):
             E = torch.exp(St - base)
             acc = narrow(acc * alpha + E @ v[..., t0:t0 + block, :], truncate)
             l, m = l * alpha + E.sum(-1, keepdim=True), new
-        return ctx.judged({"out": (acc / torch.where(l > 0, l, 1.0)).numpy()})
+        return ctx.as_4d({"out": (acc / torch.where(l > 0, l, 1.0)).numpy()})
     return predict
 
 

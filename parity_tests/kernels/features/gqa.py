@@ -32,7 +32,7 @@ def mistakes(ctx, kv_heads):
                 if "wide" not in cache:       # every query head with a kv head of its own
                     cache["wide"] = ctx.dense(q, np.repeat(k, group, 1), np.repeat(v, group, 1), dout, ctx.opts)
                 w = cache["wide"]
-                return ctx.judged({**ctx.golden_raw, "dk": w["dk"][:, r::group], "dv": w["dv"][:, r::group]})
+                return ctx.as_4d({**ctx.golden_raw, "dk": w["dk"][:, r::group], "dv": w["dv"][:, r::group]})
             return predict
         for r in sorted({0, group - 1}):
             out.append(ctx.H("gqa-grad-one-head", f"dk, dv of each kv head taken from query head {r} of its "
@@ -59,4 +59,4 @@ def fit(case, kv_heads):
 
 
 FEATURE = Feature("gqa", "k and v with fewer heads than q (MQA included)", cases=cases, mistakes=mistakes,
-                  apply=apply, shrinking=Shrinking(fit=fit, head_counts=head_counts, sets="kv_heads"))
+                  apply=apply, shrinking=Shrinking(fit=fit, head_counts=head_counts, shape="kv_heads"))

@@ -20,7 +20,7 @@ def draw(case, sinks, rng):
 def mistakes(ctx, size):
     if "dsinks" not in ctx.golden_raw:
         return []
-    zero = ctx.judged({"dsinks": 0 * ctx.golden_raw["dsinks"]})["dsinks"]
+    zero = ctx.as_4d({"dsinks": 0 * ctx.golden_raw["dsinks"]})["dsinks"]
     ignored = ctx.fwd({"sinks": None})
     return [ctx.H("sink-ignored", "the sink left out of the softmax",
                   lambda grads=True: {**ignored(grads), "dsinks": zero}),

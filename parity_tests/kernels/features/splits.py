@@ -68,7 +68,7 @@ def _merged(ctx, parts, how):
                 lse = shift + np.log2(np.where(seen, np.exp2(lse_s - shift), 0.0).sum(0))
                 w = np.where(seen, np.exp2(np.where(seen, lse_s, 0.0) - np.where(np.isfinite(lse), lse, 0.0)), 0.0)
                 out = (w[..., None] * out_s).sum(0)
-        return ctx.judged({"out": out, "lse": lse})
+        return ctx.as_4d({"out": out, "lse": lse})
     return predict
 
 
@@ -79,7 +79,7 @@ def _empty_nan(ctx, parts):
         g = {n: ctx.golden_raw[n].copy() for n in ("out", "lse") if n in ctx.golden_raw}
         for a in g.values():
             a[rows] = np.nan
-        return ctx.judged(g)
+        return ctx.as_4d(g)
     return predict
 
 

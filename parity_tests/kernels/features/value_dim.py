@@ -13,4 +13,4 @@ def cases(causal, plan):
 
 FEATURE = Feature("value_dim", "v with a head dim other than q's and k's", cases=cases,
                   apply=lambda case, rng: case.with_feature("value_dim", 32 if case.head_dim != 32 else 48),
-                  shrinking=Shrinking(sets="v_dim"))
+                  shrinking=Shrinking(shape="v_dim"))

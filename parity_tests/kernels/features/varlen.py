@@ -147,7 +147,7 @@ def _packed_as_one(ctx, lengths):
                        dv=split(r["dv"], lk, ctx.case.tk))
             if "dsinks" in r:
                 got["dsinks"] = r["dsinks"]
-        return ctx.judged(got)
+        return ctx.as_4d(got)
     return predict
 
 
@@ -165,7 +165,7 @@ def mistakes(ctx, lengths):
                 g[n][last] = 0.0
         if "lse" in g:
             g["lse"][last] = -np.inf
-        return ctx.judged(g)
+        return ctx.as_4d(g)
     if ctx.case.batch > 1:
         out.append(ctx.H("varlen-dropped-last", f"the last sequence of the batch (sequence {last}) left out",
                          dropped))
@@ -186,5 +186,5 @@ FEATURE = Feature("varlen", "with --layout thd, FlashAttention's packed varlen l
                   excludes={"bias": "a bias has no packed layout"},
                   calling=Calling(keywords=KEYWORDS, reference=reference, run_wide=True, layout=Packed(),
                                   widen=with_lengths),
-                  shrinking=Shrinking(sets="seqlens", fit=lambda case, lens: tuple(
+                  shrinking=Shrinking(shape="seqlens", fit=lambda case, lens: tuple(
                       tuple(min(x, t) for x in ls[:case.batch]) for ls, t in zip(lens, (case.tq, case.tk)))))

@@ -77,7 +77,7 @@ class Target:
 
 
 def _sdpa(name, backend, description):
-    from parity_tests.kernels.targets import features as feature_targets
+    from parity_tests.kernels.targets import builtin as feature_targets
     return Target(name, feature_targets.sdpa(backend, Unsupported), description=description,
                   features=feature_targets.SDPA_FEATURES, takes_align=True, returns_lse=False)
 
@@ -151,7 +151,7 @@ def _builtins(device):
         "torch_impl-fused", _through_module("FusedMultiHeadAttention"),
         description="torch_impl.FusedMultiHeadAttention's attention core (SDPA, causal)",
         refuses=_causal_self_attention_only, **plain)
-    from parity_tests.kernels.targets import features as feature_targets
+    from parity_tests.kernels.targets import builtin as feature_targets
     targets["flex"] = Target("flex", feature_targets.flex(Unsupported), description="FlexAttention (forward only on CPU)",
                              features=feature_targets.FLEX_FEATURES, takes_align=True, returns_lse=True,
                              lse_fn=feature_targets.flex(Unsupported, lse=True))
@@ -256,7 +256,7 @@ def resolve(target, device="cpu", layout="bhtd"):
         raise TypeError(f"target must be a callable or a name, got {type(target).__name__}")
     builtins = _builtins(device)
     if target in FLASH and target not in builtins:
-        from parity_tests.kernels.targets.features import flash_unavailable
+        from parity_tests.kernels.targets.builtin import flash_unavailable
         why = "it runs on CUDA only" if device != "cuda" else flash_unavailable()
         raise ValueError(f"target {target!r} (FlashAttention) is not available here: {why}")
     if target in builtins:

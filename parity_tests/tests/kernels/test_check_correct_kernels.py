@@ -19,7 +19,7 @@ DTYPES = ["float32", "bfloat16"]
 def _ratios(report):
     """(worst error / bound, where) over the judged rows."""
     judged = [r for r in report.rows if r.bound]
-    worst = max(judged, key=lambda r: r.error / r.bound)
+    worst = max(as_4d, key=lambda r: r.error / r.bound)
     return worst.error / worst.bound, f"{worst.dtype} {worst.case} {worst.tensor}"
 
 

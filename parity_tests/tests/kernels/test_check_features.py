@@ -1,4 +1,4 @@
-"""``check(..., features=[...])``: what the callable receives, what is judged, the
+"""``check(..., features=[...])``: what the callable receives, what is as_4d, the
 feature gallery's teeth, and the built-in targets with the features they express."""
 
 import json
@@ -270,7 +270,7 @@ def test_flash_attention_targets_are_skipped_with_the_reason_off_cuda():
     ("flash-kvcache", ["decode", "window", "softcap", "alibi"], "bottom-right"),
 ])
 def test_flash_attention_targets_on_cuda(name, features, align):
-    from parity_tests.kernels.targets.features import flash_unavailable
+    from parity_tests.kernels.targets.builtin import flash_unavailable
     if flash_unavailable():
         pytest.skip(flash_unavailable())
     report = parity_tests.check(name, device="cuda", dtypes=["bfloat16", "float16"], features=features, align=align)

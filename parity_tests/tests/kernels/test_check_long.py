@@ -220,7 +220,7 @@ def _forward_predictions(case, wanted, rows=None):
     cut = lambda a: a[:, :, first:end]
     q, k, v, dout = inputs["q"], inputs["k"], inputs["v"], inputs["dout"]
     ctx = mistakes.Context(case, align, (cut(q), k, v, cut(dout)), None, opts, {n: cut(a) for n, a in gold.items()},
-                           diagnose.judged, wanted, rows=None if rows is None else (first, case.tq))
+                           diagnose.as_4d, wanted, rows=None if rows is None else (first, case.tq))
     seen, out = {}, {}
     for hyp in mistakes.catalogue(ctx):
         if "out" in hyp.tensors and hyp.id not in mistakes.whole_case(case):
