@@ -63,6 +63,7 @@ SLOW_FROM = 10.0
 READER_EDITS = {
     "gqa_window_tiled": ("gqa_window", [("k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)",
                                          "k.repeat(1, group, 1, 1), v.repeat(1, group, 1, 1)")]),
+    "fp8_attention_tiled": ("fp8_attention", [("q_descale.repeat_interleave(group, 1)", "q_descale.repeat(1, group)")]),
 }
 SUMMARY = re.compile(r"^(\d+) rows, (\d+) passed, (\d+) failed in [\d.]+ s (\(.*\))$")
 CHAPTER_VERBS = ("chapter", "jacobian", "claims")
