@@ -24,9 +24,9 @@ def run_cases(fn, features, cases, dtypes=None, seed=0):
     return run._run(plan._replace(grid=cases, classes=[]), "top-left", seed, False)
 
 
-@pytest.mark.parametrize("name", list(fp8_gallery.RIGHT))
-def test_a_right_fp8_kernel_passes_every_case_with_gqa(name):
-    report = parity_tests.check(fp8_gallery.RIGHT[name], features=["fp8", "gqa"], causal="both")
+def test_a_right_fp8_kernel_passes_every_case_with_gqa():
+    """FlashAttention-3's own formulation (the others, and 20 seeds: ``-m slow``)."""
+    report = parity_tests.check(fp8_gallery.fa3, features=["fp8", "gqa"], causal="yes")
     assert report.passed, str(report)
     rows = report.rows
     assert {r.dtype for r in rows} == {"bfloat16"} and {r.tensor for r in rows} == {"out"}
@@ -36,15 +36,14 @@ def test_a_right_fp8_kernel_passes_every_case_with_gqa(name):
     assert max(r.inputs_error for r in rows) > max(r.error for r in rows)
 
 
-@pytest.mark.parametrize("name", list(fp8_gallery.RIGHT_KV))
-def test_a_right_fp8_kv_kernel_passes_in_bfloat16_and_float16(name):
-    report = parity_tests.check(fp8_gallery.RIGHT_KV[name], features=["fp8_kv", "gqa"], dtypes=None)
+def test_a_right_fp8_kv_kernel_passes_in_float16_with_flashinfers_head_dims():
+    report = parity_tests.check(fp8_gallery.RIGHT_KV["fa3"], features=["fp8_kv", "value_dim"], dtypes=["float16"],
+                                causal="no")
     assert report.passed, str(report)
-    assert {r.dtype for r in report.rows} == {"bfloat16"}            # the CPU's default dtypes, FP8's kept
-    both = parity_tests.check(fp8_gallery.RIGHT_KV[name], features=["fp8_kv", "value_dim"],
-                              dtypes=["bfloat16", "float16"], causal="no")
-    assert both.passed, str(both)
-    assert any("D192/128" in r.case for r in both.rows)              # FlashInfer's FP8-KV head dims
+    assert any("D192/128" in r.case for r in report.rows)            # FlashInfer's FP8-KV head dims
+    plan = run._plan(fp8_gallery.RIGHT_KV["fa3"], "cpu", None, None, None, None, None, "yes", "top-left", "bhtd",
+                     False, ["fp8_kv"])
+    assert plan.dtypes == ["bfloat16"]                               # the CPU's default dtypes, FP8's kept
 
 
 FP8_SHOWN_ON = {"fp8-q-descale-missing": "fp8", "fp8-k-descale-missing": "fp8", "fp8-v-descale-missing": "fp8",
@@ -68,7 +67,8 @@ def test_each_fp8_mistake_fails_and_is_named(mistake):
     assert {r.diagnosis.id for r in report.failures} == {mistake}, str(report)
 
 
-@pytest.mark.parametrize("mistake", list(fp8_gallery.GALLERY_KV))
+@pytest.mark.parametrize("mistake", [pytest.param(m, marks=pytest.mark.slow) if "accumulator" in m else m
+                                     for m in fp8_gallery.GALLERY_KV])
 def test_each_fp8_kv_mistake_fails_and_is_named(mistake):
     cases = [c for c in REGISTRY["fp8_kv"].cases(False, Plan())
              if (c.tk > 30000) == (mistake == "fp8-pv-narrow-accumulator") and c.tq == 97]
@@ -96,8 +96,9 @@ def test_the_inputs_reach_the_kernel_in_float8_exactly_as_the_golden_reads_them(
         scale = seen[n + "_descale"].double().repeat_interleave(heads // 2, 1)[:, :, None, None]
         real = (seen[n].double() * scale).numpy()                     # exact in float64
         assert np.array_equal(real, rounded[n])
-    # q's descale is per kv head: the group of query heads shares it
-    assert np.abs(seen["q"].float()).amax(dim=(2, 3)).max() == 448
+    # q's descale is per kv head: its group of query heads shares it, the largest of them at 448
+    amax = seen["q"].float().abs().amax(dim=(2, 3)).view(1, 2, 2)
+    assert amax.amax(-1).tolist() == [[448.0, 448.0]]
 
 
 def test_fp8_runs_in_bfloat16_and_says_so_when_asked_for_another_dtype():
@@ -125,6 +126,7 @@ def test_the_fp8_baseline_is_what_widens_the_bound():
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", range(20))
 def test_right_fp8_kernels_pass_at_every_seed(seed):
+    """Every right kernel of the gallery, causal and not, GQA, both dtypes of the KV form."""
     for fn in fp8_gallery.RIGHT.values():
         report = parity_tests.check(fn, features=["fp8", "gqa"], causal="both", seed=seed)
         assert report.passed, str(report)
