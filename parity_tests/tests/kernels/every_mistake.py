@@ -64,8 +64,20 @@ MISTAKES = {
 
 
 def plantable(name, features):
-    """Whether mistake ``name`` can be planted in a kernel for ``features``."""
-    return MISTAKES[name][1] in (None, *features)
+    """Whether mistake ``name`` can be planted in a kernel for ``features`` (FP8's kernels take
+    GQA and nothing more)."""
+    where = MISTAKES[name][1]
+    if where in ("fp8", "fp8_kv"):
+        return set(features) <= {where, "gqa"}
+    return where in (None, *features)
+
+
+def _per_token(x, descale, cu_seqlens):
+    """Packed float8 ``x`` (total, H, D) dequantised: each token by its sequence's (B, Hkv) descale."""
+    token = torch.arange(x.shape[0])
+    sequence = torch.searchsorted(cu_seqlens.long(), token, right=True) - 1
+    per = descale[sequence.clamp(0, descale.shape[0] - 1)]                   # (total, Hkv)
+    return x.float() * per.repeat_interleave(x.shape[1] // descale.shape[1], 1)[:, :, None]
 
 
 def kernel(name, features):
@@ -78,7 +90,18 @@ def kernel(name, features):
     done = lambda out, lse: (out, lse) if returns_lse else out
     if "paged" in features:
         def fn(q, k_cache, v_cache, *, block_table, cache_seqlens, causal, scale, window=None, softcap=None,
-               alibi_slopes=None, bias=None, sinks=None, num_splits=None):
+               alibi_slopes=None, bias=None, sinks=None, num_splits=None, q_descale=None, k_descale=None,
+               v_descale=None):
+            if k_descale is not None:                # FP8's: each page's sequence gives its descale
+                low = q.dtype if q_descale is None else torch.bfloat16
+                owner = torch.zeros(k_cache.shape[0], dtype=torch.long)
+                for b, n in enumerate(cache_seqlens.tolist()):
+                    owner[block_table[b, : -(-n // k_cache.shape[1])].long()] = b
+                q = q if q_descale is None else \
+                    fp8_gallery.dequantised(q.transpose(1, 2), q_descale, q.shape[2]).transpose(1, 2).to(low)
+                k_cache, v_cache = ((x.float() * s[owner][:, None, :, None]).to(low)
+                                    for x, s in ((k_cache, k_descale), (v_cache, v_descale)))
+
             def one(qb, kb, vb, *, causal, scale, offset):       # (T, H, D) -> (out (T, H, D), lse (H, T))
                 t = lambda x: x.transpose(0, 1)[None]
                 out, lse = core(t(qb), t(kb), t(vb), causal=causal, scale=scale, align="bottom-right",
@@ -91,7 +114,12 @@ def kernel(name, features):
             return done(*got)
     elif "varlen" in features:
         def fn(q, k, v, *, causal, scale, align="top-left", window=None, softcap=None, alibi_slopes=None,
-               sinks=None, num_splits=None, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+               sinks=None, num_splits=None, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+               q_descale=None, k_descale=None, v_descale=None):
+            if k_descale is not None:                # FP8's: each token's sequence gives its descale
+                low = q.dtype if q_descale is None else torch.bfloat16
+                q, k, v = (x if s is None else _per_token(x, s, cu).to(low) for x, s, cu in
+                           ((q, q_descale, cu_seqlens_q), (k, k_descale, cu_seqlens_k), (v, v_descale, cu_seqlens_k)))
             out, lse = feature_gallery.varlen(
                 q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                 max_seqlen_k=max_seqlen_k, mistake=mistake, core=lambda *a, mistake, **o: core(*a, **o),
