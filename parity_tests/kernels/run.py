@@ -371,7 +371,8 @@ def build_parser():
                    help="with --world-size: contiguous, head-tail (comma-separate; default both)")
     p.add_argument("--invariance", action="append", metavar="M,...",
                    help=f"also the kernel against itself, bitwise: {','.join(MODES)} (docs/check.md#invariance)")
-    p.add_argument("--json", metavar="PATH", help='also write {"rows": [...], "summary": {...}} to PATH')
+    p.add_argument("--json", metavar="PATH", help='also write {"rows": [...], "summary": {...}} to PATH '
+                                                  '(-: standard output, the table then on standard error)')
     p.add_argument("--plot", metavar="DIR", help="heat maps of each failing tensor's error to DIR")
     p.add_argument("--repro", metavar="DIR", help="shrink each failing cause to its smallest case and write "
                    "DIR/<cause>/repro.py and inputs.npz (see docs/check.md#handing-a-failure-on)")
@@ -424,7 +425,7 @@ def main(argv=None):
     if not args.target:
         print("attention-parity check: error: TARGET is required (see --help or --list)", file=sys.stderr)
         return 2
-    problem = (args.json and outputs.output_file_problem("--json", args.json)   # before the run
+    problem = (args.json not in (None, "-") and outputs.output_file_problem("--json", args.json)   # before the run
                or args.repro is not None and outputs.output_dir_problem("--repro", args.repro))
     if problem:
         print(f"attention-parity check: error: {problem}", file=sys.stderr)
@@ -448,7 +449,8 @@ def main(argv=None):
         print(line, file=sys.stderr, flush=True)
     report = _run(plan, args.align, args.seed, sys.stderr.isatty(), _timeout(args.timeout), spec=args.target)
     report = _with_invariance(report, plan, modes, args.align, _split(args.head_dim, "--head-dim", int), args.seed)
-    print(report.render(args.quiet))
+    # --json -: the JSON alone on standard output, what a reader sees on standard error
+    print(report.render(args.quiet), file=sys.stderr if args.json == "-" else sys.stdout)
     if args.json:
         report.write_json(args.json)
     if args.repro is not None:
@@ -508,7 +510,7 @@ def _main_across_ranks(args):
         return _usage_error(e, "docs/ranks.md")
     print(report.table() if not args.quiet else str(report).rsplit("\n", 1)[0])
     if report.failures and not args.quiet:
-        print("\ndiagnosis:\n" + "\n".join(report.diagnosis_lines()))
+        print("\ndiagnosis:\n" + "\n".join(report.diagnosis_lines(more="--json")))
     print("\n" + report.summary())
     if args.json:
         report.write_json(args.json)
