@@ -468,8 +468,10 @@ class AuditReport:
             text += f" (largest: {worst.name}, {_times(worst.worst[0])} x check's bound on {worst.worst[1]})"
         text += f"; it rejects {len(rejected)} of {len(self.correct)} correct kernels"
         if self.unseen:
-            text += (f" ({len(self.unseen)} more mistakes do not show at these shapes, check's bound misses "
-                     f"them too: {', '.join(k.name for k in self.unseen)})")
+            one = len(self.unseen) == 1
+            text += (f" ({len(self.unseen)} more {'mistake does' if one else 'mistakes do'} not show at these "
+                     f"shapes, check's bound misses {'it' if one else 'them'} too: "
+                     f"{', '.join(k.name for k in self.unseen)})")
         return text
 
     def table(self):
@@ -503,8 +505,8 @@ class AuditReport:
                  f"({self.settings['device']}; {', '.join(self.settings['dtypes'])}; "
                  f"{self.settings['cases']} cases; {self.seconds:.1f} s)", "", self.table()]
         if self.suggested:
-            parts += ["", "suggested (per tensor, the pair that rejects no correct kernel here and the most mistakes; "
-                          "check's bound beside it: the 'check's bound' column):"] + self.suggestion_lines()
+            parts += ["", "suggested: per tensor, the atol/rtol that rejects no correct kernel here and the most "
+                          "mistakes, and what even that lets through:"] + self.suggestion_lines()
         if self.never_ran:
             parts += ["", "never ran (refused every case): " + ", ".join(self.never_ran)]
         parts += ["", self.sentence()]

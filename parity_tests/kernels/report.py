@@ -225,7 +225,7 @@ class Report:
         parts = []
         if not quiet:
             parts.append(self.table())
-            if self.failures:
+            if self.diagnoses:
                 parts.append("\ndiagnosis:\n" + "\n".join(self.diagnosis_lines(more=CLI_MORE)))
         elif self.failures:
             parts.append(self._text(CLI_MORE).rsplit("\n", 1)[0])
@@ -270,7 +270,9 @@ class Report:
     def _text(self, more="report.failures, or report.as_dict()"):
         parts = []
         if self.failures:
-            parts += ["failing rows:", self.table(self.failures), "", "diagnosis:"] + self.diagnosis_lines(more=more)
+            parts += ["failing rows:", self.table(self.failures)]
+            if self.diagnoses:
+                parts += ["", "diagnosis:"] + self.diagnosis_lines(more=more)
         if not any(r.passed or r.failed for r in self.rows):
             parts.append("no row passed: nothing was checked (every case was not supported)")
         if self.unsupported:

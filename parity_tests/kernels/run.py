@@ -337,7 +337,7 @@ def build_parser():
                "(docs/check.md#on-your-own-function)\n\n"
                "Reading a diagnosis: docs/check.md#reading-a-diagnosis. Exit status: 0 every row "
                "passed,\n1 some row failed, or an invariance broke (or none could run), 2 bad arguments.")
-    p.add_argument("target", nargs="?", help="a built-in name or module.path:callable")
+    p.add_argument("target", nargs="?", help="a built-in name, module:callable or file.py:callable")
     p.add_argument("--list", action="store_true", help="list the built-in targets on --device")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--dtype", action="append", metavar="DTYPE",
@@ -371,8 +371,7 @@ def build_parser():
                    help="with --world-size: contiguous, head-tail (comma-separate; default both)")
     p.add_argument("--invariance", action="append", metavar="M,...",
                    help=f"also the kernel against itself, bitwise: {','.join(MODES)} (docs/check.md#invariance)")
-    p.add_argument("--json", metavar="PATH", help='also write {"rows": [...], "summary": {...}} to PATH '
-                                                  '(-: standard output, the table then on standard error)')
+    p.add_argument("--json", metavar="PATH", help='also write {"rows": [...], ...} to PATH (-: stdout)')
     p.add_argument("--plot", metavar="DIR", help="heat maps of each failing tensor's error to DIR")
     p.add_argument("--repro", metavar="DIR", help="shrink each failing cause to its smallest case and write "
                    "DIR/<cause>/repro.py and inputs.npz (see docs/check.md#handing-a-failure-on)")

@@ -129,7 +129,7 @@ def test_a_mistake_that_does_not_show_at_these_shapes_is_not_counted_as_missed()
     assert [k.name for k in report.unseen] == ["backward-masked"] and report.unseen[0].worst[0] < 1
     assert [k.name for k in report.missed] == ["no-scale"]
     assert report.sentence().startswith("your rule misses 1 of 1 catalogued mistakes")
-    assert "1 more mistakes do not show at these shapes, check's bound misses them too: backward-masked" in \
+    assert "1 more mistake does not show at these shapes, check's bound misses it too: backward-masked" in \
         report.sentence()
 
 
