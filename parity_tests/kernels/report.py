@@ -125,20 +125,26 @@ CONVENTIONS = {
                                         f"(from Python: align=\"{_other(s.get('align', 'top-left'))}\")",
     "layout-bthd-as-bhtd": lambda s: "the kernel takes (B, T, H, D): rerun with --layout bthd (from Python: "
                                      "layout=\"bthd\")",
-    "lse-base-2": lambda s: "return lse as the natural log (lse2 * ln 2), as FlashAttention and SDPA do",
+    "lse-base-2": lambda s: "lse is the natural log, as FlashAttention and SDPA give it: a base-2 lse times ln 2 "
+                            "(and a natural-log lse times log2(e) before exp2)",
     "scale-ignored": lambda s: "use the scale argument the kernel is given (a case of every run passes "
                                "one other than 1/sqrt(D))",
 }
 
 
 def _cause(sentence):
-    """What a diagnosis says the kernel does: its sentence after "matches the reference with"."""
+    """(what a diagnosis says the kernel does: its sentence after "matches the reference with"
+    and before the row's figures, the advice it gives after them or None)."""
     for words in ("matches the reference with ", "reference with "):
         if words in sentence:
             sentence = sentence.split(words, 1)[1]
             break
-    # the figures are the row's own: "... to 9.3e-09 (bound 8.0e-07)"
-    return re.sub(r" to \S+ \(bound \S+\)", "", sentence.split("; where:")[0]).rstrip(".")
+    # up to the row's own figures: "... to 9.3e-09 (bound 8.0e-07)"
+    figures = re.search(r" to \S+ \(bound \S+\)", sentence)
+    if figures is None:
+        return sentence.split("; where:")[0].rstrip("."), None
+    after = sentence[figures.end():]
+    return sentence[:figures.start()], (after[2:].split("; where:")[0] if after.startswith(": ") else None)
 
 
 @dataclass(repr=False)
@@ -255,10 +261,9 @@ class Report:
         if len(ids) != 1 or None in ids or next(iter(ids)) not in CONVENTIONS:
             return None
         hid = ids.pop()
-        said = _cause(failing[0].diagnosis.sentence)
-        fix = CONVENTIONS[hid](self.settings)
-        return (f"every failing row ({len(failing)} of {len(self.rows)}) matches one convention: {said}. "
-                f"Not a bug of the arithmetic: {fix}")
+        said, own = _cause(failing[0].diagnosis.sentence)
+        fix = own or CONVENTIONS[hid](self.settings)
+        return f"every failing row ({len(failing)} of {len(self.rows)}) matches one convention: {said}; {fix}"
 
     def __repr__(self):
         return f"<Report {self.summary()}>"

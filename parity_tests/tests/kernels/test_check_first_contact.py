@@ -37,7 +37,7 @@ def test_failures_of_several_causes_keep_their_own_lines():
 
 
 @pytest.mark.parametrize("hid, fix", [("layout-bthd-as-bhtd", "rerun with --layout bthd"),
-                                      ("lse-base-2", "return lse as the natural log"),
+                                      ("lse-base-2", "lse is the natural log"),
                                       ("scale-ignored", "use the scale argument")])
 def test_each_convention_names_its_fix(hid, fix):
     report = Report("k", [_row("out", hid, f"out matches the reference with {hid} to 1e-9 (bound 1e-6)")] * 3,
