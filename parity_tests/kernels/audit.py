@@ -123,11 +123,11 @@ class Rule:
             return True if said is None else bool(said)
         a, b = out.double(), ref.double()
         if self.atol is not None and self.matched_ratio is None:
-            if a.shape != b.shape or not bool(within(a, b, self.atol, self.rtol).all()):
+            if a.shape != b.shape or not _within(a.numpy(), b.numpy(), self.atol, self.rtol).all():
                 return False                  # assert_close's test, without building its message
         if self.matched_ratio is not None:
             atol, rtol = (self.atol, self.rtol) if self.atol is not None else ASSERT_CLOSE[dtype]
-            if a.numel() and float(within(a, b, atol, rtol).double().mean()) < self.matched_ratio:
+            if a.numel() and float(_within(a.numpy(), b.numpy(), atol, rtol).mean()) < self.matched_ratio:
                 return False
         if self.cosine is not None and cosine(a, b) < self.cosine:
             return False
@@ -140,6 +140,12 @@ def _names_tensor(fn):
         return "tensor" in inspect.signature(fn).parameters
     except (TypeError, ValueError):
         return False
+
+
+def _within(a, b, atol, rtol):
+    """`within` on float64 NumPy arrays (the same test, a tenth of the time on small tensors)."""
+    with np.errstate(invalid="ignore"):
+        return (a == b) | (np.abs(a - b) <= atol + rtol * np.abs(b))
 
 
 def within(a, b, atol, rtol):
@@ -319,7 +325,7 @@ def _one_case(kernels, case, dtype, plan, align, seed, judge, reference, timeout
         k.cases += 1
         where = f"{case} {dtype}"
         if isinstance(got, tuple):           # it raised: a test would error
-            k.rejected_on = k.rejected_on or f"{where} ({got[1]})"
+            k.rejected_on = k.rejected_on or f"{where} ({_short(got[1])})"
             k.caught_on = k.caught_on or where
             k.worst = (math.inf, f"{where}: {got[1]}")
             k.errored.add(dtype)
@@ -329,7 +335,7 @@ def _one_case(kernels, case, dtype, plan, align, seed, judge, reference, timeout
             if isinstance(value, str):       # refused its backward: its forward is judged alone
                 continue
             if isinstance(value, tuple):
-                k.rejected_on = k.rejected_on or f"{n} on {where} ({value[1]})"
+                k.rejected_on = k.rejected_on or f"{n} on {where} ({_short(value[1])})"
                 k.caught_on = k.caught_on or f"{n} on {where}"
                 k.worst = (math.inf, f"{n} on {where}: {value[1]}")
                 k.errored.add(dtype)
@@ -350,6 +356,11 @@ def _one_case(kernels, case, dtype, plan, align, seed, judge, reference, timeout
             k.diffs.setdefault((dtype, n), []).append(_gaps(a, b))
 
 
+def _short(reason):
+    """A failure's reason, to its first colon: "raised RuntimeError", "no gradient reached q"."""
+    return reason.split(":", 1)[0]
+
+
 def _takes(target, case):
     """Whether ``target`` can be given ``case``'s features (a correct kernel without a window's
     keyword runs on the plain cases alone)."""
@@ -364,10 +375,11 @@ def _takes(target, case):
 def _gaps(a, b):
     """(needed, |ref|): per element, how far ``a`` is from ``b`` (0 where equal, infinities and
     NaN included as assert_close compares them; inf where one is not finite and they differ)."""
-    d = (a - b).abs()
-    d = torch.where(a == b, torch.zeros_like(d), d)
-    d = torch.where(torch.isfinite(d) | (a == b), d, torch.full_like(d, math.inf))
-    return d.reshape(-1).numpy(), b.abs().reshape(-1).nan_to_num(0.0, 0.0, 0.0).numpy()
+    a, b = a.reshape(-1).numpy(), b.reshape(-1).numpy()
+    with np.errstate(invalid="ignore"):
+        d = np.abs(a - b)
+    d = np.where(a == b, 0.0, np.where(np.isfinite(d), d, math.inf))
+    return d, np.nan_to_num(np.abs(b), nan=0.0, posinf=0.0, neginf=0.0)
 
 
 # ----------------------------------------------------------------------------
