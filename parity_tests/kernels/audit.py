@@ -207,8 +207,8 @@ def _planted_kernels(wanted, dtypes, names=None):
             continue
         if not planted.plantable(name, wanted) or not set(p.needs) <= set(wanted):
             continue
-        if "dropout" in p.needs or (p.layout is None and set(wanted) & {"paged", "varlen"}):
-            continue                          # the layout's own cores only; dropout's: never (see audit)
+        if "dropout" in p.needs:
+            continue                          # dropout's: never (see audit)
         wider = [d for d in dtypes if d in ("float32", "float64")] if name == "in-bfloat16" else None
         if wider == []:
             continue
@@ -218,20 +218,29 @@ def _planted_kernels(wanted, dtypes, names=None):
 
 
 def _correct_kernels(device, wanted):
-    """The correct formulations (``planted.correct``) and PyTorch's SDPA backends on ``device``
-    that can be given ``wanted``."""
-    found = [targets.user_target(fn, name=name.replace("_", "-")) for name, fn in correct.CORRECT.items()]
-    builtins = targets.builtin_names(device)
-    found += [targets.resolve(n, device) for n in builtins if n.startswith("sdpa-")]
-    out = []
-    for t in found:
-        try:
-            feat.require(t, wanted)
-        except ValueError:
-            continue
-        if t.unavailable is None:
-            out.append(Kernel(t.name, "correct", t))
-    return out
+    """The correct kernels that can be given ``wanted``: the standard formulations
+    (``planted.correct``, on the cases of no feature of their own; with lse each returns the lse
+    of its scores in float32 as well), PyTorch's SDPA backends on ``device`` (on the cases whose
+    features they express), and the answer computed in float64 and rounded once
+    (``planted.right``, every feature), with splits the split-KV merge through the lse."""
+    returns_lse = feat.asks(wanted, "returns_lse")
+    found = []
+    if not {"paged", "varlen"} & set(wanted):             # the formulations take (B, H, T, D) alone
+        found += [targets.Target(name.replace("_", "-"), _with_lse(fn) if returns_lse else fn, takes_align=True,
+                                 features=frozenset(), returns_lse=returns_lse or None)
+                  for name, fn in correct.CORRECT.items()]
+    for name in targets.builtin_names(device):
+        if name.startswith("sdpa-"):
+            t = targets.resolve(name, device)
+            try:
+                feat.require(t, [f for f in wanted if feat.REGISTRY[f].run_wide])
+            except ValueError:
+                continue
+            found.append(t)
+    found.append(targets.user_target(planted.right(wanted), name="float64-rounded"))
+    if "splits" in wanted:
+        found.append(targets.user_target(planted.right(wanted, "split-kv-merged"), name="split-kv-merged"))
+    return [Kernel(t.name, "correct", t) for t in found if t.unavailable is None]
 
 
 # ----------------------------------------------------------------------------
@@ -359,6 +368,18 @@ def _one_case(kernels, case, dtype, plan, align, seed, judge, reference, timeout
 def _short(reason):
     """A failure's reason, to its first colon: "raised RuntimeError", "no gradient reached q"."""
     return reason.split(":", 1)[0]
+
+
+def _with_lse(fn):
+    """``fn`` returning ``(out, lse)``: the lse of its scores, in float32 (differentiable)."""
+    def kernel(q, k, v, *, causal, scale, align="top-left"):
+        S = (q.float() @ k.float().transpose(-1, -2)) * scale
+        if causal:
+            tq, tk = S.shape[-2:]
+            offset = tk - tq if align == "bottom-right" else 0
+            S = S.masked_fill(torch.ones(tq, tk, dtype=torch.bool, device=q.device).triu(offset + 1), -math.inf)
+        return fn(q, k, v, causal=causal, scale=scale, align=align), torch.logsumexp(S, -1)
+    return kernel
 
 
 def _takes(target, case):

@@ -130,8 +130,20 @@ def plantable(name, features):
 
 def kernel(name, features):
     """A callable with mistake ``name`` planted, in the signature ``features`` ask for."""
-    core = MISTAKES[name].core
-    mistake = name.split("-", 1)[1] if name.startswith("paged-") else name
+    return _wrap(MISTAKES[name].core, name, features, name)
+
+
+def right(features, name="float64-rounded"):
+    """The right kernel in the signature ``features`` ask for: the featured attention computed in
+    float64 and rounded once to the input dtype (lse in float32), the most accurate answer a
+    kernel can give; ``splits``: the serving split-KV merge through the lse instead."""
+    core = _split(None) if name == "split-kv-merged" else _featured(None)
+    return _wrap(core, name, features, None)
+
+
+def _wrap(core, name, features, mistake):
+    """``core`` as the callable ``features`` ask for (``mistake``: the one its layout plants)."""
+    mistake = mistake.split("-", 1)[1] if mistake and mistake.startswith("paged-") else mistake
     returns_lse = bool({"lse", "lse_grad"} & set(features))
     done = lambda out, lse: (out, lse) if returns_lse else out
     if "paged" in features:
@@ -144,8 +156,7 @@ def kernel(name, features):
                                 bias=None if bias is None else bias[:1, ..., : kb.shape[0]], num_splits=num_splits)
                 return out[0].transpose(0, 1), lse[0]
             got = serving._paged(q, k_cache, v_cache, block_table, cache_seqlens, causal, scale,
-                                          mistake=mistake if name.startswith("paged-") else None, lse=True,
-                                          attend=one)
+                                 mistake=mistake if name.startswith("paged-") else None, lse=True, attend=one)
             return done(*got)
     elif "varlen" in features:
         def fn(q, k, v, *, causal, scale, align="top-left", window=None, softcap=None, alibi_slopes=None,

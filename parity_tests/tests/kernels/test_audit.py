@@ -291,3 +291,18 @@ def test_the_builtin_atol_rtol_rule_is_assert_close(atol, rtol):
             except AssertionError:
                 expected = False
             assert rule(o, ref, "bfloat16", "out") == expected
+
+
+def test_with_features_the_correct_kernels_take_what_they_express_and_the_feature_mistakes_run():
+    """With lse the formulations return an lse of their own; SDPA, which returns none, is left out;
+    the answer computed in float64 takes every feature."""
+    report = parity_tests.audit(atol=1e6, rtol=1e6, features=["lse"], mistakes=["lse-base-2", "lse-no-max"],
+                                **SMALL)
+    names = {k.name for k in report.correct}
+    assert {"flash2-64", "float64-rounded"} <= names and not {n for n in names if n.startswith("sdpa-")}
+    assert not report.rejected and all(k.cases == report.settings["cases"] for k in report.correct)
+    assert {k.name for k in report.missed} == {"lse-base-2", "lse-no-max"}
+    report = parity_tests.audit(atol=1e6, rtol=1e6, features=["window"], mistakes=["window-swapped"], **SMALL)
+    plain = {k.name: k.cases for k in report.correct}
+    assert plain["float64-rounded"] == report.settings["cases"] > plain["flash2-64"] > 0   # the windowed cases: not theirs
+    assert plain["sdpa-math"] == report.settings["cases"] and [k.name for k in report.missed] == ["window-swapped"]
