@@ -507,10 +507,11 @@ def _main_across_ranks(args):
                        timeout=args.timeout, progress=sys.stderr.isatty())
     except (ValueError, TypeError) as e:
         return _usage_error(e, "docs/ranks.md")
-    print(report.table() if not args.quiet else str(report).rsplit("\n", 1)[0])
-    if report.failures and not args.quiet:
-        print("\ndiagnosis:\n" + "\n".join(report.diagnosis_lines(more="--json")))
-    print("\n" + report.summary())
+    to = sys.stderr if args.json == "-" else sys.stdout          # --json -: the JSON alone on stdout
+    print(report.table() if not args.quiet else report._text("--json").rsplit("\n", 1)[0], file=to)
+    if report.diagnoses and not args.quiet:
+        print("\ndiagnosis:\n" + "\n".join(report.diagnosis_lines(more="--json")), file=to)
+    print("\n" + report.summary(), file=to)
     if args.json:
         report.write_json(args.json)
     if args.plot:
