@@ -132,6 +132,10 @@ CONVENTIONS = {
 }
 
 
+# Conventions that one flag fixes together (each the same as itself otherwise)
+SAME_FIX = {"window-other-alignment": "other-alignment"}
+
+
 def _cause(sentence):
     """(what a diagnosis says the kernel does: its sentence after "matches the reference with"
     and before the row's figures, the advice it gives after them or None)."""
@@ -258,11 +262,14 @@ class Report:
         with the flag or the change that fixes it; else None."""
         failing = self.failures
         ids = {r.diagnosis.id if r.diagnosis is not None else None for r in failing}
-        if len(ids) != 1 or None in ids or next(iter(ids)) not in CONVENTIONS:
+        if None in ids or not ids <= set(CONVENTIONS) or len({SAME_FIX.get(i, i) for i in ids}) != 1:
             return None
-        hid = ids.pop()
-        said, own = _cause(failing[0].diagnosis.sentence)
-        fix = own or CONVENTIONS[hid](self.settings)
+        if len(ids) > 1:                      # the causal mask's and a window's alignment: one flag
+            other = _other(self.settings.get("align", "top-left"))
+            said, own = f"{other} alignment, of the causal mask and the windows (the check assumed {_other(other)})", None
+        else:
+            said, own = _cause(failing[0].diagnosis.sentence)
+        fix = own or CONVENTIONS[failing[0].diagnosis.id](self.settings)
         return f"every failing row ({len(failing)} of {len(self.rows)}) matches one convention: {said}; {fix}"
 
     def __repr__(self):

@@ -112,3 +112,14 @@ def test_json_dash_is_standard_output(capsys):
     data = json.loads(out)
     assert status == 0 and data["summary"]["passed"] is True and data["rows"]
     assert "sdpa-math: " in err
+
+
+def test_the_causal_masks_and_the_windows_alignment_are_one_flag():
+    rows = [_row("out", "other-alignment", "out matches the reference with bottom-right causal alignment "
+                 "(the check assumed top-left) to 1e-9 (bound 1e-6)"),
+            _row("dq", "window-other-alignment", "dq matches the reference with the window placed bottom-right "
+                 "(the causal mask and the check: top-left) to 1e-9 (bound 1e-6)")]
+    said = Report("k", rows, settings={"align": "top-left"}).convention()
+    assert said == ("every failing row (2 of 2) matches one convention: bottom-right alignment, of the causal mask "
+                    "and the windows (the check assumed top-left); rerun with --align bottom-right (from Python: "
+                    'align="bottom-right")')
