@@ -129,7 +129,7 @@ class Rule:
             atol, rtol = (self.atol, self.rtol) if self.atol is not None else ASSERT_CLOSE[dtype]
             if a.numel() and float(_within(a.numpy(), b.numpy(), atol, rtol).mean()) < self.matched_ratio:
                 return False
-        if self.cosine is not None and cosine(a, b) < self.cosine:
+        if self.cosine is not None and cosine_similarity(a, b) < self.cosine:
             return False
         return True
 
@@ -154,7 +154,7 @@ def within(a, b, atol, rtol):
     return torch.isclose(a, b, rtol=rtol, atol=atol, equal_nan=False)
 
 
-def cosine(a, b):
+def cosine_similarity(a, b):
     """The cosine similarity of ``a`` and ``b`` flattened (1 when both are zero; NaN anywhere: -1)."""
     a, b = a.reshape(-1), b.reshape(-1)
     finite = torch.isfinite(b)
