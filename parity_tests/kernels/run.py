@@ -77,7 +77,7 @@ def _progress_line(name, total, start):
 def check(target, *, device="cpu", dtypes=None, tokens=None, head_dims=None, heads=None, batch=None,
           causal="both", align="top-left", layout="bhtd", long=False, seed=0, progress=False,
           features=None, timeout=runner.DEFAULT_TIMEOUT, merge=False, world_size=None,
-          sharding=("contiguous", "head-tail"), invariance=None):
+          sharding=("contiguous", "head-tail"), invariance=None, forward_only=False):
     """Hold ``target`` (a built-in name, ``"module.path:callable"`` or a callable taking
     ``(q, k, v, *, causal, scale)``) to the float64 reference; returns a `Report`
     (``.passed``, ``.rows``, ``.failures``, ``.diagnoses``, ``.diagnosis``).
@@ -97,6 +97,10 @@ def check(target, *, device="cpu", dtypes=None, tokens=None, head_dims=None, hea
     the kernel compared with itself, bitwise, beside the accuracy rows (``report.invariance``);
     a broken one fails the report.
 
+    ``forward_only=True``: judge the output (and lse) alone, the gradients "not supported" -- for an
+    inference kernel (under ``torch.no_grad()``, or with no backward), which otherwise FAILS
+    every gradient row ("no gradient reached q").
+
     ``world_size``: run ``target`` across that many ranks, ``sharding`` "contiguous" and/or
     "head-tail" (``ranks.check_ranks``, which takes device, dtypes, tokens, causal, features,
     seed and timeout from here).
@@ -111,10 +115,33 @@ def check(target, *, device="cpu", dtypes=None, tokens=None, head_dims=None, hea
         return check_merge(target, device=device, dtypes=dtypes, seed=seed)
     limit = _timeout(timeout)
     modes = parse_modes(invariance)
+    if not isinstance(forward_only, bool):
+        raise TypeError(f"forward_only must be True or False, got {type(forward_only).__name__}")
     plan = _plan(target, device, dtypes, tokens, head_dims, heads, batch, causal, align, layout, long,
                  features, seed)
+    if forward_only:
+        plan = plan._replace(target=_forward_only(plan.target))
     report = _run(plan, align, seed, progress, limit, spec=target)
     return _with_invariance(report, plan, modes, align, head_dims, seed)
+
+
+def _forward_only(tgt):
+    """``tgt`` refusing the calls that ask for gradients (its inputs require grad): the caller then
+    judges its forward alone, each gradient "not supported (forward only ...)"."""
+    import dataclasses
+    import functools
+
+    def refusing(fn):
+        if fn is None:
+            return None
+
+        @functools.wraps(fn)                  # its signature, for the keywords it takes
+        def forward(*args, **kw):
+            if torch.is_grad_enabled() and any(getattr(a, "requires_grad", False) for a in args):
+                raise targets.Unsupported("forward only (forward_only=True)")
+            return fn(*args, **kw)
+        return forward
+    return dataclasses.replace(tgt, fn=refusing(tgt.fn), lse_fn=refusing(tgt.lse_fn))
 
 
 def _with_invariance(report, plan, modes, align, head_dims, seed):

@@ -123,3 +123,28 @@ def test_the_causal_masks_and_the_windows_alignment_are_one_flag():
     assert said == ("every failing row (2 of 2) matches one convention: bottom-right alignment, of the causal mask "
                     "and the windows (the check assumed top-left); rerun with --align bottom-right (from Python: "
                     'align="bottom-right")')
+
+
+def test_a_no_grad_kernel_is_checked_on_its_forward_with_forward_only():
+    import torch
+    import torch.nn.functional as F
+
+    @torch.no_grad()
+    def decode(q, k, v, *, causal, scale):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+    small = dict(tokens=["17"], head_dims=[16], dtypes=["float32"], causal="yes")
+    as_is = parity_tests.check(decode, **small)
+    assert not as_is.passed and all("no gradient reached" in r.note for r in as_is.failures)
+    report = parity_tests.check(decode, forward_only=True, **small)
+    assert report.passed, str(report)
+    assert {r.tensor for r in report.rows if r.passed} == {"out"}
+    assert {r.note for r in report.unsupported} == {"forward only: forward only (forward_only=True)"}
+    with pytest.raises(TypeError, match="forward_only must be True or False"):
+        parity_tests.check(decode, forward_only="yes", **small)
+
+
+def test_forward_only_still_fails_a_wrong_forward():
+    report = parity_tests.check(parity_tests.mistake("no-scale"), forward_only=True, tokens=["17"], head_dims=[16],
+                                dtypes=["float32"], causal="yes")
+    assert not report.passed and report.diagnosis == "no-scale"
+    assert {r.tensor for r in report.failures} == {"out"}
