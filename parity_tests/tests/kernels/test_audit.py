@@ -14,6 +14,7 @@ import torch
 import parity_tests
 from parity_tests import cli
 from parity_tests.kernels import audit as audit_mod
+from parity_tests.kernels import audit_report
 from parity_tests.kernels import planted, run, runner, targets
 from parity_tests.kernels.planted import correct
 
@@ -156,7 +157,7 @@ def test_the_suggested_pair_rejects_no_correct_kernel_and_misses_what_it_says(wi
     right = [k for k in wider_report.correct]
     for n, (atol, rtol) in pairs.items():
         gaps = [g for k in right for g in k.diffs[("bfloat16", n)]]
-        assert audit_mod._accepts(gaps, atol, rtol) and not audit_mod._accepts(gaps, atol / 2, rtol)
+        assert audit_report._accepts(gaps, atol, rtol) and not audit_report._accepts(gaps, atol / 2, rtol)
 
 
 def test_check_catches_what_the_loosest_elementwise_rule_misses(wider_report):
