@@ -38,8 +38,8 @@ def mistake(name, features=None):
     """The planted mistake ``name`` as a kernel with ``check``'s calling convention,
     ``fn(q, k, v, *, causal, scale, ...)``: mutation testing for your own suite (a test that
     passes it has missed that mistake).  ``fn.features``: the features it needs to show (call
-    it as ``check(fn, features=fn.features)`` does); ``fn.diagnosis``: the id ``check`` names
-    it by.  An unknown name: ValueError listing the names."""
+    it as ``check(fn, features=fn.features)`` does); ``fn.diagnosis``: the catalogue's id of
+    the mistake.  An unknown name: ValueError listing the names."""
     from parity_tests.kernels.planted import mistake as planted
     return planted(name, features)
 

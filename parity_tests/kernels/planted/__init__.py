@@ -108,7 +108,9 @@ def mistake(name, features=None):
     the packed one with ``varlen``), returning ``out``, or ``(out, lse)`` when ``features`` hold
     lse or lse_grad.  ``features``: the features it is called with (default: those it needs to
     show, ``fn.features``, so that ``check(fn, features=fn.features)`` runs it as planted).
-    ``fn.diagnosis``: the catalogue's id ``check`` names it by."""
+    ``fn.diagnosis``: the catalogue's id of the mistake (where two ids describe the same
+    arithmetic at some shapes, ``check`` may name the other: a split-KV merge without its
+    rescale is ``splits-not-rescaled`` or ``split-no-rescale``)."""
     if not isinstance(name, str):
         raise TypeError(f"name must be a str, got {type(name).__name__}")
     if name not in MISTAKES:

@@ -260,6 +260,14 @@ def test_a_mistake_is_a_kernel_check_names_by_its_id():
     assert not report.passed and report.diagnosis == "stale-max"
 
 
+@pytest.mark.parametrize("name", ["paged-page-size", "lse-base-2", "dropout-no-rescale"])
+def test_a_feature_mistake_checked_with_its_features_is_named(name):
+    fn = parity_tests.mistake(name)
+    report = parity_tests.check(fn, features=fn.features, dtypes=["float32"], tokens=["45x77"], head_dims=[16],
+                                heads=[2], batch=[1])
+    assert not report.passed and report.diagnosis == fn.diagnosis == name
+
+
 def test_a_feature_mistake_comes_with_the_features_it_needs():
     fn = parity_tests.mistake("window-swapped")
     assert fn.features == ["window"] and "window" in inspect.signature(fn).parameters
