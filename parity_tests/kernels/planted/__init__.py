@@ -37,7 +37,7 @@ def _right_lse(q, k, v, **options):
 
 
 def _chapter(kernel):
-    """A chapter kernel of ``check_gallery`` as a core: (B, H, T, D) with kv heads repeated
+    """A kernel of ``chapter`` as a core: (B, H, T, D) with kv heads repeated
     for it; every feature ignored; lse the right one."""
     def core(q, k, v, *, causal, scale, num_splits=None, **options):
         group = q.shape[1] // k.shape[1]
