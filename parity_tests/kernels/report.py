@@ -36,8 +36,9 @@ UNNAMED = ("none", "not-diagnosed")
 # a catalogued mistake first when some row has one.
 GENERIC = ("zeros", "non-finite", "lower-precision", "wrong-direction", "grows-with-length", "dropout")
 
-# Where the command says the diagnoses it leaves out are (from Python: report.failures)
+# Where the diagnoses a report leaves out are: the command's, and Python's
 CLI_MORE = "--json"
+PYTHON_MORE = "report.failures, or report.as_dict()"
 
 # target and device are the summary's (one each per report)
 HEADERS = ("case", "dtype", "tensor", "error", "baseline", "bound", "ratio", "mean", "cosine",
@@ -118,11 +119,14 @@ def _other(align):
 
 # Diagnosis ids that name a convention rather than a mistake of the arithmetic, and what fixes
 # each (from the run's settings): said once when every failing row has it (`Report.convention`).
+def _align_flag(settings):
+    other = _other(settings.get("align", "top-left"))
+    return f'rerun with --align {other} (from Python: align="{other}")'
+
+
 CONVENTIONS = {
-    "other-alignment": lambda s: f"rerun with --align {_other(s.get('align', 'top-left'))} "
-                                 f"(from Python: align=\"{_other(s.get('align', 'top-left'))}\")",
-    "window-other-alignment": lambda s: f"rerun with --align {_other(s.get('align', 'top-left'))} "
-                                        f"(from Python: align=\"{_other(s.get('align', 'top-left'))}\")",
+    "other-alignment": _align_flag,
+    "window-other-alignment": _align_flag,
     "layout-bthd-as-bhtd": lambda s: "the kernel takes (B, T, H, D): rerun with --layout bthd (from Python: "
                                      "layout=\"bthd\")",
     "lse-base-2": lambda s: "lse is the natural log, as FlashAttention and SDPA give it: a base-2 lse times ln 2 "
@@ -244,7 +248,7 @@ class Report:
         parts.append(("\n" if not quiet or self.failures or self.broken else "") + self.summary())
         return "\n".join(parts)
 
-    def diagnosis_lines(self, limit=40, more="report.failures, or report.as_dict()"):
+    def diagnosis_lines(self, limit=40, more=PYTHON_MORE):
         """A line per diagnosed failing row (``limit`` of them, then how many more and where all
         of them are: ``more``); one line when every failing row has one convention as its cause
         (`convention`), with what fixes it."""
@@ -279,7 +283,7 @@ class Report:
         """The failing rows, their diagnoses and the summary: ``assert report.passed, str(report)``."""
         return self._text()
 
-    def _text(self, more="report.failures, or report.as_dict()"):
+    def _text(self, more=PYTHON_MORE):
         parts = []
         if self.failures:
             parts += ["failing rows:", self.table(self.failures)]
