@@ -105,8 +105,12 @@ def check(target, *, device="cpu", dtypes=None, tokens=None, head_dims=None, hea
     "head-tail" (``ranks.check_ranks``, which takes device, dtypes, tokens, causal, features,
     seed and timeout from here).
     """
+    if not isinstance(forward_only, bool):
+        raise TypeError(f"forward_only must be True or False, got {type(forward_only).__name__}")
     if invariance and (merge or world_size is not None):
         raise ValueError("invariance compares a kernel target with itself (not with merge or world_size)")
+    if forward_only and (merge or world_size is not None):
+        raise ValueError("forward_only applies to a kernel target (not with merge or world_size)")
     if world_size is not None:
         return _check_across_ranks(target, world_size, sharding, device, dtypes, tokens, causal, features,
                                    seed, timeout, progress)
@@ -115,8 +119,6 @@ def check(target, *, device="cpu", dtypes=None, tokens=None, head_dims=None, hea
         return check_merge(target, device=device, dtypes=dtypes, seed=seed)
     limit = _timeout(timeout)
     modes = parse_modes(invariance)
-    if not isinstance(forward_only, bool):
-        raise TypeError(f"forward_only must be True or False, got {type(forward_only).__name__}")
     plan = _plan(target, device, dtypes, tokens, head_dims, heads, batch, causal, align, layout, long,
                  features, seed)
     if forward_only:

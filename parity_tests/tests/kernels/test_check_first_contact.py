@@ -141,6 +141,8 @@ def test_a_no_grad_kernel_is_checked_on_its_forward_with_forward_only():
     assert {r.note for r in report.unsupported} == {"forward only: forward only (forward_only=True)"}
     with pytest.raises(TypeError, match="forward_only must be True or False"):
         parity_tests.check(decode, forward_only="yes", **small)
+    with pytest.raises(ValueError, match="forward_only applies to a kernel target"):
+        parity_tests.check(decode, forward_only=True, world_size=2)
 
 
 def test_forward_only_still_fails_a_wrong_forward():
