@@ -397,9 +397,10 @@ def build_parser():
     p.add_argument("--world-size", type=int, metavar="N",
                    help="run the target across N ranks, one shard each (docs/ranks.md)")
     p.add_argument("--sharding", action="append", metavar="S,...",
-                   help="with --world-size: contiguous, head-tail (comma-separate; default both)")
+                   help="with --world-size: contiguous, head-tail (both)")
     p.add_argument("--invariance", action="append", metavar="M,...",
                    help=f"also the kernel against itself, bitwise: {','.join(MODES)} (docs/check.md#invariance)")
+    p.add_argument("--forward-only", action="store_true", help="judge the output alone (an inference kernel)")
     p.add_argument("--json", metavar="PATH", help='also write {"rows": [...], ...} to PATH (-: stdout)')
     p.add_argument("--plot", metavar="DIR", help="heat maps of each failing tensor's error to DIR")
     p.add_argument("--repro", metavar="DIR", help="shrink each failing cause to its smallest case and write "
@@ -443,6 +444,10 @@ def main(argv=None):
         print("attention-parity check: error: --invariance compares a kernel target with itself "
               "(not --merge or --world-size)", file=sys.stderr)
         return 2
+    if args.forward_only and (args.merge or args.world_size is not None):
+        print("attention-parity check: error: --forward-only applies to a kernel target "
+              "(not --merge or --world-size)", file=sys.stderr)
+        return 2
     if args.repro is not None and (args.merge or args.world_size is not None):
         print("attention-parity check: error: --repro shrinks the cases of a kernel target "
               "(not --merge or --world-size)", file=sys.stderr)
@@ -472,6 +477,8 @@ def main(argv=None):
                      args.causal, args.align, args.layout, args.long, _split(args.features, "--features"), args.seed)
     except (ValueError, TypeError) as e:
         return _usage_error(e)
+    if args.forward_only:
+        plan = plan._replace(target=_forward_only(plan.target))
     line = estimate_line(plan)
     if line:
         print(line, file=sys.stderr, flush=True)

@@ -150,3 +150,17 @@ def test_forward_only_still_fails_a_wrong_forward():
                                 dtypes=["float32"], causal="yes")
     assert not report.passed and report.diagnosis == "no-scale"
     assert {r.tensor for r in report.failures} == {"out"}
+
+
+def test_the_command_takes_forward_only(tmp_path, capsys, monkeypatch):
+    (tmp_path / "infer.py").write_text("import torch\nimport torch.nn.functional as F\n\n\n@torch.no_grad()\n"
+                                       "def decode(q, k, v, *, causal, scale):\n"
+                                       "    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, "
+                                       "scale=scale)\n")
+    small = ["--tokens", "17", "--head-dim", "16", "--dtype", "float32", "--causal", "yes", "-q"]
+    target = f"{tmp_path / 'infer.py'}:decode"
+    assert cli.main(["check", target, *small]) == 1
+    assert cli.main(["check", target, "--forward-only", *small]) == 0
+    assert "7 pass, 0 FAIL, 21 not supported" in capsys.readouterr().out
+    assert cli.main(["check", target, "--forward-only", "--world-size", "2"]) == 2
+    assert "--forward-only applies to a kernel target" in capsys.readouterr().err
