@@ -20,6 +20,8 @@ VERBS = {
     "claims": ("parity_tests.chapter.claims", "measure the chapter's numeric claims"),
     "bench": ("parity_tests.bench.run", "time NumPy vs PyTorch forward+backward, with memory"),
     "check": ("parity_tests.kernels.run", "hold any attention kernel to the float64 reference, diagnose failures"),
+    "audit": ("parity_tests.kernels.audit",
+              "which planted mistakes your test's tolerance lets through, which correct kernels it rejects"),
     "backprop": ("parity_tests.lab.walkthrough",
                  "the chapter's example backwards, every intermediate gradient, NumPy vs autograd"),
     "grade": ("parity_tests.lab.grade",

@@ -19,6 +19,8 @@ like rounding (its size, its rows, a float64 run: ``diagnosis._rounding_like``).
 
 import json
 import math
+import re
+import sys
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -33,6 +35,10 @@ UNNAMED = ("none", "not-diagnosed")
 # Ids that say what the output looks like rather than which mistake made it: a report names
 # a catalogued mistake first when some row has one.
 GENERIC = ("zeros", "non-finite", "lower-precision", "wrong-direction", "grows-with-length", "dropout")
+
+# Where the diagnoses a report leaves out are: the command's, and Python's
+CLI_MORE = "--json"
+PYTHON_MORE = "report.failures, or report.as_dict()"
 
 # target and device are the summary's (one each per report)
 HEADERS = ("case", "dtype", "tensor", "error", "baseline", "bound", "ratio", "mean", "cosine",
@@ -105,6 +111,48 @@ def find_strides(rows):
                                     "buffer (a fused qkv, a padded row) and every contiguous case passes: the kernel "
                                     "reads its inputs as if contiguous (read through their strides, or call "
                                     f".contiguous() first){where}", r.error, r.bound)
+
+
+def _other(align):
+    return "bottom-right" if align == "top-left" else "top-left"
+
+
+# Diagnosis ids that name a convention rather than a mistake of the arithmetic, and what fixes
+# each (from the run's settings): said once when every failing row has it (`Report.convention`).
+def _align_flag(settings):
+    other = _other(settings.get("align", "top-left"))
+    return f'rerun with --align {other} (from Python: align="{other}")'
+
+
+CONVENTIONS = {
+    "other-alignment": _align_flag,
+    "window-other-alignment": _align_flag,
+    "layout-bthd-as-bhtd": lambda s: "the kernel takes (B, T, H, D): rerun with --layout bthd (from Python: "
+                                     "layout=\"bthd\")",
+    "lse-base-2": lambda s: "lse is the natural log, as FlashAttention and SDPA give it: a base-2 lse times ln 2 "
+                            "(and a natural-log lse times log2(e) before exp2)",
+    "scale-ignored": lambda s: "use the scale argument the kernel is given (a case of every run passes "
+                               "one other than 1/sqrt(D))",
+}
+
+
+# Conventions that one flag fixes together (each the same as itself otherwise)
+SAME_FIX = {"window-other-alignment": "other-alignment"}
+
+
+def _cause(sentence):
+    """(what a diagnosis says the kernel does: its sentence after "matches the reference with"
+    and before the row's figures, the advice it gives after them or None)."""
+    for words in ("matches the reference with ", "reference with "):
+        if words in sentence:
+            sentence = sentence.split(words, 1)[1]
+            break
+    # up to the row's own figures: "... to 9.3e-09 (bound 8.0e-07)"
+    figures = re.search(r" to \S+ \(bound \S+\)", sentence)
+    if figures is None:
+        return sentence.split("; where:")[0].rstrip("."), None
+    after = sentence[figures.end():]
+    return sentence[:figures.start()], (after[2:].split("; where:")[0] if after.startswith(": ") else None)
 
 
 @dataclass(repr=False)
@@ -191,29 +239,56 @@ class Report:
         parts = []
         if not quiet:
             parts.append(self.table())
-            if self.failures:
-                parts.append("\ndiagnosis:\n" + "\n".join(self.diagnosis_lines()))
+            if self.diagnoses:
+                parts.append("\ndiagnosis:\n" + "\n".join(self.diagnosis_lines(more=CLI_MORE)))
         elif self.failures:
-            parts.append(str(self).rsplit("\n", 1)[0])
+            parts.append(self._text(CLI_MORE).rsplit("\n", 1)[0])
         if self.invariance and not (quiet and (self.failures or not self.broken)):   # else in str(self)
             parts.append("\n".join([""] + self.invariance_lines()))
         parts.append(("\n" if not quiet or self.failures or self.broken else "") + self.summary())
         return "\n".join(parts)
 
-    def diagnosis_lines(self, limit=40):
+    def diagnosis_lines(self, limit=40, more=PYTHON_MORE):
+        """A line per diagnosed failing row (``limit`` of them, then how many more and where all
+        of them are: ``more``); one line when every failing row has one convention as its cause
+        (`convention`), with what fixes it."""
+        one = self.convention()
+        if one is not None:
+            return [f"  {one}"]
         lines = [f"  {r.case} {r.dtype}: {d.sentence}" for r, d in self.diagnoses[:limit]]
         if len(self.diagnoses) > limit:
-            lines.append(f"  ... and {len(self.diagnoses) - limit} more (all of them in --json)")
+            lines.append(f"  ... and {len(self.diagnoses) - limit} more (all of them in {more})")
         return lines
+
+    def convention(self):
+        """When every failing row is diagnosed with one convention (`CONVENTIONS`: the causal
+        alignment, the layout, lse's base, the scale argument): one sentence saying so once,
+        with the flag or the change that fixes it; else None."""
+        failing = self.failures
+        ids = {r.diagnosis.id if r.diagnosis is not None else None for r in failing}
+        if None in ids or not ids <= set(CONVENTIONS) or len({SAME_FIX.get(i, i) for i in ids}) != 1:
+            return None
+        if len(ids) > 1:                      # the causal mask's and a window's alignment: one flag
+            other = _other(self.settings.get("align", "top-left"))
+            said, own = f"{other} alignment, of the causal mask and the windows (the check assumed {_other(other)})", None
+        else:
+            said, own = _cause(failing[0].diagnosis.sentence)
+        fix = own or CONVENTIONS[failing[0].diagnosis.id](self.settings)
+        return f"every failing row ({len(failing)} of {len(self.rows)}) matches one convention: {said}; {fix}"
 
     def __repr__(self):
         return f"<Report {self.summary()}>"
 
     def __str__(self):
         """The failing rows, their diagnoses and the summary: ``assert report.passed, str(report)``."""
+        return self._text()
+
+    def _text(self, more=PYTHON_MORE):
         parts = []
         if self.failures:
-            parts += ["failing rows:", self.table(self.failures), "", "diagnosis:"] + self.diagnosis_lines()
+            parts += ["failing rows:", self.table(self.failures)]
+            if self.diagnoses:
+                parts += ["", "diagnosis:"] + self.diagnosis_lines(more=more)
         if not any(r.passed or r.failed for r in self.rows):
             parts.append("no row passed: nothing was checked (every case was not supported)")
         if self.unsupported:
@@ -263,5 +338,10 @@ class Report:
         return repro.write_repros(self, directory, repro.BUDGET if budget is None else budget)
 
     def write_json(self, path):
+        """The rows and the summary as JSON to ``path`` ("-": standard output)."""
+        if path == "-":
+            json.dump(self.as_dict(), sys.stdout, indent=1)
+            print()
+            return
         with open(path, "w") as f:
             json.dump(self.as_dict(), f, indent=1)

@@ -38,6 +38,14 @@ class Row:
     inputs_error: float = None        # the inputs' own rounding (FP8's quantisation): the golden on the drawn
     #                                   inputs against the golden on the rounded, beside the verdict
 
+    def __repr__(self):
+        """One line: the case, dtype, tensor, error against bound and verdict (no arrays)."""
+        num = lambda x: "-" if x is None else f"{x:.1e}"
+        said = f" ({self.note})" if self.note else ""
+        named = f"; {self.diagnosis.id}" if self.diagnosis is not None else ""
+        return (f"<Row {self.target} {self.case} {self.dtype} {self.device} {self.tensor}: error {num(self.error)}, "
+                f"bound {num(self.bound)}, {self.verdict}{said}{named}>")
+
     @property
     def passed(self):
         return self.verdict == "pass"
@@ -61,7 +69,11 @@ class Row:
         return self.error / self.bound if math.isfinite(self.error) else math.inf
 
     def as_dict(self):
-        num = lambda x: None if x is None or not math.isfinite(x) else float(x)
+        """The row for --json.  A figure that was not measured is null; one that is infinite or
+        NaN (a non-finite output, a target that raised) is the string "inf" or "nan", since
+        JSON has no such numbers and null would read as "not measured"."""
+        num = lambda x: None if x is None else float(x) if math.isfinite(x) else ("nan" if math.isnan(x) else
+                                                                                 "inf" if x > 0 else "-inf")
         return {"target": self.target, "case": self.case, **self.dims, "dtype": self.dtype,
                 "device": self.device, "align": self.align, "tensor": self.tensor,
                 "error": num(self.error), "baseline": num(self.baseline), "bound": num(self.bound),

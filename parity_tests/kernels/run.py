@@ -92,7 +92,7 @@ def _progress_line(name, total, start):
 def check(target, *, device="cpu", dtypes=None, tokens=None, head_dims=None, heads=None, batch=None,
           causal="both", align="top-left", layout="bhtd", long=False, seed=0, progress=False,
           features=None, timeout=runner.DEFAULT_TIMEOUT, merge=False, world_size=None,
-          sharding=("contiguous", "head-tail"), invariance=None):
+          sharding=("contiguous", "head-tail"), invariance=None, forward_only=False):
     """Hold ``target`` (a built-in name, ``"module.path:callable"`` or a callable taking
     ``(q, k, v, *, causal, scale)``) to the float64 reference; returns a `Report`
     (``.passed``, ``.rows``, ``.failures``, ``.diagnoses``, ``.diagnosis``).
@@ -112,12 +112,20 @@ def check(target, *, device="cpu", dtypes=None, tokens=None, head_dims=None, hea
     the kernel compared with itself, bitwise, beside the accuracy rows (``report.invariance``);
     a broken one fails the report.
 
+    ``forward_only=True``: judge the output (and lse) alone, the gradients "not supported" -- for an
+    inference kernel (under ``torch.no_grad()``, or with no backward), which otherwise FAILS
+    every gradient row ("no gradient reached q").
+
     ``world_size``: run ``target`` across that many ranks, ``sharding`` "contiguous" and/or
     "head-tail" (``ranks.check_ranks``, which takes device, dtypes, tokens, causal, features,
     seed and timeout from here).
     """
+    if not isinstance(forward_only, bool):
+        raise TypeError(f"forward_only must be True or False, got {type(forward_only).__name__}")
     if invariance and (merge or world_size is not None):
         raise ValueError("invariance compares a kernel target with itself (not with merge or world_size)")
+    if forward_only and (merge or world_size is not None):
+        raise ValueError("forward_only applies to a kernel target (not with merge or world_size)")
     if world_size is not None:
         return _check_across_ranks(target, world_size, sharding, device, dtypes, tokens, causal, features,
                                    seed, timeout, progress)
@@ -128,8 +136,29 @@ def check(target, *, device="cpu", dtypes=None, tokens=None, head_dims=None, hea
     modes = parse_modes(invariance)
     plan = _plan(target, device, dtypes, tokens, head_dims, heads, batch, causal, align, layout, long,
                  features, seed)
+    if forward_only:
+        plan = plan._replace(target=_forward_only(plan.target))
     report = _run(plan, align, seed, progress, limit, spec=target)
     return _with_invariance(report, plan, modes, align, head_dims, seed)
+
+
+def _forward_only(tgt):
+    """``tgt`` refusing the calls that ask for gradients (its inputs require grad): the caller then
+    judges its forward alone, each gradient "not supported (forward only ...)"."""
+    import dataclasses
+    import functools
+
+    def refusing(fn):
+        if fn is None:
+            return None
+
+        @functools.wraps(fn)                  # its signature, for the keywords it takes
+        def forward(*args, **kw):
+            if torch.is_grad_enabled() and any(getattr(a, "requires_grad", False) for a in args):
+                raise targets.Unsupported("forward only (forward_only=True)")
+            return fn(*args, **kw)
+        return forward
+    return dataclasses.replace(tgt, fn=refusing(tgt.fn), lse_fn=refusing(tgt.lse_fn))
 
 
 def _with_invariance(report, plan, modes, align, head_dims, seed):
@@ -353,7 +382,7 @@ def build_parser():
                "(docs/check.md#on-your-own-function)\n\n"
                "Reading a diagnosis: docs/check.md#reading-a-diagnosis. Exit status: 0 every row "
                "passed,\n1 some row failed, or an invariance broke (or none could run), 2 bad arguments.")
-    p.add_argument("target", nargs="?", help="a built-in name or module.path:callable")
+    p.add_argument("target", nargs="?", help="a built-in name, module:callable or file.py:callable")
     p.add_argument("--list", action="store_true", help="list the built-in targets on --device")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--dtype", action="append", metavar="DTYPE",
@@ -383,10 +412,11 @@ def build_parser():
     p.add_argument("--world-size", type=int, metavar="N",
                    help="run the target across N ranks, one shard each (docs/ranks.md)")
     p.add_argument("--sharding", action="append", metavar="S,...",
-                   help="with --world-size: contiguous, head-tail (comma-separate; default both)")
+                   help="with --world-size: contiguous, head-tail (both)")
     p.add_argument("--invariance", action="append", metavar="M,...",
                    help=f"also the kernel against itself, bitwise: {','.join(MODES)} (docs/check.md#invariance)")
-    p.add_argument("--json", metavar="PATH", help='also write {"rows": [...], "summary": {...}} to PATH')
+    p.add_argument("--forward-only", action="store_true", help="judge the output alone (an inference kernel)")
+    p.add_argument("--json", metavar="PATH", help='also write {"rows": [...], ...} to PATH (-: stdout)')
     p.add_argument("--plot", metavar="DIR", help="heat maps of each failing tensor's error to DIR")
     p.add_argument("--repro", metavar="DIR", help="shrink each failing cause to its smallest case and write "
                    "DIR/<cause>/repro.py and inputs.npz (see docs/check.md#handing-a-failure-on)")
@@ -429,6 +459,10 @@ def main(argv=None):
         print("attention-parity check: error: --invariance compares a kernel target with itself "
               "(not --merge or --world-size)", file=sys.stderr)
         return 2
+    if args.forward_only and (args.merge or args.world_size is not None):
+        print("attention-parity check: error: --forward-only applies to a kernel target "
+              "(not --merge or --world-size)", file=sys.stderr)
+        return 2
     if args.repro is not None and (args.merge or args.world_size is not None):
         print("attention-parity check: error: --repro shrinks the cases of a kernel target "
               "(not --merge or --world-size)", file=sys.stderr)
@@ -439,7 +473,7 @@ def main(argv=None):
     if not args.target:
         print("attention-parity check: error: TARGET is required (see --help or --list)", file=sys.stderr)
         return 2
-    problem = (args.json and outputs.output_file_problem("--json", args.json)   # before the run
+    problem = (args.json not in (None, "-") and outputs.output_file_problem("--json", args.json)   # before the run
                or args.repro is not None and outputs.output_dir_problem("--repro", args.repro))
     if problem:
         print(f"attention-parity check: error: {problem}", file=sys.stderr)
@@ -458,12 +492,15 @@ def main(argv=None):
                      args.causal, args.align, args.layout, args.long, _split(args.features, "--features"), args.seed)
     except (ValueError, TypeError) as e:
         return _usage_error(e)
+    if args.forward_only:
+        plan = plan._replace(target=_forward_only(plan.target))
     line = estimate_line(plan)
     if line:
         print(line, file=sys.stderr, flush=True)
     report = _run(plan, args.align, args.seed, sys.stderr.isatty(), _timeout(args.timeout), spec=args.target)
     report = _with_invariance(report, plan, modes, args.align, _split(args.head_dim, "--head-dim", int), args.seed)
-    print(report.render(args.quiet))
+    # --json -: the JSON alone on standard output, what a reader sees on standard error
+    print(report.render(args.quiet), file=sys.stderr if args.json == "-" else sys.stdout)
     if args.json:
         report.write_json(args.json)
     if args.repro is not None:
@@ -521,10 +558,11 @@ def _main_across_ranks(args):
                        timeout=args.timeout, progress=sys.stderr.isatty())
     except (ValueError, TypeError) as e:
         return _usage_error(e, "docs/ranks.md")
-    print(report.table() if not args.quiet else str(report).rsplit("\n", 1)[0])
-    if report.failures and not args.quiet:
-        print("\ndiagnosis:\n" + "\n".join(report.diagnosis_lines()))
-    print("\n" + report.summary())
+    to = sys.stderr if args.json == "-" else sys.stdout          # --json -: the JSON alone on stdout
+    print(report.table() if not args.quiet else report._text("--json").rsplit("\n", 1)[0], file=to)
+    if report.diagnoses and not args.quiet:
+        print("\ndiagnosis:\n" + "\n".join(report.diagnosis_lines(more="--json")), file=to)
+    print("\n" + report.summary(), file=to)
     if args.json:
         report.write_json(args.json)
     if args.plot:

@@ -301,7 +301,7 @@ def _run_case(split, target, case, dtype, device, align, seed, wanted, timeout):
     gold = as_4d(gold_raw)
     with split("baseline"):
         bases = [as_4d({n: a for n, a in baseline(rounded, opts, dtype, device, grads, w).items() if n in names})
-                 for w in tol.baseline_formulations(logits) + _added_baselines(case)]
+                 for w in formulations(case, logits)]
     unjudged = None
     if "lse" in names:                    # rows that see no key: not judged (NaN there still FAILS)
         unjudged = ~np.isfinite(gold["lse"])
@@ -476,9 +476,11 @@ def _beside(rows, unrounded, gold, den, unjudged):
             r.note = (r.note + "; " if r.note else "") + f"quantisation alone {r.inputs_error:.1e}"
 
 
-def _added_baselines(case):
-    """The baseline formulations the case's features add (`features.Judging.baselines`)."""
-    return tuple(w for n, _ in case.features if n in REGISTRY for w in REGISTRY[n].judging.baselines)
+def formulations(case, logits):
+    """How the baseline forms its weights on ``case`` (``tolerances.baseline_formulations``),
+    and the formulations its features add (`features.Judging.baselines`: FP8's e4m3 P)."""
+    return tol.baseline_formulations(logits) + tuple(
+        w for n, _ in case.features if n in REGISTRY for w in REGISTRY[n].judging.baselines)
 
 
 # What a kernel must not do, named from the reason its case failed.

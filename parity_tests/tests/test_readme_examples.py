@@ -118,6 +118,8 @@ def _verb_argv(block):
         return tuple(argv)
     if argv[:1] == ["check"] and len(argv) > 1 and "--world-size" not in argv:
         return tuple(argv)
+    if argv[:1] == ["audit"] and "-" not in argv:
+        return tuple(argv)
     return None
 
 

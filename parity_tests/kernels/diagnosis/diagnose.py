@@ -120,7 +120,7 @@ class Diagnosis:
     spread: bool = False     # the error over most rows alike: no place of its own
     unbiased: bool = False   # and of either sign alike, as rounding is (a constant offset is not)
     rounding: bool = False   # unnamed, and its size, rows and float64 run all fit rounding (`_rounding_like`)
-    error_map: object = None  # (rows, batch x head) error over the bound, for report.plot
+    error_map: object = field(default=None, repr=False)  # (rows, batch x head) error over the bound, for report.plot
 
     def as_dict(self):
         return {"id": self.id, "sentence": self.sentence, "residual": _finite(self.residual),

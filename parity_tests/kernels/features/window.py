@@ -44,8 +44,9 @@ def mistakes(ctx, window):
         out.append(ctx.H("window-swapped", f"the window's sides swapped ({(right, left)} for {window})",
                          ctx.fwd({"window": (right, left)})))
     if case.tq != case.tk:
-        out.append(ctx.H("window-other-alignment", f"the window placed {ctx.other_align} (the causal mask and "
-                         f"the check: {ctx.align})", ctx.fwd(window_align=ctx.other_align)))
+        told = "the causal mask and the check" if case.causal else "the check"
+        out.append(ctx.H("window-other-alignment", f"the window placed {ctx.other_align} ({told}: {ctx.align})",
+                         ctx.fwd(window_align=ctx.other_align)))
     return out
 
 

@@ -358,7 +358,7 @@ def merge_main(args):
     if extra:
         say(f"--merge runs its own cases; it takes --device, --dtype, --seed, --json and -q, not {', '.join(extra)}")
         return 2
-    problem = args.json and outputs.output_file_problem("--json", args.json)
+    problem = args.json not in (None, "-") and outputs.output_file_problem("--json", args.json)
     if problem:
         say(problem)
         return 2
@@ -368,7 +368,7 @@ def merge_main(args):
     except (ValueError, TypeError) as e:
         say(e)
         return 2
-    print(report.render(args.quiet))
+    print(report.render(args.quiet), file=sys.stderr if args.json == "-" else sys.stdout)
     if args.json:
-        report.write_json(args.json)
+        report.write_json(args.json)             # "-": standard output
     return 0 if report.passed else 1

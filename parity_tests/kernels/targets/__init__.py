@@ -224,13 +224,17 @@ def _one_line(e):
 
 
 def _import_callable(spec):
-    module_name, _, attr = spec.partition(":")
+    """The callable ``module.path:name`` or ``path/to/file.py:name`` names (a file's folder is
+    searched for its own imports, as ``python file.py`` would)."""
+    module_name, _, attr = spec.rpartition(":") if ".py:" in spec else spec.partition(":")
     if not module_name or not attr:
-        raise ValueError(f"target must be a built-in name or module.path:callable, got {spec!r}")
+        raise ValueError(f"target must be a built-in name, module.path:callable or file.py:callable, got {spec!r}")
+    if module_name.endswith(".py") and not os.path.isfile(os.path.expanduser(module_name)):
+        raise ValueError(f"target {spec!r}: no file {module_name}")
     if os.getcwd() not in sys.path:         # a module in the current directory, as python -m would
         sys.path.insert(0, os.getcwd())
     try:
-        obj = importlib.import_module(module_name)
+        obj = _load_file(spec, module_name) if module_name.endswith(".py") else importlib.import_module(module_name)
     except ImportError as e:
         raise ValueError(f"target {spec!r}: cannot import {module_name!r} ({e})") from None
     except SystemExit as e:
@@ -242,6 +246,27 @@ def _import_callable(spec):
             raise ValueError(f"target {spec!r}: {module_name!r} has no attribute {attr!r}")
         obj = getattr(obj, part)
     return obj
+
+
+def _load_file(spec, path):
+    """The module of the file ``path``, loaded once under a name of its own."""
+    import importlib.util
+    full = os.path.abspath(os.path.expanduser(path))
+    name = "_attention_target_" + "".join(c if c.isalnum() else "_" for c in full)
+    if name in sys.modules:
+        return sys.modules[name]
+    folder = os.path.dirname(full)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    loader = importlib.util.spec_from_file_location(name, full)
+    module = importlib.util.module_from_spec(loader)
+    sys.modules[name] = module
+    try:
+        loader.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
 
 
 def resolve(target, device="cpu", layout="bhtd"):

@@ -32,7 +32,7 @@ def test_a_passing_target_exits_0_with_rows_and_json(tmp_path, capsys):
 
 def test_a_failing_user_target_exits_1_with_its_diagnosis(tmp_path, capsys):
     path = tmp_path / "check.json"
-    status = cli.main(["check", "check_gallery:no_scale", *SMALL, "--dtype", "float32", "-q",
+    status = cli.main(["check", "parity_tests.kernels.planted.chapter:no_scale", *SMALL, "--dtype", "float32", "-q",
                        "--json", str(path)])
     out = capsys.readouterr().out
     assert status == 1

@@ -1,5 +1,5 @@
 """No false alarm: every standard correct way of computing attention passes every case
-and input class, at any seed, in float32 and bfloat16 (``correct_gallery``; the bound's
+and input class, at any seed, in float32 and bfloat16 (``kernels/planted/correct.py``; the bound's
 derivation: ``tolerances``, "the baseline's formulations")."""
 
 import itertools
@@ -11,7 +11,7 @@ import torch
 import parity_tests
 from numpy_ref import reference_attention
 
-from correct_gallery import CORRECT
+from parity_tests.kernels.planted.correct import CORRECT
 
 DTYPES = ["float32", "bfloat16"]
 

@@ -15,7 +15,7 @@ import parity_tests
 from parity_tests.kernels.cases import Case
 from parity_tests.kernels.features import REGISTRY
 from parity_tests.kernels.features import dropout as dropout_mod
-from feature_gallery import attend, kernel, wrong_kernel
+from parity_tests.kernels.planted.featured import attend, kernel, wrong_kernel
 
 TINY = dict(tokens=["5"], head_dims=[16], heads=[1], batch=[1], dtypes=["float32"], causal="yes")
 

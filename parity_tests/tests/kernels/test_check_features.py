@@ -11,7 +11,7 @@ import parity_tests
 from parity_tests import cli
 from parity_tests.kernels import features as feat
 from crashing_kernels import with_backward
-from feature_gallery import FEATURE_GALLERY, attend, kernel, one_unit_off_every_other_call, varlen, wrong_kernel
+from parity_tests.kernels.planted.featured import FEATURE_GALLERY, attend, kernel, one_unit_off_every_other_call, varlen, wrong_kernel
 from needs import needs
 
 pytestmark = pytest.mark.usefixtures("without_input_classes")   # (conftest.py)
@@ -210,7 +210,7 @@ def test_a_gradient_that_does_not_reach_bias_or_sinks_fails():
 
 def test_every_tensor_is_judged_with_its_mean_error_and_cosine(tmp_path):
     path = tmp_path / "check.json"
-    assert cli.main(["check", "check_gallery:attention", "--features", "decode", "--tokens", "17",
+    assert cli.main(["check", "parity_tests.kernels.planted.chapter:attention", "--features", "decode", "--tokens", "17",
                      "--head-dim", "16", "--dtype", "float32", "--json", str(path)]) == 0
     rows = json.loads(path.read_text())["rows"]
     decode = [r for r in rows if "decode" in r["features"]]

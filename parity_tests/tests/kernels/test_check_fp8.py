@@ -11,7 +11,7 @@ import parity_tests
 from parity_tests.kernels import run, runner
 from parity_tests.kernels.cases import Case
 from parity_tests.kernels.features import REGISTRY, Plan
-import fp8_gallery
+from parity_tests.kernels.planted import fp8 as fp8_gallery
 
 
 def own_case(feature, label, causal=True):

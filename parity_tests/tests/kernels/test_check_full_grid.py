@@ -17,6 +17,6 @@ def test_the_default_grid_passes_in_float32_and_bfloat16(name):
 
 @pytest.mark.slow
 def test_a_wrong_kernel_fails_the_default_grid():
-    from check_gallery import GALLERY
+    from parity_tests.kernels.planted.chapter import GALLERY
     report = parity_tests.check(GALLERY["stale_max"][0], dtypes=["bfloat16"])
     assert not report.passed and report.diagnosis == "stale-max"

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import parity_tests
-from check_gallery import GALLERY
+from parity_tests.kernels.planted.chapter import GALLERY
 
 pytestmark = pytest.mark.usefixtures("without_input_classes")   # (conftest.py)
 

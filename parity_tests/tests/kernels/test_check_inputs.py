@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 import parity_tests
 from block_examples import WRONG, block_attention
-from feature_gallery import attend
+from parity_tests.kernels.planted.featured import attend
 
 SMALL = dict(tokens=["17"], head_dims=[16], heads=[2], batch=[1], dtypes=["float32"], causal="yes")
 

@@ -15,9 +15,9 @@ from parity_tests.kernels.cases import Case, case_rng
 from parity_tests.kernels.features import REGISTRY
 from parity_tests.kernels.diagnosis.diagnose import Diagnosis
 from parity_tests.kernels.report import Row, find_growth, find_strides
-from check_gallery import GALLERY
+from parity_tests.kernels.planted.chapter import GALLERY
 from crashing_kernels import sdpa
-from feature_gallery import _OneHeadExpand, attend, kernel, one_unit_off_every_other_call, varlen
+from parity_tests.kernels.planted.featured import _OneHeadExpand, attend, kernel, one_unit_off_every_other_call, varlen
 
 SMALL = Case(1, 2, 17, 17, 16, True)
 

@@ -16,7 +16,7 @@ from parity_tests.kernels import cases, dense, targets
 from parity_tests.kernels.diagnosis import diagnose
 from parity_tests.kernels import runner, time_split
 from parity_tests.kernels.diagnosis import row_block
-from check_gallery import GALLERY
+from parity_tests.kernels.planted.chapter import GALLERY
 
 ONE = dict(tokens=["256"], heads=[1], batch=[1], head_dims=[64], dtypes=["float32"], causal="yes")
 

@@ -1,5 +1,5 @@
 """No wrong kernel makes the check raise: every planted mistake of the galleries
-(``every_mistake``) against every feature, then every pair of features (``-m slow``), at
+(``parity_tests.kernels.planted``) against every feature, then every pair of features (``-m slow``), at
 small sizes.  A diagnosis that raises raises here (the suite sets ``PARITY_DIAGNOSIS_RAISES``);
 no row may say it could not diagnose."""
 
@@ -12,8 +12,8 @@ from parity_tests.kernels import run
 from parity_tests.kernels.diagnosis import diagnose, row_block
 from parity_tests.kernels.cases import Case, case_rng
 from parity_tests.kernels.features import FEATURES, REGISTRY, parse_features
-import every_mistake
-from feature_gallery import FEATURE_GALLERY
+from parity_tests.kernels import planted
+from parity_tests.kernels.planted.featured import FEATURE_GALLERY
 
 # the small case a set of features is added to (4 heads: GQA keeps 2 kv heads)
 BASE = Case(2, 4, 13, 21, 16, True)
@@ -60,7 +60,7 @@ def check_mistakes(names, features):
     small case, as ``check`` runs a case (its plan: the features' keywords required first)."""
     rows = []
     for name in names:
-        fn = every_mistake.kernel(name, features)
+        fn = planted.kernel(name, features)
         dtypes = [REGISTRY[f].judging.dtypes[0] for f in features if REGISTRY[f].judging.dtypes] or ["float32"]
         plan = run._plan(fn, "cpu", dtypes[:1], None, None, None, None, "yes", "top-left", "bhtd", False,
                          features)
@@ -74,25 +74,26 @@ def check_mistakes(names, features):
 
 
 def plantable(features):
-    return [m for m in every_mistake.MISTAKES if every_mistake.plantable(m, features)]
+    return [m for m in planted.MISTAKES if planted.plantable(m, features)]
 
 
 def _own(name, feature):
     """Whether ``name`` is one of ``feature``'s own mistakes (its gallery's, its twins)."""
-    return feature in FEATURE_GALLERY.get(name, ()) or name.startswith(feature + "-")
+    return feature in FEATURE_GALLERY.get(name, ()) or name.startswith(feature + "-") or \
+        planted.MISTAKES[name].layout == feature
 
 
 def sampled(feature):
     """The default suite's share: the feature's own mistakes, and every len(FEATURES)-th of
     the others (each mistake runs on some feature; each feature meets the chapter's)."""
     turn = FEATURES.index(feature)
-    return [m for i, m in enumerate(every_mistake.MISTAKES)
-            if every_mistake.plantable(m, [feature]) and (_own(m, feature) or i % len(FEATURES) == turn)]
+    return [m for i, m in enumerate(planted.MISTAKES)
+            if planted.plantable(m, [feature]) and (_own(m, feature) or i % len(FEATURES) == turn)]
 
 
 def test_the_default_share_runs_every_mistake_and_each_feature_meets_several():
     shares = {f: sampled(f) for f in FEATURES}
-    assert set().union(*shares.values()) == set(every_mistake.MISTAKES)
+    assert set().union(*shares.values()) == set(planted.MISTAKES)
     assert all(len(s) >= 2 for s in shares.values()), shares
 
 
@@ -104,8 +105,8 @@ def test_no_planted_mistake_makes_the_check_raise_on_a_feature(feature, monkeypa
 
 
 @pytest.mark.parametrize("mistake, features, size", [
-    ("no_scale", ["paged"], "rows"),                          # a paged case sliced to one sequence
-    ("no_scale", ["bias", "paged"], "whole"),                 # more keys read than the bias covers
+    ("no-scale", ["paged"], "rows"),                          # a paged case sliced to one sequence
+    ("no-scale", ["bias", "paged"], "whole"),                 # more keys read than the bias covers
     ("varlen-neighbours", ["varlen", "lse_grad"], "whole"),   # dlse packed as q is
 ], ids=["paged-rows", "bias+paged", "varlen+lse_grad"])
 def test_the_crashes_the_pairs_found_stay_fixed(mistake, features, size, monkeypatch):

@@ -10,7 +10,7 @@ import parity_tests
 from parity_tests.kernels import dense, runner
 from parity_tests.kernels.cases import Case
 from parity_tests.kernels.features import REGISTRY, Plan
-from feature_gallery import attend, kernel
+from parity_tests.kernels.planted.featured import attend, kernel
 
 pytestmark = pytest.mark.usefixtures("without_input_classes")   # (conftest.py)
 

@@ -17,7 +17,7 @@ from parity_tests.kernels import repro, runner, targets
 from parity_tests.kernels.cases import Case
 from parity_tests.kernels.report import Report
 
-import check_gallery
+from parity_tests.kernels.planted import chapter
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
@@ -120,7 +120,7 @@ def _one_case_report(spec, case, dtype="float32"):
 
 
 def test_no_scale_is_shrunk_written_fails_alone_and_passes_once_fixed(tmp_path):
-    report = _one_case_report("check_gallery:no_scale", Case(2, 2, 113, 203, 40, True))
+    report = _one_case_report("parity_tests.kernels.planted.chapter:no_scale", Case(2, 2, 113, 203, 40, True))
     written = report.repro(tmp_path / "repro")
     assert [f.cause for f in written] == ["no-scale"]
     found = written[0]
@@ -140,7 +140,7 @@ def test_no_scale_is_shrunk_written_fails_alone_and_passes_once_fixed(tmp_path):
 
 def test_the_command_prints_the_shrunk_case_and_its_script(tmp_path, capsys):
     out_dir = tmp_path / "r"
-    status = cli.main(["check", "check_gallery:backward_no_delta", "--tokens", "17", "--head-dim", "16",
+    status = cli.main(["check", "parity_tests.kernels.planted.chapter:backward_no_delta", "--tokens", "17", "--head-dim", "16",
                        "--heads", "2", "--dtype", "float32", "-q", "--repro", str(out_dir)])
     text = capsys.readouterr().out
     assert status == 1
@@ -153,13 +153,13 @@ def test_the_command_prints_the_shrunk_case_and_its_script(tmp_path, capsys):
 def test_an_unwritable_repro_dir_exits_2_before_any_case(tmp_path, capsys):
     blocker = tmp_path / "file"
     blocker.write_text("")
-    assert cli.main(["check", "check_gallery:no_scale", "--repro", str(blocker)]) == 2
+    assert cli.main(["check", "parity_tests.kernels.planted.chapter:no_scale", "--repro", str(blocker)]) == 2
     assert "--repro" in capsys.readouterr().err
-    assert cli.main(["check", "--merge", "check_gallery:no_scale", "--repro", str(tmp_path)]) == 2
+    assert cli.main(["check", "--merge", "parity_tests.kernels.planted.chapter:no_scale", "--repro", str(tmp_path)]) == 2
 
 
 def test_shrinking_takes_batch_heads_lengths_and_head_dim_down():
-    target = targets.resolve(check_gallery.backward_no_delta)
+    target = targets.resolve(chapter.backward_no_delta)
     case, row, rows, runs, seconds, note = repro.shrink(target, Case(2, 3, 113, 203, 80, True), "dq",
                                                         "backward-no-D", "float32", "cpu")
     assert (case.batch, case.heads, case.head_dim) == (1, 1, 16)
@@ -170,14 +170,14 @@ def test_shrinking_takes_batch_heads_lengths_and_head_dim_down():
 def test_shrinking_passes_over_the_sizes_a_kernel_refuses():
     refuses = lambda case, dtype, device, align: None if case.tq % 16 == 0 and case.tk % 16 == 0 else \
         "T must be a multiple of 16"
-    target = targets.Target("blocks", check_gallery.no_scale, refuses=refuses)
+    target = targets.Target("blocks", chapter.no_scale, refuses=refuses)
     case = repro.shrink(target, Case(1, 2, 64, 128, 32, False), "out", "no-scale", "float32", "cpu")[0]
     assert (case.tq, case.tk) == (16, 16)
 
 
 def _noisy(q, k, v, *, causal, scale):
     """Right, plus a fixed ripple no catalogued mistake explains."""
-    out = check_gallery.attention(q, k, v, causal=causal, scale=scale)
+    out = chapter.attention(q, k, v, causal=causal, scale=scale)
     return out + 1e-3 * torch.cos(torch.arange(out.numel(), dtype=out.dtype)).view(out.shape)
 
 
@@ -206,7 +206,7 @@ def test_a_report_without_failures_writes_nothing(tmp_path):
                                          ("backward_no_delta", "backward-no-D"),
                                          ("scale_one_over_d", "scale-1/D")])
 def test_gallery_repros_fail_alone_and_pass_once_fixed(tmp_path, name, cause):
-    report = parity_tests.check(f"check_gallery:{name}", **SMALL)
+    report = parity_tests.check(f"parity_tests.kernels.planted.chapter:{name}", **SMALL)
     found = {f.cause: f for f in report.repro(tmp_path / "r")}[cause]
     _assert_small_script(found)
     assert os.path.dirname(found.path) == str(tmp_path / "r" / cause.replace("/", "-"))
@@ -220,7 +220,7 @@ def test_gallery_repros_fail_alone_and_pass_once_fixed(tmp_path, name, cause):
 
 @pytest.mark.slow
 def test_a_feature_repro_passes_its_keyword_and_returns_lse(tmp_path):
-    (tmp_path / "planted.py").write_text("from feature_gallery import kernel\n"
+    (tmp_path / "planted.py").write_text("from parity_tests.kernels.planted.featured import kernel\n"
                                          "softcap_no_derivative = kernel('softcap-no-derivative')\n")
     sys.path.insert(0, str(tmp_path))
     try:
@@ -240,7 +240,7 @@ def test_a_feature_repro_passes_its_keyword_and_returns_lse(tmp_path):
 @pytest.mark.slow
 def test_a_kernel_reading_views_as_contiguous_keeps_its_strides(tmp_path):
     (tmp_path / "views.py").write_text(
-        "import torch\nfrom check_gallery import attention\n"
+        "import torch\nfrom parity_tests.kernels.planted.chapter import attention\n"
         "def as_if_contiguous(q, k, v, *, causal, scale):\n"
         "    flat = lambda x: torch.as_strided(x, x.shape, torch.empty(x.shape).stride(), x.storage_offset())\n"
         "    return attention(*(flat(x) for x in (q, k, v)), causal=causal, scale=scale)\n")
@@ -261,21 +261,21 @@ def test_a_kernel_reading_views_as_contiguous_keeps_its_strides(tmp_path):
 def test_a_builtin_is_rebuilt_in_the_script(tmp_path):
     """A failing target named as a built-in SDPA backend: its script calls the real backend,
     which is right (exit 0), and the wrong kernel again when named (exit 1)."""
-    wrong = targets.Target("sdpa-math", lambda q, k, v, *, causal, scale: check_gallery.no_scale(
+    wrong = targets.Target("sdpa-math", lambda q, k, v, *, causal, scale: chapter.no_scale(
         q, k, v, causal=causal, scale=scale))
     report = parity_tests.check(wrong, **SMALL)
     found = report.repro(tmp_path / "r")[0]
     assert 'with sdpa_backend("MATH"):' in open(found.path).read()
     status, output = _run_script(found.path)
     assert status == 0, output
-    status, output = _run_script(found.path, "check_gallery:no_scale")
+    status, output = _run_script(found.path, "parity_tests.kernels.planted.chapter:no_scale")
     assert status == 1, output
 
 
 def test_a_case_whose_call_the_script_cannot_rebuild_gets_no_script(tmp_path):
     # dropout's mask is seeded and read back from the kernel: a plain call in a script could
     # never pass, so no script is written, and the line says why (the features' declarations)
-    from feature_gallery import wrong_kernel
+    from parity_tests.kernels.planted.featured import wrong_kernel
     fn, features = wrong_kernel("dropout-no-rescale")
     report = parity_tests.check(fn, features=features, **SMALL)
     found = [f for f in report.repro(str(tmp_path)) if f.case.get("dropout")]
@@ -296,7 +296,7 @@ def test_a_shrunk_case_refits_each_features_value():
 
 def test_the_script_docs_check_md_shows_is_the_one_written(tmp_path):
     # docs/check.md, "Handing a failure on": the script shown is what this version writes
-    report = parity_tests.check("parity_tests.tests.kernels.check_gallery:backward_masked", tokens=["17", "45x77"],
+    report = parity_tests.check("parity_tests.kernels.planted.chapter:backward_masked", tokens=["17", "45x77"],
                                 head_dims=[32], dtypes=["float32"])
     (found,) = [f for f in report.repro(str(tmp_path)) if f.cause == "backward-masked"]
     with open(os.path.join(ROOT, "docs", "check.md")) as f:

@@ -1,6 +1,6 @@
 """Serving kernels: ``paged`` (FlashAttention's kvcache form) and ``splits`` (split-KV).
 
-The kernels checked are ``serving_examples``, written plainly apart from the check's
+The kernels checked are ``planted.serving``, written plainly apart from the check's
 formulas; each mistaken twin must fail and be named.  The default tests run the
 features' own cases at small sizes in float32; the whole runs are slow."""
 
@@ -14,7 +14,7 @@ import parity_tests
 from parity_tests.kernels import cases, runner, targets
 from parity_tests.kernels.diagnosis import row_block
 from parity_tests.kernels.features import REGISTRY, Plan
-import serving_examples as ex
+from parity_tests.kernels.planted import serving as ex
 from needs import needs
 
 pytestmark = pytest.mark.usefixtures("without_input_classes")   # (conftest.py)

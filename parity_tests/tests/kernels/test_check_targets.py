@@ -9,7 +9,7 @@ import parity_tests
 from parity_tests import cli
 from parity_tests.common import capabilities
 from parity_tests.kernels import targets
-from check_gallery import GALLERY
+from parity_tests.kernels.planted.chapter import GALLERY
 from needs import as_if_lacking, needs
 
 TINY = dict(tokens=["1", "17", "45x77"], head_dims=[40], heads=[2], batch=[2])

@@ -16,7 +16,7 @@ import parity_tests
 from parity_tests.common import capabilities
 from parity_tests.common import tolerances as tol
 
-from correct_gallery import CORRECT
+from parity_tests.kernels.planted.correct import CORRECT
 from loosen import loosen
 from needs import needs_dtype
 

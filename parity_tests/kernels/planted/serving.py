@@ -3,7 +3,7 @@ own formulas: a paged decode (FlashAttention's kvcache form, keys gathered throu
 block table) and a split-KV decode (partial states over key ranges, then merged).
 Each computes in float64 and returns the input's dtype.
 
-    python -m parity_tests check parity_tests.tests.kernels.serving_examples:paged_decode \\
+    python -m parity_tests check parity_tests.kernels.planted.serving:paged_decode \\
         --features paged --dtype float32
 """
 
