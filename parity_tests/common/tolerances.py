@@ -304,6 +304,23 @@ def baseline_formulations(logits):
     return BASELINE_FORMULATIONS if logits > LOGIT_SCALE else BASELINE_FORMULATIONS[:1]
 
 
+# A gradient summed over every row into a few numbers -- dsinks, one per head: −Σ_{b,i}
+# P_sink,i (D_i − dlse_i) -- is a sum whose terms cancel: its size can be far below the sizes
+# of its terms, and its rounding follows theirs.  Each term is a product of quantities every
+# correct kernel rounds its own way (the sink's weight, D_i = rowsum(dO ∘ O) or the softmax
+# backward's Σ_j P_ij dP_ij), so each carries a relative error of a few u, and two correct
+# kernels differ by about u Σ |t_i|, however small Σ t_i is.  A plain computation's error is
+# one draw of that: measured, a right float32 kernel written as transformers' gpt-oss eager
+# attention (the sink column concatenated to the scores, autograd for dsinks) had dsinks up
+# to 10 times a direct one's on a given seed, 1.10 x the bound on the B1 H2 T17 case; in
+# bfloat16, 1.55 and 1.63 x over 20 seeds.  So such a tensor's bound is at least
+# CHECK_FACTOR u Σ |t_i| over its own size (the feature gives Σ |t_i|: ``Judging.reduced``).
+def reduction_floor(dtype, mass):
+    """The least bound of a gradient summed over rows whose terms' sizes add to ``mass`` (in
+    units of the tensor's own size: its normwise denominator)."""
+    return CHECK_FACTOR * UNIT_ROUNDOFF[dtype] * float(mass)
+
+
 def check_bound(dtype, baseline, logits=0.0):
     """The bound of ``attention-parity check`` for a tensor whose baseline error is ``baseline``
     (the larger over the baseline's formulations), on a case whose largest |score| (its

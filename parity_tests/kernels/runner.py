@@ -309,10 +309,12 @@ def _run_case(split, target, case, dtype, device, align, seed, wanted, timeout):
             base["lse"] = np.where(unjudged, 0.0, base["lse"])
         gold["lse"] = np.where(unjudged, 0.0, gold["lse"])
     den, zero = denominators(gold), zero_by_theory(gold)
+    floors = reduction_floors(case, rounded, full, den, dtype, case_align)
     rows, failing, bounds, arrays = {}, [], {}, {}
     for n in names:
         rows[n], bounds[n], a = _judge(n, got.get(n, ("FAIL", f"the target gave no {n}")), gold, bases, den,
-                                       n in zero, dtype, logits, unjudged, case, case_align, gold_raw, rounded, row)
+                                       n in zero, dtype, logits, unjudged, case, case_align, gold_raw, rounded, row,
+                                       floors.get(n, 0.0))
         if a is not None:
             arrays[n] = a
         if rows[n].failed:
@@ -375,7 +377,22 @@ def _random(case):
     return declared(dict(case.features), "random")
 
 
-def _judge(n, value, gold, bases, den, zero, dtype, logits, unjudged, case, align, gold_raw, rounded, row):
+def reduction_floors(case, rounded, full, den, dtype, align):
+    """{tensor: the least bound} of the gradients a feature sums over rows into a few numbers
+    (`features.Judging.reduced`: dsinks, one per head): ``tolerances.reduction_floor`` of the
+    sum of its terms' sizes, over the tensor's own size."""
+    floors = {}
+    for name, value in case.features:
+        reduced = REGISTRY[name].judging.reduced if name in REGISTRY else None
+        if reduced is not None:
+            for n, mass in reduced(case=case, value=value, inputs=rounded, golden=full, align=align).items():
+                if n in den:
+                    floors[n] = tol.reduction_floor(dtype, float(np.max(mass)) / den[n])
+    return floors
+
+
+def _judge(n, value, gold, bases, den, zero, dtype, logits, unjudged, case, align, gold_raw, rounded, row,
+           floor=0.0):
     """(row, bound, the target's judged array or None) of tensor ``n``: max and mean error
     against the golden result, each held to `tolerances.check_bound` of the baseline's (the
     larger over the baseline's formulations ``bases``).  lse is judged on the rows that see a
@@ -383,7 +400,7 @@ def _judge(n, value, gold, bases, den, zero, dtype, logits, unjudged, case, alig
     ``gold[n]`` becomes the form the kernel returns."""
     errors = [tensor_errors(base[n], gold[n], den[n]) for base in bases]
     base_err, base_mean = max(e[0] for e in errors), max(e[2] for e in errors)
-    bound = tol.check_bound(dtype, base_err, logits)
+    bound = max(tol.check_bound(dtype, base_err, logits), floor)
     if zero:
         bound = max(bound, tol.CHECK_ZERO_FLOOR[dtype])
     if isinstance(value, str):
@@ -405,7 +422,7 @@ def _judge(n, value, gold, bases, den, zero, dtype, logits, unjudged, case, alig
                     note = else_said
         gold[n] = ref
     err, where, mean, cosine = tensor_errors(a, ref, den[n])
-    mean_bound = max(tol.check_bound(dtype, base_mean, logits), bound if zero else 0.0)
+    mean_bound = max(tol.check_bound(dtype, base_mean, logits), bound if zero else 0.0, floor)
     ok = err <= bound and mean <= mean_bound
     if err <= bound and not ok:
         note = (note + "; " if note else "") + f"mean error {mean:.1e} above its bound {mean_bound:.1e}"

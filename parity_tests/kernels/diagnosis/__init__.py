@@ -6,7 +6,7 @@
 - ``mistakes``: the catalogue, the chapter's mistakes and each feature's, recomputed by
   the dense formula.
 - ``location``: where a failure sits (heads, query rows, key ranges).
-- ``row_block``: a case too long to recompute whole, as_4d on a block of query rows.
+- ``row_block``: a case too long to recompute whole, judged on a block of query rows.
 - ``poisoned``: mistakes that read memory no kernel should read, named by where their
   NaN lands.
 """

@@ -142,7 +142,7 @@ class Evidence:
     gold_raw: dict         # the reference in its own shapes
     den: dict
     bounds: dict
-    arrays: dict           # the target's tensors, as_4d form
+    arrays: dict           # the target's tensors, 4-D (`as_4d`)
     got: dict              # the target's raw answer
     second: object         # a second call's answer, or None
     caller: object         # calls the target again
@@ -324,7 +324,7 @@ def _recomputed_part(rest, ev):
 
 def _summed_over_rows(n, hyps, cache, sub, sel):
     """dk, dv (sums over every query row) on a block of rows: only the mistakes the reference
-    itself gives are as_4d, on the whole slice; the others are said not to be."""
+    itself gives are judged, on the whole slice; the others are said not to be."""
     tried = [h for h in hyps if getattr(h.predict, "from_reference", False)]
     d = _diagnose_tensor(n, tried, cache, sub.arrays, sub.gold, sub.den[n], sub.bounds[n], sel)
     if d.id != "none":

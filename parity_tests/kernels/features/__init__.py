@@ -30,8 +30,9 @@ Optional groups, for what a few features need:
   ``repeats``, ``random``; ``keywords`` beyond its inputs and options;
 - `Judging`, how a row is judged: ``forward_only``, ``dtypes`` (the dtypes its cases run
   in), ``baselines`` (the formulations it adds to the baseline's), ``aligned``,
-  ``alignment_mistake``, ``lse_form``, ``inputs_error`` (the error of its inputs' own
-  rounding, reported beside the verdict);
+  ``alignment_mistake``, ``lse_form``, ``reduced`` (a gradient summed over rows, bounded by
+  that sum's rounding), ``inputs_error`` (the error of its inputs' own rounding, reported
+  beside the verdict);
 - `Shrinking`, how ``check --repro`` shrinks a case: ``fit``, ``head_counts``, ``shape``.
 
 Hooks name the arguments they use (pluggy's way): ``def draw(value, inputs)`` receives
@@ -62,6 +63,7 @@ HOOKS = {
     "hand": ("case", "value", "args", "kw", "inputs", "device", "dtype", "align"),     # -> (args, kw)
     "recover": ("case", "value", "inputs", "opts", "caller", "seed", "device", "dtype", "align"),
     "lse_form": ("case", "value", "inputs", "align", "lse"),
+    "reduced": ("case", "value", "inputs", "golden", "align"),        # -> {tensor: the sizes its sum adds}
 }
 
 
@@ -143,6 +145,8 @@ class Judging:
     alignment_mistake: object = None   # (ctx) -> (id, says) naming the other alignment in its terms, or None
     lse_form: object = None    # hook -> (lse, note, note_else): another lse its kernels return, accepted
     #                            when closer (ALiBi's FlashAttention form)
+    reduced: object = None     # hook -> {tensor: Σ |terms|}: a gradient it sums over rows into a few numbers
+    #                            (dsinks), its bound at least that sum's rounding (`tolerances.reduction_floor`)
     inputs_error: bool = False  # the error of its inputs' own rounding (FP8's quantisation: the golden
     #                            on the drawn inputs against the golden on the rounded) beside the verdict
 
@@ -193,7 +197,8 @@ class Feature:
         object.__setattr__(self, "draw", hook("draw", self.draw))
         object.__setattr__(self, "calling", replace(calling, **{n: hook(n, getattr(calling, n)) for n in
                                                                 ("reference", "arguments", "hand", "recover")}))
-        object.__setattr__(self, "judging", replace(self.judging, lse_form=hook("lse_form", self.judging.lse_form)))
+        object.__setattr__(self, "judging", replace(self.judging, lse_form=hook("lse_form", self.judging.lse_form),
+                                                    reduced=hook("reduced", self.judging.reduced)))
 
     @property
     def keywords(self):

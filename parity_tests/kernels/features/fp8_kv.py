@@ -1,6 +1,6 @@
 """``fp8_kv``: an FP8 KV cache, as FlashInfer and vLLM keep one.  q in the tested dtype
 (bfloat16 or float16), k and v in ``torch.float8_e4m3fn`` with ``k_descale`` and
-``v_descale``, float32 (B, Hkv); out in q's dtype; forward only.  Quantised, as_4d and
+``v_descale``, float32 (B, Hkv); out in q's dtype; forward only.  Quantised, judged and
 bounded as ``fp8``'s k and v are (the golden on the dequantised inputs, the bound from the
 baseline in the tested dtype and from P rounded to e4m3, the quantisation's own error beside
 the verdict); its cases are ``fp8``'s, head dims 192 with Dv 128 among them (FlashInfer's

@@ -1,5 +1,5 @@
 """``lse``: the callable returns ``(out, lse)``, lse (B, H, Tq) (``(H, total_q)`` with
-``thd``), natural log, as_4d on every row that sees a key (kernels store −inf, +inf
+``thd``), natural log, judged on every row that sees a key (kernels store −inf, +inf
 or 0 on the others: any of them, never NaN).  With ALiBi, FlashAttention's causal form
 (+slope·j, each row's constant −slope·(i + o) left out) is accepted as well.  Invited
 mistakes: lse in base 2, lse without the running maximum added back."""

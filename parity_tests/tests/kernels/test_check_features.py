@@ -1,4 +1,4 @@
-"""``check(..., features=[...])``: what the callable receives, what is as_4d, the
+"""``check(..., features=[...])``: what the callable receives, what is judged, the
 feature gallery's teeth, and the built-in targets with the features they express."""
 
 import json

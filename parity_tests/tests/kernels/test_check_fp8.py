@@ -12,6 +12,11 @@ from parity_tests.kernels import run, runner
 from parity_tests.kernels.cases import Case
 from parity_tests.kernels.features import REGISTRY, Plan
 from parity_tests.kernels.planted import fp8 as fp8_gallery
+from parity_tests.common import capabilities
+from needs import needs_dtype
+
+# the KV form's dtypes where this PyTorch multiplies in each on the CPU (float16: 2.2 and later)
+KV_DTYPES = [d for d in ("bfloat16", "float16") if not capabilities.dtype_lacks(d, "cpu")]
 
 
 def own_case(feature, label, causal=True):
@@ -36,8 +41,9 @@ def test_a_right_fp8_kernel_passes_every_case_with_gqa():
     assert max(r.inputs_error for r in rows) > max(r.error for r in rows)
 
 
-def test_a_right_fp8_kv_kernel_passes_in_float16_with_flashinfers_head_dims():
-    report = parity_tests.check(fp8_gallery.RIGHT_KV["fa3"], features=["fp8_kv", "value_dim"], dtypes=["float16"],
+@pytest.mark.parametrize("dtype", ["bfloat16", pytest.param("float16", marks=needs_dtype("float16"))])
+def test_a_right_fp8_kv_kernel_passes_with_flashinfers_head_dims(dtype):
+    report = parity_tests.check(fp8_gallery.RIGHT_KV["fa3"], features=["fp8_kv", "value_dim"], dtypes=[dtype],
                                 causal="no")
     assert report.passed, str(report)
     assert any("D192/128" in r.case for r in report.rows)            # FlashInfer's FP8-KV head dims
@@ -64,7 +70,10 @@ def test_each_fp8_mistake_fails_and_is_named(mistake):
         features = ["fp8"]
     report = run_cases(fp8_gallery.GALLERY[mistake], features, cases)
     assert not report.passed
-    assert {r.diagnosis.id for r in report.failures} == {mistake}, str(report)
+    named = {mistake}
+    if mistake == "fp8-p-without-max" and torch.tensor([500.0]).to(torch.float8_e4m3fn).isnan().all():
+        named = {"non-finite"}                # PyTorch 2.1's cast: NaN past 448 (later ones saturate)
+    assert {r.diagnosis.id for r in report.failures} == named, str(report)
 
 
 @pytest.mark.parametrize("mistake", [pytest.param(m, marks=pytest.mark.slow) if "accumulator" in m else m
@@ -73,7 +82,7 @@ def test_each_fp8_kv_mistake_fails_and_is_named(mistake):
     cases = [c for c in REGISTRY["fp8_kv"].cases(False, Plan())
              if (c.tk > 30000) == (mistake == "fp8-pv-narrow-accumulator") and c.tq == 97]
     cases = cases or [c for c in REGISTRY["fp8_kv"].cases(False, Plan()) if c.tk > 30000]
-    report = run_cases(fp8_gallery.GALLERY_KV[mistake], ["fp8_kv"], cases, dtypes=["float16"])
+    report = run_cases(fp8_gallery.GALLERY_KV[mistake], ["fp8_kv"], cases, dtypes=["bfloat16"])
     assert not report.passed
     assert {r.diagnosis.id for r in report.failures} == {mistake}, str(report)
 
@@ -131,5 +140,5 @@ def test_right_fp8_kernels_pass_at_every_seed(seed):
         report = parity_tests.check(fn, features=["fp8", "gqa"], causal="both", seed=seed)
         assert report.passed, str(report)
     for fn in fp8_gallery.RIGHT_KV.values():
-        report = parity_tests.check(fn, features=["fp8_kv", "gqa"], dtypes=["bfloat16", "float16"], seed=seed)
+        report = parity_tests.check(fn, features=["fp8_kv", "gqa"], dtypes=KV_DTYPES, seed=seed)
         assert report.passed, str(report)
