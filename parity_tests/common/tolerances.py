@@ -315,6 +315,31 @@ def baseline_formulations(logits):
 # to 10 times a direct one's on a given seed, 1.10 x the bound on the B1 H2 T17 case; in
 # bfloat16, 1.55 and 1.63 x over 20 seeds.  So such a tensor's bound is at least
 # CHECK_FACTOR u Σ |t_i| over its own size (the feature gives Σ |t_i|: ``Judging.reduced``).
+# The judge's own check.  The bound is derived from the baseline, and the baseline (``dense``)
+# shares its rules -- which keys a window sees, the alignment's offset, the softcap's formula,
+# ALiBi's sign, the GQA head map, dropout's scale -- with the catalogue's mistakes and with
+# nothing else: a rule planted wrong there moves the baseline away from the golden, widens
+# every bound with it, and a wrong kernel sharing the rule would pass (measured: a window
+# edge one key off in ``dense.sees`` let the window-left-wider kernel pass all 115 of its
+# rows).  So the baseline's own error is judged too: a plain computation in the dtype makes
+# at most a few tens of units in the last place, times the logits' amplification (measured
+# over the default grid and every feature's cases, the correct kernels' runs: 92 float32
+# units at worst, on the varlen heavy-tailed case; FP8's e4m3 formulation 8.5 bfloat16
+# units).  Past JUDGE_LIMIT_ULPS units (or JUDGE_LIMIT_CAP, a share of the tensor, in the
+# half dtypes, whose 1024 units exceed the tensor itself) it is the check's own defect:
+# reported on the row, and the run does not pass (exit status 3).  A rule planted wrong
+# moves the baseline by a key's weight or more: 1e-2 .. 1 of the tensor, 10^5 float32 units.
+JUDGE_LIMIT_ULPS = 1024
+JUDGE_LIMIT_CAP = 2.0 ** -3
+
+
+def judge_limit(dtype, logits=0.0):
+    """The largest error of the check's own baseline against the golden that a plain
+    computation in ``dtype`` makes on a case whose largest |lse| is ``logits``."""
+    amplified = max(1.0, float(logits) / LOGIT_SCALE)
+    return min(JUDGE_LIMIT_ULPS * UNIT_ROUNDOFF[dtype], JUDGE_LIMIT_CAP) * amplified
+
+
 def reduction_floor(dtype, mass):
     """The least bound of a gradient summed over rows whose terms' sizes add to ``mass`` (in
     units of the tensor's own size: its normwise denominator)."""

@@ -182,8 +182,14 @@ class Report:
     def passed(self):
         """Every row passed or was not supported, and at least one row passed (or the target is
         a built-in the installed PyTorch lacks: an answer, not a failure)."""
-        return not self.failures and not self.broken and (any(r.passed for r in self.rows) or
-                                                          self.unavailable is not None)
+        return not self.failures and not self.broken and not self.judge_defects and (
+            any(r.passed for r in self.rows) or self.unavailable is not None)
+
+    @property
+    def judge_defects(self):
+        """The rows whose baseline is past what a plain computation makes (``Row.judge_defect``):
+        the check's own defect, never the kernel's; such a run does not pass."""
+        return [r for r in self.rows if r.judge_defect]
 
     @property
     def broken(self):
@@ -214,6 +220,8 @@ class Report:
             text += "; never ran: " + "; ".join(self.gaps)
         if self.unavailable:
             text += f"; {self.target} is not supported here: {self.unavailable}"
+        if self.judge_defects:
+            text += f"; the check's own baseline is wrong on {len(self.judge_defects)} rows (its defect)"
         if self.invariance:
             broken = sorted({f.mode for f in self.broken}, key=lambda m: [f.mode for f in self.invariance].index(m))
             text += "; invariance: " + (f"broken: {', '.join(broken)}" if broken else "held")
@@ -245,8 +253,17 @@ class Report:
             parts.append(self._text(CLI_MORE).rsplit("\n", 1)[0])
         if self.invariance and not (quiet and (self.failures or not self.broken)):   # else in str(self)
             parts.append("\n".join([""] + self.invariance_lines()))
+        if self.judge_defects:
+            parts.append("\n".join([""] + self.judge_lines()))
         parts.append(("\n" if not quiet or self.failures or self.broken else "") + self.summary())
         return "\n".join(parts)
+
+    def judge_lines(self, limit=10):
+        """The check's own defects, apart from the kernel's verdicts."""
+        found = self.judge_defects
+        lines = ["the check's own defect (not the kernel's; please report it):"]
+        lines += [f"  {r.case} {r.dtype} {r.tensor}: {r.judge_defect}" for r in found[:limit]]
+        return lines + ([f"  ... and {len(found) - limit} more rows"] if len(found) > limit else [])
 
     def diagnosis_lines(self, limit=40, more=PYTHON_MORE):
         """A line per diagnosed failing row (``limit`` of them, then how many more and where all

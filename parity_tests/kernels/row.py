@@ -35,6 +35,8 @@ class Row:
     sdpa_error: float = None          # SDPA's own error on out, in the same dtype (out's row only)
     split: dict = None                # the case's wall seconds: target, baseline, golden, diagnosis, other, wall
     case_def: object = None           # the cases.Case that ran (as handed to runner.run_case): --repro reruns it
+    judge_defect: str = None          # the check's own baseline past a plain computation's error: the
+    #                                   check's defect, not the kernel's (the run does not pass)
     inputs_error: float = None        # the inputs' own rounding (FP8's quantisation): the golden on the drawn
     #                                   inputs against the golden on the rounded, beside the verdict
 
@@ -83,4 +85,4 @@ class Row:
                 "mean_error": num(self.mean_error), "cosine": num(self.cosine), "seconds": num(self.seconds),
                 "sdpa_seconds": num(self.sdpa_seconds), "sdpa_error": num(self.sdpa_error),
                 "split": None if self.split is None else {k: num(v) for k, v in self.split.items()},
-                "inputs_error": num(self.inputs_error)}
+                "inputs_error": num(self.inputs_error), "judge_defect": self.judge_defect}

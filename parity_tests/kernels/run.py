@@ -8,7 +8,8 @@
 Exit status: 0 every row passes (rows a target refuses are "not supported", not
 passes; at least one row must pass, unless the target is a built-in the installed PyTorch
 lacks: ``Target.unavailable``), 1 some row fails or an invariance asked for breaks
-(``--invariance``), 2 bad arguments.
+(``--invariance``), 2 bad arguments, 3 the check's own baseline is past what a plain
+computation makes (``tolerances.judge_limit``: a defect of the check, not of the kernel).
 """
 
 import argparse
@@ -47,6 +48,11 @@ def _dtypes(dtypes, device):
     if unknown or not names:
         raise ValueError(f"dtypes must be among {', '.join(runner.DTYPES)}; got {', '.join(unknown) or 'none'}")
     return list(dict.fromkeys(names))
+
+
+def exit_status(report):
+    """0 the run passes; 3 the check's own baseline is wrong (whatever the kernel did); 1 else."""
+    return 0 if report.passed else 3 if report.judge_defects else 1
 
 
 def _dtypes_of(wanted, names, default):
@@ -381,7 +387,8 @@ def build_parser():
                "  module.path:callable  your function fn(q, k, v, *, causal, scale) -> out "
                "(docs/check.md#on-your-own-function)\n\n"
                "Reading a diagnosis: docs/check.md#reading-a-diagnosis. Exit status: 0 every row "
-               "passed,\n1 some row failed, or an invariance broke (or none could run), 2 bad arguments.")
+               "passed,\n1 a row failed or an invariance broke (or none ran), 2 bad arguments, 3 the "
+               "check's own defect.")
     p.add_argument("target", nargs="?", help="a built-in name, module:callable or file.py:callable")
     p.add_argument("--list", action="store_true", help="list the built-in targets on --device")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
@@ -508,7 +515,7 @@ def main(argv=None):
     if args.plot:
         from parity_tests.common import plots
         plots.announce(report.plot(args.plot))
-    return 0 if report.passed else 1
+    return exit_status(report)
 
 
 # The page that explains what a refused argument should be, by the first word of the refusal.
@@ -568,4 +575,4 @@ def _main_across_ranks(args):
     if args.plot:
         from parity_tests.common import plots
         plots.announce(report.plot(args.plot))
-    return 0 if report.passed else 1
+    return exit_status(report)

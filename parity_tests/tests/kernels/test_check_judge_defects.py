@@ -1,0 +1,87 @@
+"""The judge's own check: the baseline (``dense``) shares its rules with the catalogue's
+mistakes and nothing else, so a rule planted wrong there must not widen the bound silently.
+Each shared rule planted wrong in turn -- a window's edge, the alignment's offset, the
+softcap's formula, ALiBi's sign, the GQA head map, dropout's scale -- makes the run fail as
+the check's own defect (``Row.judge_defect``, exit status 3), and no wrong kernel of the
+gallery passes under it (``tolerances.judge_limit``)."""
+
+import numpy as np
+import pytest
+
+import parity_tests
+from parity_tests.common import tolerances as tol
+from parity_tests.kernels import dense, planted, run
+
+SMALL = dict(tokens=["17", "45x77"], head_dims=[16], dtypes=["float32"], causal="yes")
+
+
+def _window_edge(monkeypatch):
+    sees = dense.sees
+
+    def wrong(i, j, *, window=None, **kw):          # the left edge one key wider
+        if window is not None and window[0] >= 0:
+            window = (window[0] + 1, window[1])
+        return sees(i, j, window=window, **kw)
+    monkeypatch.setattr(dense, "sees", wrong)
+
+
+def _alignment(monkeypatch):
+    offsets = dense.offsets
+    monkeypatch.setattr(dense, "offsets", lambda *a, **kw: [o + 1 for o in offsets(*a, **kw)])
+
+
+def _attention_option(name, change):
+    def plant(monkeypatch):
+        attention = dense.attention
+
+        def wrong(*a, **kw):
+            if kw.get(name) is not None:
+                kw[name] = change(kw[name])
+            return attention(*a, **kw)
+        monkeypatch.setattr(dense, "attention", wrong)
+    return plant
+
+
+def _gqa_map(monkeypatch):
+    run_dense = dense.run
+
+    def wrong(q, k, v, *a, **kw):                    # kv head h % Hkv for query head h: a repeat
+        b, hkv = k.shape[:2]
+        group = q.shape[1] // hkv
+        got = run_dense(q, np.tile(k, (1, group, 1, 1)), np.tile(v, (1, group, 1, 1)), *a, **kw)
+        for n in ("dk", "dv"):                       # the repeat's adjoint: a sum over the tiles
+            if n in got:
+                got[n] = got[n].reshape((b, group, hkv) + got[n].shape[2:]).sum(1)
+        return got
+    monkeypatch.setattr(dense, "run", wrong)
+
+
+RULES = {
+    "window edge": (_window_edge, ["window"], "window-left-wider"),
+    "alignment offset": (_alignment, [], "mask-one-future"),
+    "softcap formula": (_attention_option("softcap", lambda c: 2 * c), ["softcap"], "softcap-before-scale"),
+    "ALiBi sign": (_attention_option("alibi_slopes", lambda s: -s), ["alibi"], "alibi-sign"),
+    "GQA head map": (_gqa_map, ["gqa"], "gqa-repeat"),
+    "dropout scale": (_attention_option("dropout_p", lambda p: 1 - (1 - p) ** 2), ["dropout"], "dropout-rescaled-twice"),
+}
+
+
+@pytest.mark.parametrize("rule", list(RULES))
+def test_a_shared_rule_planted_wrong_is_the_checks_own_defect_and_nothing_passes(rule, monkeypatch):
+    plant, features, wrong_kernel = RULES[rule]
+    right = planted.right(features)
+    wrong = planted.mistake(wrong_kernel, features)
+    assert parity_tests.check(right, features=features, **SMALL).passed          # the rule as it is
+    plant(monkeypatch)
+    for fn in (right, wrong):
+        report = parity_tests.check(fn, features=features, **SMALL)
+        assert not report.passed and report.judge_defects, (rule, fn.__name__)
+        assert run.exit_status(report) == 3
+        assert "the check's own defect" in report.render() and "past what a plain float32" in \
+            report.judge_defects[0].judge_defect
+
+
+def test_the_judges_limit_is_far_above_a_plain_computation_and_far_below_a_wrong_rule():
+    assert tol.judge_limit("float32") == 1024 * 2.0 ** -24
+    assert tol.judge_limit("bfloat16") == 2.0 ** -3                          # capped: 1024 u is 4
+    assert tol.judge_limit("float32", logits=160.0) == 10 * tol.judge_limit("float32")
