@@ -316,9 +316,11 @@ def _words(line):
 def _needs(block):
     """What of PyTorch's a shown ``check`` run used (the pages show runs on the newest release):
     its built-in target's (`targets.NEEDS`), SDPA's ``enable_gqa`` for gqa (the target's, or the
-    SDPA yardstick's err/SDPA), float16 on the CPU."""
+    SDPA yardstick's err/SDPA), float16 on the CPU; an audit's, SDPA as 2.5 and later run it."""
     from parity_tests.kernels import targets
     argv = _verb_argv(block)
+    if argv is not None and argv[0] == "audit":       # SDPA's backends among its correct kernels, as
+        return ("enable_gqa", "sdpa_zero_rows")       # releases since 2.5 run them
     if argv is None or argv[0] != "check":
         return ()
     features = " ".join(a for a, flag in zip(argv[1:], argv) if flag == "--features")
