@@ -249,20 +249,41 @@ def case(name):
 
 
 PROBE_SEED = 7            # numpy.random.default_rng: the inputs of the other shapes
-PROMISES = {             # exercises whose interface promises any leading axes
+PROMISES = {             # exercises whose interface promises more than the chapter's input shows
     "softmax_backward": "w and g are (..., n), the softmax along the last axis",
     "scores_backward": "dscores is (..., Tq, Tk), queries (..., Tq, d_k), keys (..., Tk, d_k)",
+    "online_softmax": "s is any row of scores: its maximum may fall from one tile to the next",
 }
+# What a learner right on the chapter's input and wrong on the probe has missed, by exercise.
+AXES = ("any number of leading axes: count axes from the end (axis=-1, np.swapaxes(a, -1, -2)), not "
+        "from the front (axis=1, .T)")
+ADVICE = {"softmax_backward": AXES, "scores_backward": AXES,
+          "online_softmax": "the running maximum is carried across tiles, m_new = max(m, max(s_t)): a tile's own "
+                            "maximum alone rescales by exp(m − m_new) > 1 where the maximum falls, and overflows"}
+# The probe's row for the online softmax: a huge first score, then tiles whose maximum falls
+# (a maximum not carried gives exp(798) = inf, then NaN)
+FALLING_ROW = (800.0, 0.0, 1.0, 2.0, -3.0, 5.0)
 
 
 def probe(name):
-    """Inputs of another shape than the chapter's, where the interface promises
-    any leading axes (`PROMISES`), with the reference's answers; None elsewhere.
-    Leading axes (2, 3) and unequal sizes: an axis counted from the front
-    (``axis=1``, ``.T``) or a Tq taken for a Tk gives other numbers."""
+    """Inputs the chapter's do not show, where the interface promises them (`PROMISES`), with
+    the reference's answers and what a learner wrong there has missed (``advice``); None
+    elsewhere.  Leading axes (2, 3) and unequal sizes: an axis counted from the front
+    (``axis=1``, ``.T``) or a Tq taken for a Tk gives other numbers; a row whose maximum falls
+    from one tile to the next: a maximum not carried across tiles overflows."""
     if name not in PROMISES:
         return None
-    rng = np.random.default_rng(PROBE_SEED)
+    found = _probe(name, np.random.default_rng(PROBE_SEED))
+    return {**found, "advice": ADVICE[name]}
+
+
+def _probe(name, rng):
+    if name == "online_softmax":
+        row, V = np.array(FALLING_ROW), rng.standard_normal((len(FALLING_ROW), 2))
+        top = row.max()
+        return dict(inputs=(row, V, 2), reference={"out": numpy_ref.softmax(row) @ V,
+                                                    "L": np.array(top + np.log(np.sum(np.exp(row - top))))},
+                    described=f"{PROMISES[name]}: s = {FALLING_ROW}, V random (6, 2), B_c = 2")
     if name == "softmax_backward":
         w = numpy_ref.softmax(rng.standard_normal((2, 3, 4, 5)))
         g = rng.standard_normal(w.shape)

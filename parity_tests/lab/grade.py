@@ -200,7 +200,7 @@ def check(ex, learner, attribute, path):
             probe_tensors, probe_changed = learner.ask(doing, "call", ex.name, attribute,
                                                        _inputs(probe), path, doing)
             rows = _rows(probe_tensors, probe)
-            result["probe"] = dict(inputs=probe["described"], rows=rows,
+            result["probe"] = dict(inputs=probe["described"], rows=rows, advice=probe["advice"],
                                    passed=all(r["passed"] for r in rows))
             changed = sorted(set(changed) | set(probe_changed))
     except loader.LearnerError as e:
@@ -272,11 +272,10 @@ def print_result(r, path):
               f"a = a - b, not a -= b)")
     if all(row["passed"] for row in r["rows"]):
         if not r.get("probe", {}).get("passed", True):
-            print(f"   right on the chapter's shapes, wrong on others; the interface "
+            print(f"   right on the chapter's input, wrong on another; the interface "
                   f"promises {r['probe']['inputs']}:")
             _print_rows(r["probe"]["rows"], width, sw)
-            print("   any number of leading axes: count axes from the end (axis=-1, "
-                  "np.swapaxes(a, -1, -2)), not from the front (axis=1, .T)")
+            print(f"   {r['probe']['advice']}")
         print("   result: WRONG")
         return
     if r["near"]:

@@ -273,6 +273,23 @@ def test_axes_counted_from_the_front_fail_on_the_promised_shapes(exercise, old, 
         assert not result["probe"]["passed"] and "leading axes" in out
 
 
+def test_a_maximum_not_carried_across_tiles_fails_on_a_row_whose_maximum_falls(tmp_path):
+    """The chapter's row raises its maximum in every tile, where each tile's own maximum gives the
+    right numbers; a row whose maximum falls (800, 0, 1, 2, ...) makes that overflow."""
+    source = (SOLUTIONS / "online_softmax.py").read_text()
+    old = "m_new = max(m, np.max(s_t))"
+    assert old in source
+    path = tmp_path / "mine.py"
+    path.write_text(source.replace(old, "m_new = np.max(s_t)"))
+    report = tmp_path / "grade.json"
+    status, out, err = _grade([path, "--json", report])
+    assert status == 1, out + err
+    (result,) = json.loads(report.read_text())["results"]
+    assert all(r["passed"] for r in result["rows"])           # right on the chapter's row
+    assert not result["probe"]["passed"] and "(800.0, 0.0, 1.0, 2.0, -3.0, 5.0)" in out
+    assert "carried across tiles" in out
+
+
 @pytest.mark.parametrize("exercise, old, new", [
     ("softmax_backward", "dx = w * (g - wg)", "g -= wg\n    dx = w * g"),
     ("linear_backward", "dx = dout @ W", "dx = dout @ W\n    W *= 2.0"),
