@@ -203,11 +203,11 @@ class Report:
 
     @property
     def diagnosis(self):
-        """The id explaining the most failing rows (the catalogue's name), or None when no
+        """The id explaining the most failing rows (the catalogue's name; among equals, a
+        catalogued mistake before a description such as ``non-finite``), or None when no
         failing row is named (each row's own ``.diagnosis`` says why)."""
         ids = Counter(d.id for _, d in self.diagnoses if d.id not in UNNAMED)
-        specific = Counter({i: c for i, c in ids.items() if i not in GENERIC})
-        return (specific or ids).most_common(1)[0][0] if ids else None
+        return max(ids.items(), key=lambda kv: (kv[1], kv[0] not in GENERIC))[0] if ids else None
 
     def summary(self):
         counts = Counter(r.verdict for r in self.rows)

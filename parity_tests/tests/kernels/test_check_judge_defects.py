@@ -85,3 +85,17 @@ def test_the_judges_limit_is_far_above_a_plain_computation_and_far_below_a_wrong
     assert tol.judge_limit("float32") == 1024 * 2.0 ** -24
     assert tol.judge_limit("bfloat16") == 2.0 ** -3                          # capped: 1024 u is 4
     assert tol.judge_limit("float32", logits=160.0) == 10 * tol.judge_limit("float32")
+
+
+def test_the_headline_is_the_cause_of_most_failing_rows_not_the_first_met():
+    from parity_tests.kernels.diagnosis.diagnose import Diagnosis
+    from parity_tests.kernels.report import Report
+    from parity_tests.kernels.row import Row
+
+    def failing(i, hid):
+        return Row("k", f"case {i}", {}, "float32", "cpu", "out", verdict="FAIL", diagnosis=Diagnosis(hid, hid))
+    rows = [failing(i, "non-finite") for i in range(4)] + [failing(i, "stale-max") for i in range(4, 20)]
+    assert Report("k", rows).diagnosis == "stale-max"
+    rows = [failing(i, "no-scale") for i in range(4)] + [failing(i, "non-finite") for i in range(4, 20)]
+    assert Report("k", rows).diagnosis == "non-finite"
+    assert Report("k", rows[:8]).diagnosis == "no-scale"                    # among equals, the catalogued one
