@@ -99,6 +99,10 @@ LOWER = {"float64": ("float32", "bfloat16", "float16"), "float32": ("bfloat16", 
 ROUNDING_ULPS = 4.0
 EPS = {d: 2 * u for d, u in tol.UNIT_ROUNDOFF.items()}          # machine epsilon: twice the unit roundoff
 FIRST_KEYS = 16
+# A hypothesis that explains nothing is named as the "closest" only within this many bounds:
+# past it, a guess orders of magnitude off reads as a cause (a running maximum not carried
+# across tiles was given a different wrong "closest" on each case).
+CLOSEST_WITHIN = 100.0
 MOVED_SHARE = 0.1
 SAME_GAP = 0.5
 
@@ -517,7 +521,7 @@ def _diagnose_tensor(t, hyps, cache, got, ref, denom, bound, sel):
     by_slice = _by_slice(t, candidates, a, r, denom, bound, sel)
     if by_slice is not None:
         return by_slice
-    if best[0] >= error:       # nothing comes closer than the reference
+    if best[0] >= error or best[0] > CLOSEST_WITHIN * bound:     # nothing close: no guess
         return Diagnosis("none", f"{t} matches none of the catalogued mistakes")
     return Diagnosis("none", f"{t} matches none of the catalogued mistakes (closest: {best[2]}, "
                      f"{_fmt(best[0])} vs bound {_fmt(bound)})", best[0], bound)

@@ -11,7 +11,7 @@ import numpy as np
 
 from parity_tests.kernels.features import INPUT_GRADS
 
-__all__ = ["locate", "ranges", "TILES", "SPREAD_SHARE"]
+__all__ = ["locate", "ranges", "exact_zeros", "TILES", "SPREAD_SHARE"]
 
 TILES = (16, 32, 64, 128, 256)
 # An error "spread" over a tensor: its median row holds at least this share of the worst
@@ -49,10 +49,26 @@ def locate(n, a, ref, den, bound):
         parts.append(where)
     if n != "lse" and n not in INPUT_GRADS and C > 1 and len(channels) < C:
         parts.append(f"only head-dim channels {ranges(list(map(int, channels)))} of {C}")
+
     by_row = over.max(axis=(0, 1, 3))
     active = by_row[(np.abs(ref).max(axis=(0, 1, 3)) > 0) | (by_row > 0)]   # rows some query reads
     spread = bool(active.size and np.isfinite(active).all() and np.median(active) >= SPREAD_SHARE * active.max())
-    return ("; ".join(parts) if parts else f"spread over every batch, head and {kind[:-1]}"), spread, error_map
+    parts = parts or [f"spread over every batch, head and {kind[:-1]}"]
+    return "; ".join(parts + [z for z in [exact_zeros(a, ref, kind)] if z]), spread, error_map
+
+
+def exact_zeros(a, ref, kind):
+    """"exactly 0 on query rows 0 .. 31 (the reference is not): one tile of 32" where some rows
+    (not all) of ``a`` are exactly zero and the reference's are not, or ""."""
+    zero = ((a == 0).all(axis=3) & (np.abs(ref) > 0).any(axis=3)).any(axis=(0, 1))      # (R,)
+    rows = [int(r) for r in np.nonzero(zero)[0]]
+    if not rows or len(rows) == a.shape[2]:
+        return ""
+    said = f"exactly 0 on {kind} {ranges(rows)} of {a.shape[2]} (the reference is not)"
+    width = len(rows)
+    if rows == list(range(rows[0], rows[0] + width)) and width in TILES and rows[0] % width == 0:
+        said += f": one tile of {width}"
+    return said
 
 
 def ranges(indices):

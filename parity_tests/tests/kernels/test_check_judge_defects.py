@@ -81,6 +81,19 @@ def test_a_shared_rule_planted_wrong_is_the_checks_own_defect_and_nothing_passes
             report.judge_defects[0].judge_defect
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_judges_limit_guards_each_dtype(dtype, monkeypatch):
+    """A window edge planted wrong is the check's defect in the dtype's own limit (1024 units in
+    float32, the cap of 1/8 in bfloat16); loosened, it would pass as the kernel's."""
+    _window_edge(monkeypatch)
+    right = planted.right(["window"])
+    small = {**SMALL, "dtypes": [dtype]}
+    assert parity_tests.check(right, features=["window"], **small).judge_defects
+    monkeypatch.setattr(tol, "JUDGE_LIMIT_ULPS", 10 ** 9)
+    monkeypatch.setattr(tol, "JUDGE_LIMIT_CAP", 100.0)
+    assert not parity_tests.check(right, features=["window"], **small).judge_defects
+
+
 def test_the_judges_limit_is_far_above_a_plain_computation_and_far_below_a_wrong_rule():
     assert tol.judge_limit("float32") == 1024 * 2.0 ** -24
     assert tol.judge_limit("bfloat16") == 2.0 ** -3                          # capped: 1024 u is 4

@@ -67,3 +67,19 @@ def test_a_kernel_wrong_in_its_last_partial_tile_is_told_so():
         assert where[n].where == phrase and where[n].sentence.endswith("; where: " + phrase), where[n].sentence
     assert where["dv"].where == "spread over every batch, head and key row"
     assert not where["dq"].sentence.startswith("the output is right")           # it is not
+
+
+def test_rows_left_exactly_zero_are_said_with_their_tile():
+    from parity_tests.kernels.diagnosis.location import exact_zeros, locate
+    rng = np.random.default_rng(0)
+    ref = rng.standard_normal((1, 2, 100, 8))
+    a = ref.copy()
+    a[:, :, 32:64] = 0.0                                   # one key tile's rows never written
+    assert exact_zeros(a, ref, "query rows") == \
+        "exactly 0 on query rows 32 .. 63 of 100 (the reference is not): one tile of 32"
+    signature, _, _ = locate("out", a, ref, 1.0, 1e-6)
+    assert "exactly 0 on query rows 32 .. 63 of 100 (the reference is not): one tile of 32" in signature
+    a[:, :, 32:64] = ref[:, :, 32:64]
+    a[:, :, 5] = 0.0
+    assert exact_zeros(a, ref, "query rows") == "exactly 0 on query rows 5 of 100 (the reference is not)"
+    assert exact_zeros(np.zeros_like(ref), ref, "query rows") == ""     # all of it: the zeros diagnosis's
