@@ -18,7 +18,11 @@ its features add (``features/<name>.py``).  For each case:
    cosine with the reference, where the largest error sits.  lse is judged on the
    rows that see a key (kernels store −inf, +inf or 0 on the others, never NaN);
    another form a feature declares (``Judging.lse_form``: ALiBi's in FlashAttention) is
-   accepted as well.
+   accepted as well.  The baseline's own error is judged too: past what a plain computation
+   in the dtype makes (``tolerances.judge_limit``) it is the check's defect, on the row
+   (``Row.judge_defect``), and the run does not pass.  A gradient a feature sums over every
+   row (dsinks) is bounded at least by that sum's rounding (`reduction_floors`); FP8's
+   quantisation is reported beside the verdict (`_beside`).
 5. Beside the verdict: SDPA's forward on the same case (out's error, the time), where
    SDPA expresses the case.
 6. ``deterministic``: the case runs twice, every tensor must be bitwise equal.

@@ -52,8 +52,9 @@ import numpy as np
 from parity_tests.kernels import cases, variations
 
 __all__ = ["Feature", "Input", "Option", "Calling", "Judging", "Shrinking", "HOOKS", "FEATURES", "REGISTRY",
-           "INPUTS", "INPUT_GRADS", "NO_GRAD", "PER_HEAD", "parse_features", "require", "declared", "layout", "declared_inputs", "handed_inputs",
-           "differentiated_inputs", "stored_inputs", "per_head", "CORE", "feature_cases", "label", "ordered", "Plan", "help_line", "takes_form"]
+           "INPUTS", "INPUT_GRADS", "NO_GRAD", "PER_HEAD", "CORE", "parse_features", "require", "declared", "layout",
+           "declared_inputs", "handed_inputs", "differentiated_inputs", "stored_inputs", "per_head", "feature_cases",
+           "label", "ordered", "Plan", "help_line", "takes_form"]
 
 # What each hook may name, by hook: exactly what its call offers.
 HOOKS = {
@@ -384,7 +385,8 @@ def feature_cases(features, causal, plan):
     value of ``causal`` (a tuple of bools); then the features meeting each other (every
     pair, and all together), and each feature at the run's own lengths (``plan.grid``, from
     ``--tokens``) or, on the default grid, once at `LONG_T`."""
-    own = list(dict.fromkeys(c for f in FEATURES if f in features for cz in causal for c in REGISTRY[f].cases(cz, plan)))
+    own = list(dict.fromkeys(c for f in FEATURES if f in features for cz in causal
+                             for c in REGISTRY[f].cases(cz, plan)))
     meeting = [REGISTRY[f] for f in FEATURES if f in features and REGISTRY[f].apply is not None]
     groups = list(combinations(meeting, 2)) + ([tuple(meeting)] if len(meeting) > 2 else [])
     added = [_applied(cases.Case(2, 4, 61, 83, 64, cz), group, plan.seed) for cz in causal for group in groups]

@@ -55,4 +55,5 @@ def flash_lse(case, align, inputs, lse):
 FEATURE = Feature("alibi", "alibi_slopes= float32 tensor (H,), ALiBi's slopes",
                   cases=cases, label=lambda on: "alibi", draw=draw,
                   inputs=(Input("alibi_slopes", dtype="float32", per_head=True),), mistakes=mistakes,
-                  apply=lambda case, rng: case.with_feature("alibi", True), judging=Judging(aligned=True, lse_form=flash_lse))
+                  apply=lambda case, rng: case.with_feature("alibi", True),
+                  judging=Judging(aligned=True, lse_form=flash_lse))

@@ -23,4 +23,5 @@ def top_left(ctx):
 
 
 FEATURE = Feature("decode", "Tq of 1 to a few queries against a long Tk, bottom-right; forward only",
-                  cases=cases, label=lambda on: "decode", judging=Judging(forward_only=True, alignment_mistake=top_left))
+                  cases=cases, label=lambda on: "decode",
+                  judging=Judging(forward_only=True, alignment_mistake=top_left))

@@ -44,5 +44,6 @@ def reduced(sinks, inputs, golden):
 
 FEATURE = Feature("sinks", "sinks= float32 tensor (H,), requiring grad: dsinks is checked",
                   cases=cases, label=lambda s: f"sinks {s}", draw=draw,
-                  inputs=(Input("sinks", dtype="float32", grad=True, per_head=True, no_grad="sink-no-grad"),), mistakes=mistakes,
+                  inputs=(Input("sinks", dtype="float32", grad=True, per_head=True, no_grad="sink-no-grad"),),
+                  mistakes=mistakes,
                   apply=lambda case, rng: case.with_feature("sinks", "large"), judging=Judging(reduced=reduced))
