@@ -203,11 +203,13 @@ class Report:
 
     @property
     def diagnosis(self):
-        """The id explaining the most failing rows (the catalogue's name; among equals, a
-        catalogued mistake before a description such as ``non-finite``), or None when no
-        failing row is named (each row's own ``.diagnosis`` says why)."""
+        """The catalogued mistake explaining the most failing rows (a description such as
+        ``non-finite`` only where no row has a catalogued one: a kernel whose mistake leaves
+        NaN on some cases is named by the mistake), or None when no failing row is named
+        (each row's own ``.diagnosis`` says why)."""
         ids = Counter(d.id for _, d in self.diagnoses if d.id not in UNNAMED)
-        return max(ids.items(), key=lambda kv: (kv[1], kv[0] not in GENERIC))[0] if ids else None
+        specific = Counter({i: c for i, c in ids.items() if i not in GENERIC})
+        return (specific or ids).most_common(1)[0][0] if ids else None
 
     def summary(self):
         counts = Counter(r.verdict for r in self.rows)

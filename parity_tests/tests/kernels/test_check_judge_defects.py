@@ -100,7 +100,7 @@ def test_the_judges_limit_is_far_above_a_plain_computation_and_far_below_a_wrong
     assert tol.judge_limit("float32", logits=160.0) == 10 * tol.judge_limit("float32")
 
 
-def test_the_headline_is_the_cause_of_most_failing_rows_not_the_first_met():
+def test_the_headline_is_the_catalogued_cause_of_most_failing_rows_not_the_first_met():
     from parity_tests.kernels.diagnosis.diagnose import Diagnosis
     from parity_tests.kernels.report import Report
     from parity_tests.kernels.row import Row
@@ -109,6 +109,9 @@ def test_the_headline_is_the_cause_of_most_failing_rows_not_the_first_met():
         return Row("k", f"case {i}", {}, "float32", "cpu", "out", verdict="FAIL", diagnosis=Diagnosis(hid, hid))
     rows = [failing(i, "non-finite") for i in range(4)] + [failing(i, "stale-max") for i in range(4, 20)]
     assert Report("k", rows).diagnosis == "stale-max"
+    rows = [failing(i, "no-scale") for i in range(4)] + [failing(i, "stale-max") for i in range(4, 9)]
+    assert Report("k", rows).diagnosis == "stale-max"                          # the most rows
     rows = [failing(i, "no-scale") for i in range(4)] + [failing(i, "non-finite") for i in range(4, 20)]
+    assert Report("k", rows).diagnosis == "no-scale"          # a description names no mistake: the catalogued one
+    rows = [failing(i, "lower-precision") for i in range(4)] + [failing(i, "non-finite") for i in range(4, 20)]
     assert Report("k", rows).diagnosis == "non-finite"
-    assert Report("k", rows[:8]).diagnosis == "no-scale"                    # among equals, the catalogued one
