@@ -94,7 +94,7 @@ class Repro:
         said = _short(self.row)
         where = f"-> {self.path}" if self.path else f"(no script: {self.note})"
         extra = f"; {self.note}" if self.note and self.path else ""
-        return (f"{self.cause}: shrunk to {self.case} {self.dtype}, still {self.tensor}: {said} {where} "
+        return (f"{_cause_dir(self.cause)}: shrunk to {self.case} {self.dtype}, still {self.tensor}: {said} {where} "
                 f"(from {self.original}, {self.runs} runs, {self.seconds:.1f} s{extra})")
 
 
@@ -412,7 +412,8 @@ def _meta(found, target, spec, dtype, device, align, wanted, rounded):
 
 
 def _cause_dir(cause):
-    """The folder of a cause: its id (``none``, no catalogued mistake, as ``unnamed``)."""
+    """The folder and name of a cause, in every line that says it: its id (``none``, no
+    catalogued mistake, as ``unnamed``)."""
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", "unnamed" if cause == "none" else cause).strip("-.") or "fails"
 
 
@@ -427,7 +428,7 @@ def write_one(directory, found, target, spec, dtype, device, align, seed, wanted
     folder = os.path.join(directory, _cause_dir(found.cause))
     os.makedirs(folder, exist_ok=True)
     np.savez(os.path.join(folder, "inputs.npz"), meta=np.array(json.dumps(meta)), **rounded)
-    said = f"{found.cause}: {found.tensor} of {target.name} fails: {_short(found.row)}"
+    said = f"{_cause_dir(found.cause)}: {found.tensor} of {target.name} fails: {_short(found.row)}"
     text = SCRIPT.format(said=textwrap.shorten(said, 110, placeholder=" ..."), original=found.original,
                          case=found.case, dtype=dtype, device=device, target=meta["target"] or "none (name it)",
                          builtin=builtin)

@@ -316,3 +316,12 @@ def test_a_gqa_case_shrinks_its_kv_heads_and_its_groups_as_the_feature_declares(
     two_kv = repro._heads(lambda c: c.hkv >= 2, case)
     assert (two_kv.heads, two_kv.hkv) == (2, 2)
     assert repro._resized(case, {"gqa": 3}, heads=8) is None          # 8 query heads are no whole groups of 3
+
+
+def test_a_cause_no_mistake_names_is_unnamed_in_its_folder_and_its_line(tmp_path):
+    report = parity_tests.check(_noisy, tokens=["17"], head_dims=[16], dtypes=["float32"], causal="yes")
+    assert not report.passed and {d.id for _, d in report.diagnoses} == {"none"}
+    written = report.repro(tmp_path)
+    assert written and all(w.line().startswith("unnamed: ") for w in written)
+    assert os.listdir(tmp_path) == ["unnamed"]
+    assert "unnamed: out of" in (tmp_path / "unnamed" / "repro.py").read_text()
