@@ -45,12 +45,10 @@ import parity_tests.kernels.features as feat
 import parity_tests.kernels.runner as runner
 import parity_tests.kernels.targets as targets
 from parity_tests.common import capabilities, outputs
-from parity_tests.common import tolerances as tol
 from parity_tests.common.help_text import Parser
 from parity_tests.kernels import planted, run
 from parity_tests.kernels.audit_report import ASSERT_CLOSE, AuditReport, write
 from parity_tests.kernels.call import Caller
-from parity_tests.kernels.diagnosis.diagnose import as_4d
 from parity_tests.kernels.planted import correct
 from parity_tests.kernels.row import Row
 
@@ -199,8 +197,8 @@ def _planted_kernels(wanted, dtypes, names=None):
             continue
         if not planted.plantable(name, wanted) or not set(p.needs) <= set(wanted):
             continue
-        if "dropout" in p.needs:
-            continue                          # dropout's: never (see audit)
+        if feat.declared(p.needs, "random"):
+            continue                          # a mask the kernel draws: never (see audit)
         wider = [d for d in dtypes if d in ("float32", "float64")] if name == "in-bfloat16" else None
         if wider == []:
             continue
@@ -218,7 +216,7 @@ def _correct_kernels(device, wanted):
     fp8 or fp8_kv, that form's right kernels (``planted.FP8_RIGHT``)."""
     returns_lse = feat.declared(wanted, "returns_lse")
     found = []
-    if not {"paged", "varlen"} & set(wanted):             # the formulations take (B, H, T, D) alone
+    if feat.layout(wanted) is None:                      # the formulations take (B, H, T, D) alone
         found += [targets.Target(name.replace("_", "-"), _with_lse(fn) if returns_lse else fn, takes_align=True,
                                  features=frozenset(), returns_lse=returns_lse or None)
                   for name, fn in correct.CORRECT.items()]
@@ -299,22 +297,10 @@ def _one_case(kernels, case, dtype, plan, align, seed, judge, reference, timeout
     if grads:
         names += ["dq", "dk", "dv"] + ["d" + n for n in feat.differentiated_inputs(case, rounded)]
     opts = runner.reference_options(case, case_align, rounded)
-    full = runner.golden(rounded, opts, grads)
-    gold_raw = {n: a for n, a in full.items() if n in names}
-    gold = as_4d(gold_raw)
-    finite_lse = full["lse"][np.isfinite(full["lse"])]
-    logits = float(np.abs(finite_lse).max(initial=0.0))
-    raw_bases = [runner.baseline(rounded, opts, dtype, device, grads, w) for w in runner.formulations(case, logits)]
-    bases = [as_4d({n: a for n, a in b.items() if n in names}) for b in raw_bases]
+    full, gold_raw, gold, raw_bases, bases, logits, unjudged, den, zero, floors = runner.judging_basis(
+        case, case_align, rounded, opts, names, dtype, device)
     ref_dtype = dtype if reference == "same-dtype" else "float32"
     ref = raw_bases[0] if ref_dtype == dtype else runner.baseline(rounded, opts, ref_dtype, device, grads)
-    unjudged = None
-    if "lse" in names:                       # as the runner: rows that see no key are not judged
-        unjudged = ~np.isfinite(gold["lse"])
-        for base in bases:
-            base["lse"] = np.where(unjudged, 0.0, base["lse"])
-        gold["lse"] = np.where(unjudged, 0.0, gold["lse"])
-    den, zero = runner.denominators(gold), runner.zero_by_theory(gold)
     row = lambda tensor, **kw: Row(target="", case=str(case), dims=case.as_dict(), dtype=dtype, device=device,
                                    tensor=tensor, align=case_align, **kw)
     for k in kernels:
@@ -352,7 +338,7 @@ def _one_case(kernels, case, dtype, plan, align, seed, judge, reference, timeout
             if not judge(out_t, ref_t, dtype, n) and k.rejected_on is None:
                 k.rejected_on = f"{n} on {where}"
             checked = runner._judge(n, value, dict(gold), bases, den, n in zero, dtype, logits, unjudged, case,
-                                    case_align, gold_raw, rounded, row)[0]
+                                    case_align, gold_raw, rounded, row, floors.get(n, 0.0))[0]
             if checked.failed and k.caught_on is None:
                 k.caught_on = f"{n} on {where}"
             ratio = checked.ratio if checked.ratio is not None else 0.0

@@ -38,6 +38,7 @@ import contextlib
 import math
 import os
 import time
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -56,7 +57,7 @@ from parity_tests.kernels.row import Row
 
 # DTYPES, DEFAULT_TIMEOUT and time_limit are call's, named here for the command's options
 __all__ = ["run_case", "DTYPES", "DEFAULT_TIMEOUT", "time_limit", "case_memory", "draw", "as_4d",
-           "tensor_errors", "golden", "baseline", "Split", "SPLIT_PARTS"]
+           "tensor_errors", "golden", "baseline", "judging_basis", "Basis", "Split", "SPLIT_PARTS"]
 
 GRADS = diagnose.GRADS
 
@@ -297,23 +298,8 @@ def _run_case(split, target, case, dtype, device, align, seed, wanted, timeout):
     grads = not case.forward_only
     if case.tk > dense.LONG_FROM:
         heap.trim()                           # the target's freed arrays back to the OS (``heap``)
-    with split("golden"):
-        full = golden(rounded, opts, grads)
-    finite_lse = full["lse"][np.isfinite(full["lse"])]
-    logits = float(np.abs(finite_lse).max(initial=0.0))              # how large the scores run
-    gold_raw = {n: a for n, a in full.items() if n in names}
-    gold = as_4d(gold_raw)
-    with split("baseline"):
-        bases = [as_4d({n: a for n, a in baseline(rounded, opts, dtype, device, grads, w).items() if n in names})
-                 for w in formulations(case, logits)]
-    unjudged = None
-    if "lse" in names:                    # rows that see no key: not judged (NaN there still FAILS)
-        unjudged = ~np.isfinite(gold["lse"])
-        for base in bases:
-            base["lse"] = np.where(unjudged, 0.0, base["lse"])
-        gold["lse"] = np.where(unjudged, 0.0, gold["lse"])
-    den, zero = denominators(gold), zero_by_theory(gold)
-    floors = reduction_floors(case, rounded, full, den, dtype, case_align)
+    full, gold_raw, gold, _, bases, logits, unjudged, den, zero, floors = judging_basis(
+        case, case_align, rounded, opts, names, dtype, device, split)
     rows, failing, bounds, arrays = {}, [], {}, {}
     for n in names:
         rows[n], bounds[n], a = _judge(n, got.get(n, ("FAIL", f"the target gave no {n}")), gold, bases, den,
@@ -379,6 +365,47 @@ def _diagnose(failing, rows, evidence):
 def _random(case):
     """Whether a feature of ``case`` has its kernel draw from torch's RNG (``Feature.random``)."""
     return declared(dict(case.features), "random")
+
+
+class Basis(NamedTuple):
+    """What every tensor of a case is judged against (`judging_basis`)."""
+    full: dict         # the golden, every tensor the reference gives (lse included)
+    gold_raw: dict     # the judged tensors of it, in the reference's shapes
+    gold: dict         # the same, 4-D (``as_4d``), lse 0 on the rows that see no key
+    raw_bases: list    # the baseline in each formulation, its own shapes
+    bases: list        # the same, judged form
+    logits: float      # the largest finite |lse|: how large the scores run
+    unjudged: object   # the rows that see no key (lse's), or None
+    den: dict
+    zero: set
+    floors: dict
+
+
+def judging_basis(case, align, rounded, opts, names, dtype, device, split=None):
+    """The golden, the baseline in its formulations (`formulations`), the denominators and
+    the floors that tensors ``names`` of ``case`` are judged against: once per case, whoever
+    is judged on it (the runner's target, or every kernel of an audit).  ``split``: a `Split`
+    timing the golden and the baseline."""
+    timed = split or (lambda part: contextlib.nullcontext())
+    grads = not case.forward_only
+    with timed("golden"):
+        full = golden(rounded, opts, grads)
+    finite_lse = full["lse"][np.isfinite(full["lse"])]
+    logits = float(np.abs(finite_lse).max(initial=0.0))
+    gold_raw = {n: a for n, a in full.items() if n in names}
+    gold = as_4d(gold_raw)
+    with timed("baseline"):
+        raw_bases = [baseline(rounded, opts, dtype, device, grads, w) for w in formulations(case, logits)]
+    bases = [as_4d({n: a for n, a in b.items() if n in names}) for b in raw_bases]
+    unjudged = None
+    if "lse" in names:                    # rows that see no key: not judged (NaN there still FAILS)
+        unjudged = ~np.isfinite(gold["lse"])
+        for base in bases:
+            base["lse"] = np.where(unjudged, 0.0, base["lse"])
+        gold["lse"] = np.where(unjudged, 0.0, gold["lse"])
+    den = denominators(gold)
+    return Basis(full, gold_raw, gold, raw_bases, bases, logits, unjudged, den, zero_by_theory(gold),
+                 reduction_floors(case, rounded, full, den, dtype, align))
 
 
 def reduction_floors(case, rounded, full, den, dtype, align):

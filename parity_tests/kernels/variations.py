@@ -106,15 +106,10 @@ def _redrawn(case, kind, rng, inputs):
             inputs[n] = rng.integers(-1, 2, size=inputs[n].shape).astype(np.float64)
 
 
-def _bytes(x, *args, **kw):
-    """A float8 tensor as its bytes (``_bytes(x)``), or ``fn`` applied to bytes and the result
-    read back in ``dtype`` (``_bytes(fn, arg, dtype, ...)``): PyTorch 2.1 has no stack or pad
-    of float8 on the CPU; every other dtype as it is."""
+def _bytes(x):
+    """A float8 tensor as its bytes, every other dtype as it is: PyTorch 2.1 has no stack or
+    pad of float8 on the CPU, so both are done on the bytes and read back (``.view(dtype)``)."""
     import torch
-    if callable(x):
-        fn, arg, dtype = x, args[0], args[1]
-        out = fn(arg, *args[2:], **kw)
-        return out.view(dtype) if out.dtype != dtype else out
     return x.view(torch.uint8) if x.is_floating_point() and x.element_size() == 1 else x
 
 
@@ -126,8 +121,7 @@ def _fused(t, layout, grad):
 
     from parity_tests.kernels.targets import from_layout, to_layout
     names = [n for n in ("q", "k", "v") if t[n].dtype == t["k"].dtype]
-    buf = _bytes(torch.stack, [_bytes(t[n]).transpose(1, 2) for n in names], t["k"].dtype, dim=2)
-    buf = buf.requires_grad_(grad)
+    buf = torch.stack([_bytes(t[n]).transpose(1, 2) for n in names], dim=2).view(t["k"].dtype).requires_grad_(grad)
     given = {n: to_layout(buf[:, :, i].transpose(1, 2), layout) for i, n in enumerate(names)}
     read = {n: (lambda i=i: None if buf.grad is None else buf.grad[:, :, i].transpose(1, 2)) for i, n in enumerate(names)}
     if "q" not in names:
@@ -144,7 +138,7 @@ def _padded(t, layout, grad):
     given, read = {}, {}
     for n, x in t.items():
         x = to_layout(x, layout)
-        leaf = _bytes(torch.nn.functional.pad, _bytes(x), x.dtype, (0, STRIDE_PAD)).contiguous().requires_grad_(grad)
+        leaf = torch.nn.functional.pad(_bytes(x), (0, STRIDE_PAD)).view(x.dtype).contiguous().requires_grad_(grad)
         given[n] = leaf[..., : x.shape[-1]]
         read[n] = lambda leaf=leaf, d=x.shape[-1]: None if leaf.grad is None else from_layout(leaf.grad[..., :d], layout)
     return given, read
