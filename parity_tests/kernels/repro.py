@@ -3,14 +3,20 @@
 For each distinct cause among a report's failing rows (the row's diagnosis id), the
 smallest case that still fails with that cause is found and written as a script a user
 drops into their own suite: ``DIR/<cause>/repro.py`` and ``DIR/<cause>/inputs.npz``.
+A tensor of zeros everywhere that a mistake named elsewhere in the run would give there (a
+window one key narrower, on a 0-wide window) is that mistake's, not a cause of its own.
 
 Shrinking starts from the cheapest failing case of the cause and re-runs shrunk copies of
 it through the one case runner (``runner.run_case``: new inputs drawn for each shape, the
 same seed).  A copy is kept when the same tensor still FAILS, above its bound, with the same
 diagnosis id.  In turn, each time taking the smallest candidate that keeps the failure:
 
-1. Tq and Tk together, then each alone: halvings from the smallest, then the steps between
-   the last halving that lost the failure and the first that kept it (a bisection);
+1. Tq and Tk together, then each alone: halvings and one past each power of two (a tile
+   plus one key: 17, 33, 65, ..., where a tile's bug first shows) from the smallest, then the
+   steps between the last one that lost the failure and the first that kept it (a
+   bisection).  The failure need not shrink monotonically (a length between may fail with
+   another cause), so the line then says what one less of each length gave ("Tk 64
+   passes");
 2. the batch, then the heads (with GQA, kv heads and group size both);
 3. the head dim among 16, 32, 64, ... below the case's own;
 4. each feature of the case left out, one by one (GQA, a window, strides, a scale ...);
@@ -117,6 +123,7 @@ class _Trial:
         self.target, self.tensor, self.cause, self.dtype, self.device = target, tensor, cause, dtype, device
         self.align, self.seed, self.wanted, self.timeout = align, seed, wanted, timeout
         self.start, self.budget, self.runs, self.seen = time.perf_counter(), budget, 0, {}
+        self.lost = {}                 # case -> what it gave instead of the cause followed
 
     @property
     def out_of_time(self):
@@ -137,6 +144,10 @@ class _Trial:
         row = next((r for r in rows if r.tensor == self.tensor), None)
         kept = row is not None and row.failed and self._same_cause(row) and (row.ratio is None or row.ratio > 1)
         self.seen[case] = (row, rows) if kept else None
+        if not kept:
+            self.lost[case] = ("not supported" if row is not None and (row.note or "").startswith("not supported")
+                               else "passes" if row is not None and not row.failed
+                               else f"fails as {_cause_dir(cause_of(row))}" if row is not None else "does not run")
         return self.seen[case]
 
     def _run(self, case, left):
@@ -180,7 +191,7 @@ def _smallest(trial, best, candidates):
         if trial(c):
             return c, before
         before = c
-    return best, None
+    return best, before
 
 
 def _bisect(trial, best, lost, size):
@@ -201,15 +212,33 @@ def _bisect(trial, best, lost, size):
     return best
 
 
+def _sizes(n):
+    """The lengths tried below ``n``, smallest first: its halvings and one past each power of two."""
+    return sorted(set(halvings(n)) | {2 ** p + 1 for p in range(1, n.bit_length()) if 2 ** p + 1 < n})
+
+
 def _lengths(trial, case):
-    """Tq and Tk together, then each alone: halvings smallest first, then the steps between."""
+    """Tq and Tk together, then each alone: `_sizes` smallest first, then the steps between."""
     k = max(case.tq, case.tk).bit_length()
     joint = [_resized(case, tq=max(1, case.tq >> s), tk=max(1, case.tk >> s)) for s in range(k, 0, -1)]
     case, lost = _smallest(trial, case, joint)
     for size in ("tq", "tk"):
-        case, lost = _smallest(trial, case, [_resized(case, **{size: n}) for n in halvings(getattr(case, size))])
+        case, lost = _smallest(trial, case, [_resized(case, **{size: n}) for n in _sizes(getattr(case, size))])
         case = _bisect(trial, case, lost, size)
     return case
+
+
+def _one_less(trial, case):
+    """What one less of each length gives (run when not tried yet): why the case is the smallest."""
+    said = []
+    for size, word in (("tq", "Tq"), ("tk", "Tk")):
+        n = getattr(case, size)
+        smaller = _resized(case, **{size: n - 1}) if n > 1 else None
+        if smaller is None or trial.out_of_time:
+            continue
+        if trial(smaller) is None and smaller in trial.lost:
+            said.append(f"{word} {n - 1} {trial.lost[smaller]}")
+    return ", ".join(said)
 
 
 def _heads(trial, case):
@@ -255,6 +284,8 @@ def shrink(target, case, tensor, cause, dtype, device, align="top-left", seed=0,
             break
     if keep_lengths:
         note = f"the lengths kept (Tq {case.tq}, Tk {case.tk}): the error grows with the key length"
+    else:
+        note = _one_less(trial, case)
     if trial.out_of_time:
         note = "; ".join(x for x in (note, f"stopped at the {trial.budget:g} s budget") if x)
     row, rows = trial(case)
@@ -448,6 +479,9 @@ def write_repros(report, directory, budget=BUDGET):
     for r in report.failures:
         if r.case_def is not None:
             groups.setdefault(cause_of(r), []).append(r)
+    # zeros everywhere that a mistake named elsewhere in the run would give: one cause, one folder
+    for cause in [c for c, rows in groups.items() if all(set(_also(r)) & set(groups) - {c} for r in rows)]:
+        del groups[cause]
     done = []
     for cause, rows in groups.items():
         first = min(rows, key=lambda r: (_size(r.case_def), r.tensor != "out"))
@@ -465,6 +499,10 @@ def write_repros(report, directory, budget=BUDGET):
                                    ctx["align"], ctx["seed"], ctx["wanted"])
         done.append(found)
     return done
+
+
+def _also(row):
+    return row.diagnosis.also if row.diagnosis is not None else ()
 
 
 def _size(case):

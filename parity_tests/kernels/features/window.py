@@ -36,6 +36,10 @@ def mistakes(ctx, window):
         out.append(edge("left", (left + 1, right), "wider"))
         if left >= 1:
             out.append(edge("left", (left - 1, right), "narrower"))
+        elif right == 0 or case.causal:         # 0-wide, narrower: no query sees a key
+            zeros = {n: 0 * ctx.golden_raw[n] for n in ("out", "dq", "dk", "dv") if n in ctx.golden_raw}
+            out.append(ctx.H("window-left-narrower", f"the window one key narrower on its left edge (no key "
+                             f"left to see in {window}: zeros everywhere)", ctx.changed(**zeros), tuple(zeros)))
     if right >= 0 and not case.causal:
         out.append(edge("right", (left, right + 1), "wider"))
         if right >= 1:

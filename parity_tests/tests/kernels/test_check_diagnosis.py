@@ -165,3 +165,28 @@ def test_a_diagnosis_that_raises_leaves_the_fail_and_says_it_could_not_diagnose(
     monkeypatch.setenv(runner.DIAGNOSIS_RAISES, "1")            # the suite's own setting: the defect raises
     with pytest.raises(IndexError, match="planted in the catalogue"):
         parity_tests.check(_times(1.5), tokens=["17"], causal="yes", **ONE)
+
+
+def _named(residuals, bound=0.1):
+    """What `_diagnose_tensor` names for a tensor of 1s (the reference: 0s) that sits at
+    ``residuals[i]`` from hypothesis i, the first below it and the others above."""
+    import numpy as np
+    from parity_tests.kernels.diagnosis.mistakes import Hypothesis
+    ref = np.zeros((1, 1, 4, 4))
+    hyps, got = [], ref + 1.0
+    for i, res in enumerate(residuals):
+        pred = got + (1 if i else -1) * res
+        hyps.append(Hypothesis(f"h{i}", f"hypothesis {i}", lambda grads=True, p=pred: {"dq": p}, ("dq",)))
+    return diagnose._diagnose_tensor("dq", hyps, {}, {"dq": got}, {"dq": ref}, 1.0, bound, (slice(None),) * 2)
+
+
+def test_a_cause_is_named_only_well_inside_the_bound_and_clearly_closer_than_the_next():
+    assert _named([0.01, 0.5]).id == "h0"
+    near = _named([0.09, 0.5])                                # 0.9 of the bound: no cause
+    assert near.id == "none" and "0.90 of the bound: too near it to name a cause" in near.sentence
+    close = _named([0.04, 0.07])              # the next 1.6x farther, predicting something else
+    assert close.id == "none" and "hypothesis 0 (4.0e-02) and hypothesis 1 (6.5e-02) come too close" \
+        in close.sentence
+    assert _named([0.04, 0.3]).id == "h0"                     # the next 5.8x farther: clear
+    assert _named([0.045, 0.5]).id == "h0"                    # 0.45 of the bound
+

@@ -164,7 +164,7 @@ def test_shrinking_takes_batch_heads_lengths_and_head_dim_down():
                                                         "backward-no-D", "float32", "cpu")
     assert (case.batch, case.heads, case.head_dim) == (1, 1, 16)
     assert max(case.tq, case.tk) <= 4
-    assert row.failed and row.diagnosis.id == "backward-no-D" and note == ""
+    assert row.failed and row.diagnosis.id == "backward-no-D" and note.startswith(f"Tk {case.tk - 1} ")
 
 
 def test_shrinking_passes_over_the_sizes_a_kernel_refuses():
@@ -325,3 +325,49 @@ def test_a_cause_no_mistake_names_is_unnamed_in_its_folder_and_its_line(tmp_path
     assert written and all(w.line().startswith("unnamed: ") for w in written)
     assert os.listdir(tmp_path) == ["unnamed"]
     assert "unnamed: out of" in (tmp_path / "unnamed" / "repro.py").read_text()
+
+
+def _wrong_past_a_tile_but_not_between(q, k, v, *, causal, scale):
+    """Without the scale past one tile of 64 keys, except at Tk 70 .. 76 (right there): the
+    failure does not shrink monotonically, as a kernel's cause may not."""
+    tk = k.shape[-2]
+    wrong = tk > 64 and not 70 <= tk <= 76
+    return chapter.attention(q, k, v, causal=causal, scale=1.0 if wrong else scale)
+
+
+def test_shrinking_tries_a_tile_plus_one_and_says_what_one_less_gives():
+    target = targets.resolve(_wrong_past_a_tile_but_not_between)
+    case, row, rows, runs, seconds, note = repro.shrink(target, Case(1, 1, 128, 128, 16, False), "out",
+                                                        "no-scale", "float32", "cpu")
+    assert case.tk == 65 and row.diagnosis.id == "no-scale"       # a bisection alone stops at 77
+    assert "Tk 64 passes" in note
+
+
+def _window_left_narrower(q, k, v, *, causal, scale, window=(-1, -1), align="top-left"):
+    """The window's left edge one key narrower (``>`` for ``>=``): a 0-wide window sees no key."""
+    tq, tk = q.shape[-2], k.shape[-2]
+    o = tk - tq if align == "bottom-right" else 0
+    i, j = torch.arange(tq)[:, None], torch.arange(tk)[None, :]
+    left, right = window[0], 0 if causal else window[1]
+    ok = torch.ones(tq, tk, dtype=torch.bool)
+    if left >= 0:
+        ok &= j > i + o - left
+    if right >= 0:
+        ok &= j <= i + o + right
+    seen = ok.any(-1, keepdim=True)
+    s = (q @ k.transpose(-1, -2)) * scale
+    p = torch.softmax(torch.where(seen, s.masked_fill(~ok, float("-inf")), torch.zeros_like(s)), -1)
+    return torch.where(seen, p, torch.zeros_like(p)) @ v
+
+
+def test_zeros_a_named_mistake_gives_are_filed_under_it(tmp_path):
+    target = targets.resolve(_window_left_narrower)
+    cases = [Case(1, 1, 45, 77, 16, True, (("window", w),)) for w in ((0, 0), (5, 0))]     # 0-wide: no key seen
+    rows = [r for c in cases for r in runner.run_case(target, c, "float32", "cpu", "top-left", 0, ("window",))]
+    report = Report("narrower", rows, context={"target": target, "spec": None, "align": "top-left", "seed": 0,
+                                                "wanted": ("window",), "timeout": None})
+    zeros = [r for r in report.failures if r.diagnosis.id == "zeros"]
+    assert zeros and all("window-left-narrower" in r.diagnosis.also for r in zeros)
+    assert "(as window-left-narrower or window-other-alignment would give here)" in zeros[0].diagnosis.sentence
+    assert [f.cause for f in report.repro(tmp_path)] == ["window-left-narrower"]
+    assert not (tmp_path / "zeros").exists()
