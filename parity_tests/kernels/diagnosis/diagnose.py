@@ -71,6 +71,7 @@ GRADS = ("dq", "dk", "dv") + INPUT_GRADS           # with those of the extra inp
 # output, so it always explains *some* of the error; it counts only when what
 # is left is at most this share of the error (a true row scaling leaves rounding).
 FIT_SHARE = 0.1
+FITTED = ("denominator", "wrong-delta")        # fitted to the target: a catalogued mistake that explains as well wins
 
 # A catalogued mistake that leaves at most this share of the error against the
 # reference explains the tensor, even where its own rounding exceeds the bound
@@ -129,7 +130,7 @@ def _unclear(best, others, error, bound, denom):
     if residual > NAMED_WITHIN * bound and residual > MATCH_SHARE * error:
         return f"{says} comes to {_fmt(residual)}, {residual / bound:.2f} of the bound: too near it to name a cause"
     for other in sorted(others, key=lambda o: o[0]):
-        if other[1] in (best[1], "denominator") or other[0] >= RUNNER_UP * residual:
+        if other[1] in (best[1],) + FITTED or other[0] >= RUNNER_UP * residual:
             continue
         if slice_errors(other[3], pred, _own_scale(pred, denom)).max() > bound:    # it predicts something else
             return (f"{says} ({_fmt(residual)}) and {other[2]} ({_fmt(other[0])}) come too close to each "
@@ -272,6 +273,8 @@ def _catalogue(rest, rows, ev):
     hyps = _catalogue_of(sub)
     if sub is ev and _screened(rest, ev):                  # large: its out mistakes first on a block
         hyps = row_block.screen(hyps, ev, _catalogue_of, explains, slice_errors)
+    if "dq" in rest and "out" in rows and rows["out"].passed:
+        hyps += _wrong_delta(sub)
     cache, result = {}, {}
     out_right = "out" in rows and rows["out"].passed
     backward_only = [h for h in hyps if "out" not in h.tensors]
@@ -307,6 +310,44 @@ def _catalogue_of(sub):
     return mistakes.catalogue(mistakes.Context(sub.case, sub.align, (r["q"], r["k"], r["v"], r["dout"]),
                                                r.get("dlse"), sub.opts, sub.gold_raw, judge, sub.wanted,
                                                rows=sub.rows, arrays=r))
+
+
+def _wrong_delta(sub):
+    """The backward right but for its D = rowsum(dO ∘ O), each row's off by its own amount
+    (computed from O before its normalisation, from another O, or in a low precision): a
+    hypothesis fitted to the target's dq, then checked on dk.
+
+    dS_ij = P_ij (dP_ij − D_i), so dq_i = scale (Σ_j P_ij dP_ij k_j − D_i u_i), u_i = Σ_j P_ij k_j
+    (attention with k for v); a D_i + δ_i moves dq_i by −scale δ_i u_i: δ_i is fitted per row by
+    least squares.  A D off by δ_i is the right backward with an lse gradient lowered by δ_i
+    (the lse gradient enters dS as P_ij dlse_i): the prediction of every gradient.  [] where it
+    cannot be told apart (one key: dq is 0 whatever D is) or not computed (a block of rows, a
+    random feature)."""
+    got = sub.arrays.get("dq")
+    if got is None or not np.isfinite(got).all() or sub.case.tk <= 1 or sub.rows is not None or \
+            sub.case.seqlens is not None or sub.opts.get("seqlens_k") is not None:
+        return []
+    r = sub.rounded
+    scale = sub.opts["scale"]
+    kw = dense.keywords({n: v for n, v in sub.opts.items() if n not in ("keep", "dropout_p")})
+    t = lambda a: torch.as_tensor(np.asarray(a)).double()
+    with torch.no_grad():
+        u = dense.attention(t(r["q"]), t(r["k"]), t(r["k"]), **kw)[0].numpy()         # (B, Hq, Tq, D)
+    delta = -((got - sub.gold["dq"]) * u).sum(-1) / np.maximum((u * u).sum(-1), 1e-300) / scale
+    d = (sub.gold["out"] * r["dout"]).sum(-1) if "out" in sub.gold else None
+    dlse = (r["dlse"] if r.get("dlse") is not None else 0.0) - delta
+    q, k, v, dout = r["q"], r["k"], r["v"], r["dout"]
+    ratio = ""
+    if d is not None:
+        big = np.abs(d) > 1e-3 * np.abs(d).max()
+        if big.any():
+            f = 1 + delta[big] / d[big]
+            ratio = f" (D' / D from {f.min():.3g} to {f.max():.3g}, median {np.median(f):.3g})"
+
+    def predict(grads=True):
+        return as_4d(dense.run(q, k, v, dout, sub.opts, grads=grads, dlse=dlse))
+    return [mistakes.Hypothesis("wrong-delta", "the backward's D = rowsum(dO ∘ O) off by each row's own amount"
+                                + ratio, predict, ("dq", "dk"), fitted=("dq",))]
 
 
 def _screened(rest, ev):
@@ -532,6 +573,9 @@ def _diagnose_tensor(t, hyps, cache, got, ref, denom, bound, sel):
             lo, hi = float(c.min()), float(c.max())
             candidates.append((residual, "denominator", f"each row divided by a wrong softmax "
                                f"denominator (row factors {lo:.6g} .. {hi:.6g})", fitted))
+    error_now = slice_errors(a, r, denom).max()
+    fitted = {hyp.id for hyp in hyps if t in hyp.fitted}
+    candidates = [c for c in candidates if c[1] not in fitted or c[0].max() <= FIT_SHARE * error_now]
     if not np.any(a) and np.any(r):
         told = f" (as {' or '.join(zeros)} would give here)" if zeros else ""
         return Diagnosis("zeros", f"{t} is zero everywhere (the reference is not): nothing written, "
@@ -541,7 +585,7 @@ def _diagnose_tensor(t, hyps, cache, got, ref, denom, bound, sel):
     whole = [(res.max(), i, s, p) for res, i, s, p in candidates]
     error = slice_errors(a, r, denom).max()
     # a fitted row factor fits any row scaling; a catalogued mistake that explains it too says why
-    named = [w for w in whole if w[1] != "denominator" and explains(w[0], error, bound)]
+    named = [w for w in whole if w[1] not in FITTED and explains(w[0], error, bound)]
     best = min(named or whole, key=lambda w: w[0])
     if explains(best[0], error, bound):
         unclear = _unclear(best, whole, error, bound, denom)

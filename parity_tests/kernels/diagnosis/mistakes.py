@@ -50,6 +50,7 @@ class Hypothesis:
     says: str
     predict: object          # (grads=True) -> {tensor: array}; grads=False: the forward alone
     tensors: tuple = ("out", "dq", "dk", "dv")
+    fitted: tuple = ()       # the tensors it was fitted to: it explains those only with FIT_SHARE left
 
 
 class Context:

@@ -190,3 +190,41 @@ def test_a_cause_is_named_only_well_inside_the_bound_and_clearly_closer_than_the
     assert _named([0.04, 0.3]).id == "h0"                     # the next 5.8x farther: clear
     assert _named([0.045, 0.5]).id == "h0"                    # 0.45 of the bound
 
+
+
+class _DeltaFromUnnormalisedO(torch.autograd.Function):
+    """Attention whose backward takes D = rowsum(dO ∘ O) from O before its division by l."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale):
+        s = q @ k.transpose(-1, -2) * scale
+        if causal:
+            s = s.masked_fill(torch.ones_like(s, dtype=torch.bool).triu(1), float("-inf"))
+        e = torch.exp(s - s.amax(-1, keepdim=True))
+        l = e.sum(-1, keepdim=True)
+        p = e / l
+        out = p @ v
+        ctx.save_for_backward(q, k, v, p, out * l)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, p, unnormalised = ctx.saved_tensors
+        ds = p * (dout @ v.transpose(-1, -2) - (dout * unnormalised).sum(-1, keepdim=True))
+        return ds @ k * ctx.scale, ds.transpose(-1, -2) @ q * ctx.scale, p.transpose(-1, -2) @ dout, None, None
+
+
+def _delta_unnormalised(q, k, v, *, causal, scale):
+    return _DeltaFromUnnormalisedO.apply(q, k, v, causal, scale)
+
+
+def test_a_backward_wrong_only_in_its_delta_term_is_said_so_with_its_per_row_factors():
+    report = parity_tests.check(_delta_unnormalised, tokens=["17", "45x77"], causal="both", **ONE)
+    assert {r.tensor for r in report.failures} == {"dq", "dk"}          # dv and out right
+    for row, d in report.diagnoses:
+        assert d.id == "wrong-delta", d.sentence
+        assert d.residual <= diagnose.NAMED_WITHIN * d.bound
+        assert "the backward's D = rowsum(dO ∘ O) off by each row's own amount (D' / D from " in d.sentence
+        low = float(d.sentence.split("(D' / D from ")[1].split()[0])
+        assert low >= 1.0                                               # D' = l D, l >= 1
