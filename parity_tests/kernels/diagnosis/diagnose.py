@@ -574,7 +574,7 @@ def _diagnose_tensor(t, hyps, cache, got, ref, denom, bound, sel):
             candidates.append((residual, "denominator", f"each row divided by a wrong softmax "
                                f"denominator (row factors {lo:.6g} .. {hi:.6g})", fitted))
     error_now = slice_errors(a, r, denom).max()
-    fitted = {hyp.id for hyp in hyps if t in hyp.fitted}
+    fitted = {hyp.id for hyp in hyps if t in getattr(hyp, "fitted", ())}
     candidates = [c for c in candidates if c[1] not in fitted or c[0].max() <= FIT_SHARE * error_now]
     if not np.any(a) and np.any(r):
         told = f" (as {' or '.join(zeros)} would give here)" if zeros else ""

@@ -38,7 +38,7 @@ import torch
 from parity_tests.kernels import dense
 from parity_tests.kernels.features import INPUT_GRADS, REGISTRY
 
-__all__ = ["Hypothesis", "Context", "catalogue", "whole_case", "STALE_BLOCKS"]
+__all__ = ["Hypothesis", "Context", "catalogue", "whole_case", "padding_seen", "STALE_BLOCKS"]
 
 # Key-block sizes tried for the stale running maximum (a kernel's B_c is not known).
 STALE_BLOCKS = (16, 32, 64, 128, 256)
@@ -233,6 +233,7 @@ def _kernel_bugs(ctx):
         sizes = tiles[0] if len(tiles) == 1 else ", ".join(tiles[:-1]) + " or " + tiles[-1]
         out.append(H("last-key-tile-dropped", f"the last partial key tile dropped (keys {whole} .. {case.tk - 1} "
                      f"past the last whole tile of {sizes})", fwd(_keys_cut(ctx, whole))))
+    out += _padding_seen(ctx)
     if case.tk > case.tq > 1 and not case.seqlens:
         out.append(H("keys-bounded-at-tq", f"the key loop stopping at Tq = {case.tq} (keys {case.tq} .. "
                      f"{case.tk - 1} never visited)", fwd(_keys_cut(ctx, case.tq))))
@@ -259,6 +260,32 @@ def _kernel_bugs(ctx):
                 out.append(H("row-not-stored", f"{n} of query row {row} never stored (left 0)",
                              ctx.changed(**{n: changed}), (n,)))
     return out
+
+
+def _padding_seen(ctx):
+    """The keys a kernel pads Tk with to whole tiles left unmasked (`padding_seen`)."""
+    case = ctx.case
+    pads = {}
+    for tile in (16, 32, 64, 128):
+        if case.tk % tile:
+            pads.setdefault(-(-case.tk // tile) * tile - case.tk, f"key tiles of {tile}")
+    return [h for n, what in sorted(pads.items()) for h in padding_seen(ctx, n, what)]
+
+
+def padding_seen(ctx, n, what):
+    """[the hypothesis] that ``n`` zero keys padding Tk to ``what`` were left unmasked (score 0,
+    value 0: each row's softmax counts exp(0 − m) once per padded key); [] on cases where a
+    key's position matters otherwise (a mask, a bias, ALiBi, a window, per-sequence lengths)."""
+    case, (q, k, v, _) = ctx.case, ctx.inputs
+    if case.causal or case.seqlens or any(ctx.opts.get(o) is not None
+                                          for o in ("bias", "alibi_slopes", "window", "seqlens_k")):
+        return []
+    zeros = lambda a: np.zeros(a.shape[:-2] + (n,) + a.shape[-1:])
+    padded = {"k": np.concatenate([k, zeros(k)], -2), "v": np.concatenate([v, zeros(v)], -2)}
+    trim = lambda r, tk=case.tk: {m: a[..., :tk, :] if m in ("dk", "dv") else a for m, a in r.items()}
+    keys = "zero key that pads" if n == 1 else "zero keys that pad"
+    return [ctx.H("padding-seen", f"the {n} {keys} Tk = {case.tk} to {what} left unmasked (each counted in "
+                  "the softmax as a score of 0)", _reshaped(ctx.fwd(inputs=padded), trim))]
 
 
 def _reshaped(predict, change):

@@ -93,7 +93,12 @@ def mistakes(ctx, splits):
         if not once:
             once.append(partials(ctx, splits))
         return once[0]
-    return [ctx.H("splits-not-rescaled", f"the {splits} partial states merged without their rescaling "
+    from parity_tests.kernels.diagnosis.mistakes import padding_seen     # (which imports the features)
+    width = -(-ctx.case.tk // splits)                  # keys per split, the last one padded to it
+    padded = padding_seen(ctx, splits * width - ctx.case.tk, f"{splits} splits of {width} keys") \
+        if ctx.case.tk % splits else []
+    return padded + [
+            ctx.H("splits-not-rescaled", f"the {splits} partial states merged without their rescaling "
                   "exp(m_s − m) (each split's sums kept relative to its own maximum)",
                   _merged(ctx, parts, "not-rescaled"), present("out")),
             Poisoned("splits-empty-nan", "an empty split's lse −inf turned into NaN (0/0 in a split that "

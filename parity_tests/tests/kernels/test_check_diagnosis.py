@@ -228,3 +228,17 @@ def test_a_backward_wrong_only_in_its_delta_term_is_said_so_with_its_per_row_fac
         assert "the backward's D = rowsum(dO ∘ O) off by each row's own amount (D' / D from " in d.sentence
         low = float(d.sentence.split("(D' / D from ")[1].split()[0])
         assert low >= 1.0                                               # D' = l D, l >= 1
+
+
+def _padded_to_tiles_of_32(q, k, v, *, causal, scale):
+    """Keys padded with zeros to whole tiles of 32 and the padding left unmasked."""
+    pad = -k.shape[-2] % 32
+    zeros = lambda a: torch.zeros(a.shape[:-2] + (pad,) + a.shape[-1:], dtype=a.dtype)
+    return bad.sdpa(q, torch.cat([k, zeros(k)], -2), torch.cat([v, zeros(v)], -2), causal=causal, scale=scale)
+
+
+def test_padding_keys_left_unmasked_are_named_with_their_count():
+    report = parity_tests.check(_padded_to_tiles_of_32, tokens=["45x77"], causal="no", **ONE)
+    assert not report.passed and report.diagnosis == "padding-seen"
+    out = next(d for r, d in report.diagnoses if r.tensor == "out" and " T45x77 " in r.case)
+    assert "the 19 zero keys that pad Tk = 77 to key tiles of 32 left unmasked" in out.sentence
