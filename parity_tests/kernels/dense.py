@@ -34,7 +34,9 @@ dropped: the weights differentiated with their normaliser held constant),
 ``online=(slip, block)`` (an online softmax's slips, `_online`: neither l nor the
 accumulator rescaled by exp(m_old − m_new), the accumulator alone not rescaled, l
 started at 1, split-KV partials merged without their rescale), ``backward_causal`` (the backward's own causal flag, `_masked_backward`),
-``softcap_last`` (the cap applied after ALiBi and the bias: x-transformers' order).
+``softcap_last`` (the cap applied after ALiBi and the bias: x-transformers' order),
+``softcap_form`` ("positive": only the positive scores capped; "clamp": clipped at ±c
+instead of c·tanh), ``positions_dtype`` (ALiBi's positions and distances in a low dtype).
 """
 
 import functools
@@ -214,7 +216,8 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
               kv_map="interleave", softcap_first=False, softcap_no_grad=False, shift=0,
               window_align=None, alibi_no_offset=False, alibi_offset_sign=1, axis=-1,
               no_delta=False, finite_mask=False, with_max=False, keys=None, online=None, backward_causal=None,
-              softcap_last=False, weights="softmax", keep=None, dropout_p=0.0):
+              softcap_last=False, weights="softmax", keep=None, dropout_p=0.0, softcap_form="tanh",
+              positions_dtype=None):
     """(out, lse): out (B, Hq, Tq, Dv), lse (B, Hq, Tq), in q's dtype; torch tensors,
     differentiable.  ``rows``: (first, total) when q holds query rows first .. of a case
     with ``total`` query rows (the baseline's chunks); the bias then holds those rows too.
@@ -246,6 +249,10 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
         else:
             S = S * scale
             capped = softcap * torch.tanh(S / softcap)
+            if softcap_form == "positive":             # the negative scores left uncapped
+                capped = torch.where(S > 0, capped, S)
+            elif softcap_form == "clamp":
+                capped = S.clamp(-softcap, softcap)
             S = S + (capped - S).detach() if softcap_no_grad else capped
     else:
         S = S * scale
@@ -259,7 +266,11 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
         slopes = slopes.expand(b, hq) if slopes.dim() == 1 else slopes          # (B, Hq)
         a_offs = [0] * b if alibi_no_offset else [alibi_offset_sign * o for o in offs]
         j = torch.arange(tk, device=q.device, dtype=S.dtype)[None, :]
-        dist = torch.stack([(i.to(S.dtype)[:, None] + o - j).abs() for o in a_offs])   # (B, Tq, Tk)
+        if positions_dtype is None:
+            dist = torch.stack([(i.to(S.dtype)[:, None] + o - j).abs() for o in a_offs])   # (B, Tq, Tk)
+        else:                                      # positions, and their differences, in a low dtype
+            pd = positions_dtype
+            dist = torch.stack([((i + o).to(pd)[:, None] - j.to(pd)).abs().to(S.dtype) for o in a_offs])
         S = S - slopes[:, :, None, None] * dist[:, None]
     if bias is not None:
         S = S + bias.to(S.dtype)

@@ -5,6 +5,7 @@ sign flipped, the slopes in reverse head order or taken per kv head (with GQA), 
 alignment's offset left out or with its sign flipped."""
 
 import numpy as np
+import torch
 
 from parity_tests.kernels.cases import Case
 from parity_tests.kernels.dense import alibi_slopes, offsets
@@ -33,6 +34,9 @@ def mistakes(ctx, on):
         out.append(ctx.H("alibi-per-kv-head", f"the ALiBi slopes taken per kv head (query head h given slope "
                          f"h // {group}) instead of per query head",
                          ctx.fwd({"alibi_slopes": slopes[np.arange(ctx.case.heads) // group]})))
+    if max(ctx.case.tq, ctx.case.tk) + max(abs(o) for o in ctx.offsets) > 256:     # bfloat16's integers end at 256
+        out.append(ctx.H("alibi-positions-bfloat16", "the ALiBi positions, and |i - j|, in bfloat16 (positions past "
+                         "256 rounded to its 8 bits)", ctx.fwd(positions_dtype=torch.bfloat16)))
     if any(ctx.offsets):
         out += [ctx.H("alibi-no-offset", "the ALiBi distance |i - j| without the alignment's offset "
                       "(|i + offset - j| is meant)", ctx.fwd(alibi_no_offset=True)),

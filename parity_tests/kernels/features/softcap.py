@@ -22,7 +22,11 @@ def mistakes(ctx, cap):
     return [ctx.H("softcap-before-scale", f"the softcap applied before the scale (c tanh(q.k / c) x scale, "
                   f"c = {cap:g})", ctx.fwd(softcap_first=True)),
             ctx.H("softcap-no-derivative", "the softcap's derivative 1 - tanh^2 left out of the backward",
-                  ctx.fwd(softcap_no_grad=True), grads)] + after_bias(ctx, cap)
+                  ctx.fwd(softcap_no_grad=True), grads),
+            ctx.H("softcap-positive-only", f"the softcap applied to the positive scores only (c tanh(S / c) where "
+                  f"S > 0, S itself below, c = {cap:g})", ctx.fwd(softcap_form="positive")),
+            ctx.H("softcap-clamped", f"the scores clipped at ±c instead of capped by c tanh(S / c) (c = {cap:g})",
+                  ctx.fwd(softcap_form="clamp"))] + after_bias(ctx, cap)
 
 
 def after_bias(ctx, cap):

@@ -109,6 +109,11 @@ def attend(q, k, v, *, causal, scale, align="top-left", window=None, softcap=Non
             S = softcap * torch.tanh(S / softcap) * scale
         elif mistake == "softcap-no-derivative":
             S = _CapWithoutDerivative.apply(S * scale, softcap)
+        elif mistake == "softcap-positive-only":
+            S = S * scale
+            S = torch.where(S > 0, softcap * torch.tanh(S / softcap), S)
+        elif mistake == "softcap-clamped":
+            S = (S * scale).clamp(-softcap, softcap)
         else:
             S = softcap * torch.tanh(S * scale / softcap)
     else:
@@ -123,6 +128,8 @@ def attend(q, k, v, *, causal, scale, align="top-left", window=None, softcap=Non
             slopes = slopes[torch.arange(hq) // group]
         sign = -1.0 if mistake == "alibi-sign" else 1.0
         dist = (i - j).abs() if mistake == "alibi-no-offset" else (i + off - j).abs()
+        if mistake == "alibi-positions-bfloat16":          # positions from arange(..., dtype=bfloat16)
+            dist = ((i + off).bfloat16() - j.bfloat16()).abs().to(work)
         S = S - sign * slopes[:, None, None] * dist
     if bias is not None:
         S = S + (bias.detach() if mistake == "bias-no-grad" else bias).to(work)
@@ -256,6 +263,8 @@ FEATURE_GALLERY = {
     "softcap-before-scale": ["softcap"],
     "softcap-no-derivative": ["softcap"],
     "softcap-after-bias": ["softcap", "alibi"],
+    "softcap-positive-only": ["softcap"],
+    "softcap-clamped": ["softcap"],
     "alibi-sign": ["alibi"],
     "alibi-reversed": ["alibi"],
     "alibi-no-offset": ["alibi"],

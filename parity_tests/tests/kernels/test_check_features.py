@@ -281,3 +281,17 @@ def test_feature_names_are_the_contracts():
     assert feat.FEATURES == ("gqa", "value_dim", "window", "softcap", "alibi", "bias", "sinks", "varlen",
                              "lse", "lse_grad", "decode", "deterministic", "paged", "splits", "dropout", "fp8",
                              "fp8_kv")
+
+
+def test_alibi_positions_kept_in_bfloat16_are_named_past_256():
+    fn = kernel("alibi-positions-bfloat16")                  # shows only where positions pass 256
+    assert parity_tests.check(fn, features=["alibi", "lse"], **{**SMALL, "tokens": ["200"]}, causal="yes").passed
+    report = parity_tests.check(fn, features=["alibi", "lse"], **{**SMALL, "tokens": ["300"]}, causal="yes")
+    assert report.diagnosis == "alibi-positions-bfloat16", [d.sentence for _, d in report.diagnoses][:4]
+    out = next(d for r, d in report.diagnoses if r.tensor == "out" and " T300 " in r.case)
+    assert "confined to query rows 257 .. 299" in out.sentence
+
+
+@pytest.mark.parametrize("mistake", ["softcap-positive-only", "softcap-clamped"])
+def test_a_softcap_applied_asymmetrically_or_clipped_is_named(mistake):
+    _named_first(mistake, causal="yes")
