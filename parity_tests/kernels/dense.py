@@ -165,7 +165,11 @@ def _online(S, v, block, slip):
              merged as Σ_s acc_s / Σ_s l_s (the weights e^{m_s-m} left out):
              out = Σ_j e^{S_j-M_j} v_j / Σ_j e^{S_j-M_j}, M_j = m_s of j's split;
     "stale": neither acc nor l rescaled: the same with M_j = the
-             running maximum when j's block was read.
+             running maximum when j's block was read;
+    "own-max": the maximum not carried into the weights: each block's e^{S_j-m_b'} taken
+             against that block's own maximum m_b', while acc and l are rescaled by the
+             running one as they should: M_j = m_b' − m_b + m (m_b the running maximum
+             after j's block), the same in out's numerator and denominator.
 
     A row that sees no key gives 0.  The maxima are not detached: autograd differentiates
     the kernel's forward as written (for the reference's form their share cancels)."""
@@ -184,8 +188,12 @@ def _online(S, v, block, slip):
         m1 = own.gather(-1, first[..., None])[..., 0]
         extra = torch.where(torch.isfinite(m1), torch.exp(finite0(m1) - finite0(m)), torch.ones_like(m))
         return (e @ v) / (extra + e.sum(-1))[..., None]
-    M = own if slip == "split" else torch.cummax(own, dim=-1).values    # per block
-    M = finite0(M).repeat_interleave(block, dim=-1)[..., :tk]           # per key
+    running = torch.cummax(own, dim=-1).values
+    if slip == "own-max":
+        M = finite0(own) - finite0(running) + finite0(m)[..., None]      # per block
+    else:
+        M = finite0(own if slip == "split" else running)
+    M = M.repeat_interleave(block, dim=-1)[..., :tk]                     # per key
     w = torch.exp(S - M)
     if slip == "acc":
         l = torch.exp(S - finite0(m)[..., None]).sum(-1)

@@ -166,6 +166,9 @@ def chapter(ctx):
         out += [H("acc-not-rescaled", f"the output accumulator not rescaled by exp(m_old - m_new) when the "
                   f"maximum moves while the running sum l is (key blocks of {block})", fwd(online=("acc", block)))
                 for block in blocks]
+        out += [H("max-not-carried", f"each key block's weights exp(S - m_block) taken against that block's own "
+                  f"maximum, not the running one (l and acc rescaled as they should; key blocks of {block})",
+                  fwd(online=("own-max", block))) for block in blocks]
         out += [H("l-starts-at-one", "the running sum l started at 1 instead of 0 (" +
                   (f"key blocks of {block}: the 1 stays in the denominator as exp(m_first - m), m_first the "
                    "first block's maximum)" if block < case.tk else "one pass: l = 1 + sum exp(S - m))"),
@@ -186,6 +189,9 @@ def chapter(ctx):
                   ("dq", "dk")),
                 H("dq-missing-scale", "dq missing the scale", ctx.changed(dq=g["dq"] / s), ("dq",)),
                 H("dk-missing-scale", "dk missing the scale", ctx.changed(dk=g["dk"] / s), ("dk",))]
+    g = ctx.golden_raw
+    out += [H("gradient-negated", f"{n} with its sign flipped (+ where − is meant)", ctx.changed(**{n: -g[n]}), (n,))
+            for n in ("dq", "dk", "dv") + INPUT_GRADS if n in ctx.present]
     return out
 
 

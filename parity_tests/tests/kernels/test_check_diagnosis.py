@@ -242,3 +242,40 @@ def test_padding_keys_left_unmasked_are_named_with_their_count():
     assert not report.passed and report.diagnosis == "padding-seen"
     out = next(d for r, d in report.diagnoses if r.tensor == "out" and " T45x77 " in r.case)
     assert "the 19 zero keys that pad Tk = 77 to key tiles of 32 left unmasked" in out.sentence
+
+
+def _max_not_carried(q, k, v, *, causal, scale):
+    """An online softmax over key blocks of 32 whose weights take each block's own maximum,
+    while l and acc are rescaled by the running one."""
+    s = q @ k.transpose(-1, -2) * scale
+    if causal:
+        s = s.masked_fill(torch.ones_like(s, dtype=torch.bool).triu(1), float("-inf"))
+    m = torch.full(s.shape[:-1] + (1,), float("-inf"), dtype=s.dtype)
+    l, acc = torch.zeros_like(m), torch.zeros(s.shape[:-1] + v.shape[-1:], dtype=s.dtype)
+    finite = lambda x: torch.where(torch.isfinite(x), x, torch.zeros_like(x))
+    for start in range(0, s.shape[-1], 32):
+        block = s[..., start:start + 32]
+        new = torch.maximum(m, block.amax(-1, keepdim=True))
+        alpha = torch.exp(finite(m) - finite(new)) * torch.isfinite(m)
+        p = torch.exp(block - finite(block.amax(-1, keepdim=True)))        # the block's own maximum
+        l, acc, m = l * alpha + p.sum(-1, keepdim=True), acc * alpha + p @ v[..., start:start + 32, :], new
+    return acc / torch.where(l > 0, l, torch.ones_like(l))
+
+
+def test_a_maximum_not_carried_into_the_weights_is_named_with_its_block():
+    report = parity_tests.check(_max_not_carried, tokens=["45x77"], causal="both", **ONE)
+    outs = [d for r, d in report.diagnoses if r.tensor == "out"]
+    assert outs and all(d.id == "max-not-carried" for d in outs), [d.sentence for d in outs]
+    assert "key blocks of 32" in outs[0].sentence
+
+
+def _sinks_gradient_negated(q, k, v, *, causal, scale, sinks=None):
+    from parity_tests.kernels.planted.featured import kernel
+    sinks = None if sinks is None else bad.with_backward(sinks, lambda g: -g)
+    return kernel(returns_lse=False)(q, k, v, causal=causal, scale=scale, sinks=sinks)
+
+
+def test_a_gradient_with_its_sign_flipped_is_named():
+    report = parity_tests.check(_sinks_gradient_negated, features=["sinks"], tokens=["17"], causal="yes", **ONE)
+    assert {r.tensor for r in report.failures} == {"dsinks"}
+    assert {d.id for _, d in report.diagnoses} == {"gradient-negated"}
