@@ -313,6 +313,8 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
         P = (torch.exp(wide - L) * row_seen[..., None]).to(S.dtype)
     elif weights in ("fp8", "fp8-no-max"):      # FlashAttention-3's FP8 forward (`fp8_weights`)
         P = fp8_weights(S_safe, row_seen[..., None], weights == "fp8").to(S.dtype)
+    elif weights in P_ROUNDED:                 # E = exp(S − m) rounded for P V, l of the unrounded E
+        P = fp8_weights(S_safe, row_seen[..., None], to=P_ROUNDED[weights]).to(S.dtype)
     else:
         P = torch.softmax(S_safe, dim=axis) * seen_along
     if sinks is not None:
@@ -327,21 +329,27 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
     return out, lse
 
 
-def fp8_weights(S, seen=None, subtract_max=True):
+# weights= of `attention`: E = exp(S − m) rounded to a half dtype before P V (the rest in the
+# dtype run): how a kernel that keeps only its P in a lower precision errs
+P_ROUNDED = {"p-bfloat16": torch.bfloat16, "p-float16": torch.float16}
+
+
+def fp8_weights(S, seen=None, subtract_max=True, to=torch.float8_e4m3fn):
     """FlashAttention-3's FP8 weights: E = exp(S − m) in float32 (m the row's maximum), rounded
     to float8_e4m3fn for the P V matmul, divided by l = Σ_j E_ij of the unrounded E (returned
     in float32, the 1/l applied as the kernel applies it to its accumulator: once per row).
     E ≤ 1, so e4m3's largest value 448 is never reached; weights below its smallest
     subnormal 2^-9 are 0.  ``seen``: (.., rows, 1) False on rows that see no key (weights 0).
     ``subtract_max=False``: the mistake of casting exp(S) itself (past 448 it saturates; below
-    2^-9 it vanishes; l overflows to inf past S = 88)."""
+    2^-9 it vanishes; l overflows to inf past S = 88).  ``to``: another dtype E is rounded to
+    (FlashAttention-2's P in bfloat16 or float16 for its P V matmul, `P_ROUNDED`)."""
     wide = S.to(torch.promote_types(S.dtype, torch.float32))
     m = wide.amax(-1, keepdim=True) if subtract_max else torch.zeros_like(wide[..., :1])
     E = torch.exp(wide - torch.where(torch.isfinite(m), m, 0.0))
     if seen is not None:
         E = E * seen
     l = E.sum(-1, keepdim=True)
-    return E.to(torch.float8_e4m3fn).to(wide.dtype) / torch.where(l > 0, l, 1.0)
+    return E.to(to).to(wide.dtype) / torch.where(l > 0, l, 1.0)
 
 
 def run(q, k, v, dout, opts, dtype=torch.float64, device="cpu", grads=True, dlse=None, rows=None,

@@ -647,20 +647,37 @@ def _lower_precision(result, rows, ev):
     if named_out or ev.dtype not in LOWER or not unnamed or ev.logits > tol.LOGIT_SCALE:
         return
     low_errors = {}
+    r = ev.rounded
     for low in (d for d in LOWER[ev.dtype] if not capabilities.dtype_lacks(d, ev.device)):
-        base = as_4d({n: a for n, a in ev.baseline_in(low).items() if n in ev.gold})
-        if "lse" in base:
-            base["lse"] = np.where(ev.gold["lse"] == 0.0, 0.0, base["lse"])
-        for n in unnamed:
-            low_errors[n, low] = float(np.abs(base[n] - ev.gold[n]).max(initial=0.0) / ev.den[n])
+        formed = {"whole": ev.baseline_in(low)}
+        if f"p-{low}" in dense.P_ROUNDED:              # only P rounded to it, the rest in the case's dtype
+            grads = any(n in unnamed for n in GRADS)
+            formed["P"] = dense.run(r["q"], r["k"], r["v"], r["dout"] if grads else None, ev.opts,
+                                    getattr(torch, ev.dtype), ev.device, grads=grads,
+                                    dlse=r.get("dlse") if grads else None, weights=f"p-{low}", autograd=True)
+        for part, raw in formed.items():
+            base = as_4d({n: a for n, a in raw.items() if n in ev.gold})
+            if "lse" in base:
+                base["lse"] = np.where(ev.gold["lse"] == 0.0, 0.0, base["lse"])
+            for n in unnamed:
+                if n in base:
+                    low_errors[n, low, part] = float(np.abs(base[n] - ev.gold[n]).max(initial=0.0) / ev.den[n])
     for n in unnamed:                 # the precision whose plain computation errs the most alike
-        fits = [(abs(np.log(rows[n].error / e)), low, e) for (m, low), e in low_errors.items()
+        fits = [(abs(np.log(rows[n].error / e)), low, part, e) for (m, low, part), e in low_errors.items()
                 if m == n and e and 1 / LOWER_SHARE <= rows[n].error / e <= LOWER_SHARE]
         if fits:
-            _, low, low_err = min(fits)
-            result[n] = Diagnosis("lower-precision", f"{n}'s error {rows[n].error:.1e} is the size of {low}'s (a "
-                                  f"plain {low} computation: {low_err:.1e}): the kernel appears to compute in {low} "
-                                  f"inside this {ev.dtype} check", rows[n].error, rows[n].bound)
+            fits.sort()
+            _, low, part, low_err = fits[0]
+            if part == "whole" and len(fits) == 1:
+                said = (f"the size of {low}'s (a plain {low} computation: {low_err:.1e}): the kernel appears to "
+                        f"compute in {low}")
+            else:                     # the size alone cannot tell which: each that fits, closest first
+                said = "the size of " + ", or of ".join(
+                    f"a plain {lw} computation's ({e:.1e})" if pt == "whole" else
+                    f"a {ev.dtype} one's with P rounded to {lw} before P V ({e:.1e})" for _, lw, pt, e in fits) + \
+                    ": the kernel appears to compute some of it in a lower precision"
+            result[n] = Diagnosis("lower-precision", f"{n}'s error {rows[n].error:.1e} is {said} inside this "
+                                  f"{ev.dtype} check", rows[n].error, rows[n].bound)
 
 
 def _rounding_like(n, rows, ev):

@@ -281,10 +281,11 @@ def _padding_seen(ctx):
 def padding_seen(ctx, n, what):
     """[the hypothesis] that ``n`` zero keys padding Tk to ``what`` were left unmasked (score 0,
     value 0: each row's softmax counts exp(0 − m) once per padded key); [] on cases where a
-    key's position matters otherwise (a mask, a bias, ALiBi, a window, per-sequence lengths)."""
+    key's position matters otherwise (a mask, a bias, ALiBi, a window, per-sequence lengths, a
+    dropout mask)."""
     case, (q, k, v, _) = ctx.case, ctx.inputs
     if case.causal or case.seqlens or any(ctx.opts.get(o) is not None
-                                          for o in ("bias", "alibi_slopes", "window", "seqlens_k")):
+                                          for o in ("bias", "alibi_slopes", "window", "seqlens_k", "keep")):
         return []
     zeros = lambda a: np.zeros(a.shape[:-2] + (n,) + a.shape[-1:])
     padded = {"k": np.concatenate([k, zeros(k)], -2), "v": np.concatenate([v, zeros(v)], -2)}

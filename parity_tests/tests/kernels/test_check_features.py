@@ -247,14 +247,22 @@ def test_a_window_edge_is_named():
 
 
 def test_a_gradient_pointing_the_wrong_way_is_named_so():
-    def negated_dq(q, k, v, *, causal, scale):
-        return attend(with_backward(q, lambda g: -g), k, v, causal=causal, scale=scale)[0]
-    report = parity_tests.check(negated_dq, features=["gqa"], **SMALL, causal="yes")
+    def turned_dq(q, k, v, *, causal, scale):           # -1/2 of dq: no mistake of the catalogue
+        return attend(with_backward(q, lambda g: -0.5 * g), k, v, causal=causal, scale=scale)[0]
+    report = parity_tests.check(turned_dq, features=["gqa"], **SMALL, causal="yes")
     dq = [d for r, d in report.diagnoses if r.tensor == "dq"]
     # said after what the catalogue found, not instead of it
     assert dq and all(d.id == "wrong-direction" and re.search(
         r"only the backward is wrong: dq matches none of the catalogued mistakes.*; dq points the wrong way "
         r"\(cosine -1\.00 with the reference\); where: ", d.sentence) for d in dq), [d.sentence for d in dq]
+
+
+def test_a_gradient_negated_is_named_before_it_is_said_to_point_the_wrong_way():
+    def negated_dq(q, k, v, *, causal, scale):
+        return attend(with_backward(q, lambda g: -g), k, v, causal=causal, scale=scale)[0]
+    report = parity_tests.check(negated_dq, features=["gqa"], **SMALL, causal="yes")
+    dq = [d for r, d in report.diagnoses if r.tensor == "dq"]
+    assert dq and all(d.id == "gradient-negated" and "dq with its sign flipped" in d.sentence for d in dq)
 
 
 def test_flash_attention_targets_are_skipped_with_the_reason_off_cuda():
