@@ -752,7 +752,12 @@ def _summaries(result, rows, ev):
             bad = [int(b) for b in np.nonzero(per_batch > ev.bounds[n])[0]]
             if 0 < len(bad) < case.batch:
                 word = "sequence" if len(bad) == 1 else "sequences"
-                lead.append(f"only {word} {', '.join(map(str, bad))} of the batch")
+                said = f"only {word} {', '.join(map(str, bad))} of the batch"
+                empty = [b for b in range(case.batch) if not all(lens[b] for lens in case.seqlens)]
+                if empty and all(b >= empty[0] for b in bad):
+                    said += (f", none before the empty sequence {empty[0]} (what an empty sequence shifting the ones "
+                             "after it gives)")
+                lead.append(said)
         r = rows[n]
         if r.cosine is not None and r.cosine < WRONG_WAY:
             d.sentence += f"; {n} points the wrong way (cosine {r.cosine:.2f} with the reference)"

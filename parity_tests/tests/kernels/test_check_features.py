@@ -303,3 +303,20 @@ def test_alibi_positions_kept_in_bfloat16_are_named_past_256():
 @pytest.mark.parametrize("mistake", ["softcap-positive-only", "softcap-clamped"])
 def test_a_softcap_applied_asymmetrically_or_clipped_is_named(mistake):
     _named_first(mistake, causal="yes")
+
+
+def test_sequences_wrong_only_from_an_empty_one_on_are_said_so():
+    def stops_at_an_empty_sequence(q, k, v, *, causal, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                   max_seqlen_k):             # `break` where `continue` was meant
+        out = varlen(q, k, v, causal=causal, scale=scale, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                     max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)[0]
+        lq, lk = cu_seqlens_q.diff(), cu_seqlens_k.diff()
+        empty = [b for b in range(len(lq)) if lq[b] == 0 or lk[b] == 0]
+        if empty:
+            out = torch.cat([out[:int(cu_seqlens_q[empty[0]])], 0 * out[int(cu_seqlens_q[empty[0]]):]])
+        return out
+    report = parity_tests.check(stops_at_an_empty_sequence, features=["varlen"], **SMALL, causal="yes")
+    said = [d.sentence for r, d in report.diagnoses if r.tensor == "out"]
+    assert said and any(", none before the empty sequence 2 (what an empty sequence shifting the ones after it "
+                        "gives)" in s for s in said), said
+    assert all("none before the empty sequence" in s for s in said if s.startswith("only sequence"))
