@@ -320,3 +320,14 @@ def test_sequences_wrong_only_from_an_empty_one_on_are_said_so():
     assert said and any(", none before the empty sequence 2 (what an empty sequence shifting the ones after it "
                         "gives)" in s for s in said), said
     assert all("none before the empty sequence" in s for s in said if s.startswith("only sequence"))
+
+
+def test_a_backward_reading_dout_with_the_query_head_dim_is_named():
+    def truncated_backward(q, k, v, *, causal, scale):
+        d = q.shape[-1]
+        cut = lambda g: torch.cat([g[..., :d], 0 * g[..., d:]], -1)          # dO read over D channels
+        return with_backward(attend(q, k, v, causal=causal, scale=scale)[0], cut)
+    report = parity_tests.check(truncated_backward, features=["value_dim"], **SMALL, causal="yes")
+    wide = [(r, d) for r, d in report.diagnoses if "D64/128" in r.case]
+    assert wide and all(d.id == "value-dim-backward-truncated" for _, d in wide), [d.sentence for _, d in wide]
+    assert {r.tensor for r, _ in wide} == {"dq", "dk", "dv"}
