@@ -36,7 +36,8 @@ accumulator rescaled by exp(m_old − m_new), the accumulator alone not rescaled
 started at 1, split-KV partials merged without their rescale), ``backward_causal`` (the backward's own causal flag, `_masked_backward`),
 ``softcap_last`` (the cap applied after ALiBi and the bias: x-transformers' order),
 ``softcap_form`` ("positive": only the positive scores capped; "clamp": clipped at ±c
-instead of c·tanh), ``positions_dtype`` (ALiBi's positions and distances in a low dtype).
+instead of c·tanh), ``positions_dtype`` (ALiBi's positions and distances in a low dtype),
+``backward_lse`` (lse -> the lse the backward recomputes P = exp(S − lse) from: another base).
 """
 
 import functools
@@ -225,7 +226,7 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
               window_align=None, alibi_no_offset=False, alibi_offset_sign=1, axis=-1,
               no_delta=False, finite_mask=False, with_max=False, keys=None, online=None, backward_causal=None,
               softcap_last=False, weights="softmax", keep=None, dropout_p=0.0, softcap_form="tanh",
-              positions_dtype=None):
+              positions_dtype=None, backward_lse=None):
     """(out, lse): out (B, Hq, Tq, Dv), lse (B, Hq, Tq), in q's dtype; torch tensors,
     differentiable.  ``rows``: (first, total) when q holds query rows first .. of a case
     with ``total`` query rows (the baseline's chunks); the bias then holds those rows too.
@@ -322,8 +323,9 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
     if keep is not None:
         P = P * (keep.to(P.dtype) / (1 - dropout_p))
     out = P @ v.to(P.dtype)
-    if backward_causal is not None:        # (the catalogue tries it on cases without sinks)
-        out = _masked_backward(out, S_pre, lse, mask(backward_causal), v)
+    if backward_causal is not None or backward_lse is not None:    # (tried on cases without sinks)
+        out = _masked_backward(out, S_pre, lse if backward_lse is None else backward_lse(lse),
+                               mask(causal if backward_causal is None else backward_causal), v)
     if with_max:
         return out, lse, S.detach().amax(-1)
     return out, lse

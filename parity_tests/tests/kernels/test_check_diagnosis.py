@@ -281,3 +281,35 @@ def test_a_gradient_with_its_sign_flipped_is_named():
     report = parity_tests.check(_sinks_gradient_negated, features=["sinks"], tokens=["17"], causal="yes", **ONE)
     assert {r.tensor for r in report.failures} == {"dsinks"}
     assert {d.id for _, d in report.diagnoses} == {"gradient-negated"}
+
+
+class _Exp2BackwardNaturalLse(torch.autograd.Function):
+    """Attention whose backward recomputes P = 2^(S log2(e) - lse) from the natural-log lse."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale):
+        s = q @ k.transpose(-1, -2) * scale
+        if causal:
+            s = s.masked_fill(torch.ones_like(s, dtype=torch.bool).triu(1), float("-inf"))
+        lse = torch.logsumexp(s, -1, keepdim=True)
+        out = torch.exp(s - lse) @ v
+        ctx.save_for_backward(q, k, v, out, s, lse)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, s, lse = ctx.saved_tensors
+        p = torch.exp2(s * 1.4426950408889634 - lse)                     # lse in base e, read as base 2
+        ds = p * (dout @ v.transpose(-1, -2) - (dout * out).sum(-1, keepdim=True))
+        return ds @ k * ctx.scale, ds.transpose(-1, -2) @ q * ctx.scale, p.transpose(-1, -2) @ dout, None, None
+
+
+def _exp2_backward(q, k, v, *, causal, scale):
+    return _Exp2BackwardNaturalLse.apply(q, k, v, causal, scale)
+
+
+def test_a_backward_recomputing_p_in_another_base_is_named():
+    report = parity_tests.check(_exp2_backward, tokens=["17", "45x77"], causal="both", **ONE)
+    assert {r.tensor for r in report.failures} == {"dq", "dk", "dv"}
+    assert {d.id for _, d in report.diagnoses} == {"backward-lse-base-2"}, [d.sentence for _, d in report.diagnoses]
