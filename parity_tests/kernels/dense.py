@@ -271,16 +271,19 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
     lk = [tk_case] * b if seqlens_k is None else [int(x) for x in seqlens_k]
     i = torch.arange(first, first + tq, device=q.device)
     if alibi_slopes is not None:
-        slopes = alibi_slopes.to(S.dtype)
+        # positions and the bias in float32 at least, as a kernel forms them (in bfloat16, positions
+        # past 256 round: a baseline that did so would err as such a kernel does, and pass it)
+        wide = torch.promote_types(S.dtype, torch.float32)
+        slopes = alibi_slopes.to(wide)
         slopes = slopes.expand(b, hq) if slopes.dim() == 1 else slopes          # (B, Hq)
         a_offs = [0] * b if alibi_no_offset else [alibi_offset_sign * o for o in offs]
-        j = torch.arange(tk, device=q.device, dtype=S.dtype)[None, :]
+        j = torch.arange(tk, device=q.device, dtype=wide)[None, :]
         if positions_dtype is None:
-            dist = torch.stack([(i.to(S.dtype)[:, None] + o - j).abs() for o in a_offs])   # (B, Tq, Tk)
+            dist = torch.stack([(i.to(wide)[:, None] + o - j).abs() for o in a_offs])   # (B, Tq, Tk)
         else:                                      # positions, and their differences, in a low dtype
             pd = positions_dtype
-            dist = torch.stack([((i + o).to(pd)[:, None] - j.to(pd)).abs().to(S.dtype) for o in a_offs])
-        S = S - slopes[:, :, None, None] * dist[:, None]
+            dist = torch.stack([((i + o).to(pd)[:, None] - j.to(pd)).abs().to(wide) for o in a_offs])
+        S = S - (slopes[:, :, None, None] * dist[:, None]).to(S.dtype)
     if bias is not None:
         S = S + bias.to(S.dtype)
     if softcap is not None and softcap_last:
