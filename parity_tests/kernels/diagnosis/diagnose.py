@@ -253,6 +253,9 @@ def diagnose(failing, rows, ev):
             d.rounding, why, said = _rounding_like(n, rows, ev)
             if said:
                 d.sentence += f"; not rounding: {why}"
+    for n, d in result.items():
+        if d.id == "none" and n in ("out", "dq") and n in ev.arrays:
+            d.sentence += _only_rows_without_keys(n, ev)
     _lower_precision(result, rows, ev)
     _summaries(result, rows, ev)
     for n, d in result.items():
@@ -636,6 +639,29 @@ def _by_slice(t, candidates, a, r, denom, bound, sel):
     return Diagnosis(hid, f"{t}: {where} ({len(slices)} of {plain.size} (batch, head) slices) "
                      f"{verb} the reference with {says} to {_fmt(res)} (bound {_fmt(bound)}); "
                      "the other slices match the reference", res, bound, slices)
+
+
+def _only_rows_without_keys(n, ev):
+    """"; only on the N query rows that see no key ..." when the rows of ``n`` past its bound are
+    rows that see no key (their maximum score −inf), where the check expects 0; else ""."""
+    if ev.rows is not None or not fits_densely(ev.case):
+        return ""
+    r = ev.rounded
+    t = lambda x: torch.as_tensor(np.asarray(x)).double()
+    kw = dense.keywords({m: x for m, x in ev.opts.items() if m not in ("keep", "dropout_p")})
+    with torch.no_grad():
+        m = dense.attention(t(r["q"]), t(r["k"]), t(r["v"]), with_max=True, **kw)[2].numpy()
+    blind = ~np.isfinite(m)                                                               # (B, H, Tq)
+    a = ev.arrays[n]
+    if a.shape[:3] != blind.shape or not blind.any():
+        return ""
+    bad = (np.abs(a - ev.gold[n]) / ev.den[n]).max(-1) > ev.bounds[n]
+    if not bad.any() or (bad & ~blind).any():
+        return ""
+    size = float(np.abs(a[bad]).max())
+    return (f"; only on the {int(bad.any(axis=(0, 1)).sum())} of {blind.shape[-1]} query rows that see no key, "
+            f"where the check expects 0 (as SDPA and FlashAttention give) and the kernel returns values up to "
+            f"{size:.3g}")
 
 
 def _lower_precision(result, rows, ev):

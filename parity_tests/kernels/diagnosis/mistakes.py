@@ -183,6 +183,10 @@ def chapter(ctx):
             out.append(H("backward-masked", "a backward that applies a causal mask its forward does not (P = "
                          "exp(S - lse) recomputed under the causal mask: a backward written for causal "
                          "attention only)", fwd(backward_causal=True), grads))
+        other = "causal" if not case.causal else "non-causal"
+        out.append(H("backward-other-mask", f"the gradients of the {other} attention (its own softmax and output) "
+                     f"in place of this one's: a backward written for {other} attention only",
+                     fwd({"causal": not case.causal}), grads))
         out += [H("backward-lse-base-2", "the backward's P = 2^(S log2(e) - lse) recomputed from the natural-log lse "
                   "(base 2 where e is meant: P off by exp((1 - ln 2) lse) per row)",
                   fwd(backward_lse=lambda lse: lse * math.log(2)), grads),

@@ -313,3 +313,34 @@ def test_a_backward_recomputing_p_in_another_base_is_named():
     report = parity_tests.check(_exp2_backward, tokens=["17", "45x77"], causal="both", **ONE)
     assert {r.tensor for r in report.failures} == {"dq", "dk", "dv"}
     assert {d.id for _, d in report.diagnoses} == {"backward-lse-base-2"}, [d.sentence for _, d in report.diagnoses]
+
+
+def _gradients_of_the_causal_one(q, k, v, *, causal, scale):
+    """The right output, with the gradients of the causal attention whatever ``causal`` says."""
+    out = bad.sdpa(q, k, v, causal=causal, scale=scale)
+    masked = bad.sdpa(q, k, v, causal=True, scale=scale)
+    return out.detach() + (masked - masked.detach())
+
+
+def test_a_backward_of_another_mask_with_its_own_normalisation_is_named():
+    report = parity_tests.check(_gradients_of_the_causal_one, tokens=["17", "45x77"], causal="no", **ONE)
+    assert report.failures and {r.tensor for r in report.failures} <= {"dq", "dk", "dv"}
+    assert {d.id for _, d in report.diagnoses} == {"backward-other-mask"}, [d.sentence for _, d in report.diagnoses]
+    assert "the gradients of the causal attention (its own softmax and output)" in report.diagnoses[0][1].sentence
+
+
+def _keyless_rows_given_v0(q, k, v, *, causal, scale):
+    """Bottom-right causal attention whose rows that see no key return the first key's value, not 0."""
+    tq, tk = q.shape[-2], k.shape[-2]
+    sees = torch.arange(tk)[None, :] <= torch.arange(tq)[:, None] + (tk - tq) if causal else \
+        torch.ones(tq, tk, dtype=torch.bool)
+    blind = ~sees.any(-1, keepdim=True)
+    s = (q @ k.transpose(-1, -2) * scale).masked_fill(~sees | blind, float("-inf")).masked_fill(blind, 0.0)
+    return torch.where(blind, v[..., :1, :], torch.softmax(s, -1) @ v)
+
+
+def test_rows_that_see_no_key_returned_otherwise_than_zero_are_said_so():
+    report = parity_tests.check(_keyless_rows_given_v0, tokens=["77x45"], causal="yes", align="bottom-right", **ONE)
+    outs = [d for r, d in report.diagnoses if r.tensor == "out"]
+    assert outs and all("only on the 32 of 77 query rows that see no key, where the check expects 0" in d.sentence
+                        for d in outs), [d.sentence for d in outs]
