@@ -115,3 +115,7 @@ def test_the_headline_is_the_catalogued_cause_of_most_failing_rows_not_the_first
     assert Report("k", rows).diagnosis == "no-scale"          # a description names no mistake: the catalogued one
     rows = [failing(i, "lower-precision") for i in range(4)] + [failing(i, "non-finite") for i in range(4, 20)]
     assert Report("k", rows).diagnosis == "non-finite"
+    rows = [failing(0, "lower-precision")] + [failing(i, "none") for i in range(1, 4)]
+    assert Report("k", rows).diagnosis is None                # a description of one row in four heads nothing
+    rows = [failing(i, "lower-precision") for i in range(2)] + [failing(i, "none") for i in range(2, 4)]
+    assert Report("k", rows).diagnosis == "lower-precision"
