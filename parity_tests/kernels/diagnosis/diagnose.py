@@ -122,6 +122,14 @@ def explains(residual, error, bound):
     return (residual <= bound) | (residual <= MATCH_SHARE * error)
 
 
+def _alike(best, others, bound, denom):
+    """The ids of the other catalogued mistakes whose prediction is within the bound of ``best``'s
+    (residual, id, says, prediction): on this case they cannot be told apart from it."""
+    pred = best[3]
+    return sorted({o[1] for o in others if o[1] not in (best[1],) + FITTED and
+                   slice_errors(o[3], pred, _own_scale(pred, denom)).max() <= bound})
+
+
 def _unclear(best, others, error, bound, denom):
     """Why the hypothesis ``best`` (residual, id, says, prediction) is not named although it
     explains the tensor, or "" when it is named: too near the bound (`NAMED_WITHIN`), or another
@@ -596,8 +604,10 @@ def _diagnose_tensor(t, hyps, cache, got, ref, denom, bound, sel):
             return Diagnosis("none", f"{t} matches none of the catalogued mistakes clearly: {unclear}",
                              best[0], bound)
         beyond = "" if best[0] <= bound else f", {best[0] / error:.0e} of its error {_fmt(error)}"
+        same = _alike(best, whole, bound, denom)
+        same = f"; on this case the same as {', '.join(same)}" if same else ""
         return Diagnosis(best[1], f"{t} matches the reference with {best[2]} to {_fmt(best[0])} "
-                         f"(bound {_fmt(bound)}{beyond})", best[0], bound)
+                         f"(bound {_fmt(bound)}{beyond}{same})", best[0], bound)
     by_slice = _by_slice(t, candidates, a, r, denom, bound, sel)
     if by_slice is not None:
         return by_slice

@@ -248,7 +248,7 @@ def _kernel_bugs(ctx):
         sizes = tiles[0] if len(tiles) == 1 else ", ".join(tiles[:-1]) + " or " + tiles[-1]
         out.append(H("last-key-tile-dropped", f"the last partial key tile dropped (keys {whole} .. {case.tk - 1} "
                      f"past the last whole tile of {sizes})", fwd(_keys_cut(ctx, whole))))
-    out += _padding_seen(ctx)
+    out += _padding_seen(ctx) + _last_tile_diagonal(ctx)
     if case.tk > case.tq > 1 and not case.seqlens:
         out.append(H("keys-bounded-at-tq", f"the key loop stopping at Tq = {case.tq} (keys {case.tq} .. "
                      f"{case.tk - 1} never visited)", fwd(_keys_cut(ctx, case.tq))))
@@ -274,6 +274,32 @@ def _kernel_bugs(ctx):
                 changed[..., row - first, :] = 0.0
                 out.append(H("row-not-stored", f"{n} of query row {row} never stored (left 0)",
                              ctx.changed(**{n: changed}), (n,)))
+    return out
+
+
+def _last_tile_diagonal(ctx):
+    """The causal mask one key off on its diagonal in the last partial key tile only (the
+    boundary tile's own mask written with j < i where the others use j <= i): each query whose
+    own key lies there misses it.  As a bias of −inf on those keys, on causal cases without a
+    bias, lengths or a dropout mask of their own, where every such query still sees key 0."""
+    case = ctx.case
+    if not case.causal or case.seqlens or any(ctx.opts.get(o) is not None for o in ("bias", "seqlens_k", "keep")):
+        return []
+    o = case.offset(ctx.align)
+    i = np.arange(case.tq)[:, None]
+    j = np.arange(case.tk)[None, :]
+    out, done = [], set()
+    for tile in (16, 32, 64, 128):
+        start = case.tk // tile * tile
+        if not case.tk % tile or start == 0 or start in done or start <= o:
+            continue
+        done.add(start)
+        bias = np.where((j == i + o) & (j >= start), -np.inf, 0.0)
+        if not bias.any():
+            continue
+        out.append(ctx.H("last-tile-mask-one-past", f"the causal mask shifted one diagonal the other way in the last "
+                         f"partial key tile only (keys {start} .. {case.tk - 1}, tiles of {tile}: each query whose own "
+                         "key lies there misses it)", ctx.fwd({"bias": bias})))
     return out
 
 

@@ -344,3 +344,19 @@ def test_rows_that_see_no_key_returned_otherwise_than_zero_are_said_so():
     outs = [d for r, d in report.diagnoses if r.tensor == "out"]
     assert outs and all("only on the 32 of 77 query rows that see no key, where the check expects 0" in d.sentence
                         for d in outs), [d.sentence for d in outs]
+
+
+def _diagonal_off_in_the_last_tile(q, k, v, *, causal, scale):
+    """Causal attention whose last partial key tile of 64 masks with j < i where j <= i is meant."""
+    tq, tk = q.shape[-2], k.shape[-2]
+    i, j = torch.arange(tq)[:, None], torch.arange(tk)[None, :]
+    hidden = (j > i) | ((j == i) & (j >= tk // 64 * 64)) if causal else torch.zeros(tq, tk, dtype=torch.bool)
+    return torch.softmax((q @ k.transpose(-1, -2) * scale).masked_fill(hidden, float("-inf")), -1) @ v
+
+
+def test_a_mask_off_in_the_last_tile_only_is_named_and_its_look_alikes_said():
+    report = parity_tests.check(_diagonal_off_in_the_last_tile, tokens=["100", "65"], causal="yes", **ONE)
+    said = {r.case.split()[2]: d.sentence for r, d in report.diagnoses if r.tensor == "out"}
+    assert {d.id for _, d in report.diagnoses} <= {"last-tile-mask-one-past", "last-key-tile-dropped"}
+    assert "in the last partial key tile only (keys 64 .. 99, tiles of 64" in said["T100"]
+    assert "on this case the same as" in said["T65"]              # key 64 alone: the tile dropped gives the same
