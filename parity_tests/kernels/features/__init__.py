@@ -54,7 +54,7 @@ from parity_tests.kernels import cases, variations
 __all__ = ["Feature", "Input", "Option", "Calling", "Judging", "Shrinking", "HOOKS", "FEATURES", "REGISTRY",
            "INPUTS", "INPUT_GRADS", "NO_GRAD", "PER_HEAD", "CORE", "parse_features", "require", "declared", "layout",
            "declared_inputs", "handed_inputs", "differentiated_inputs", "stored_inputs", "per_head", "feature_cases",
-           "label", "ordered", "Plan", "help_line", "takes_form"]
+           "label", "ordered", "Plan", "takes_form"]
 
 # What each hook may name, by hook: exactly what its call offers.
 HOOKS = {
@@ -255,10 +255,6 @@ def label(name, value):
     if feature is None:                                # the grid's own variations (variations.py)
         return variations.label(name, value)
     return feature.label(value)
-
-
-def help_line():
-    return "; ".join(f"{f.name}: {f.help}" for f in REGISTRY.values())
 
 
 def parse_features(features):

@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 import torch
 
+import parity_tests
 from parity_tests import cli
-from parity_tests.kernels import cases, dense, runner
+from parity_tests.kernels import cases, dense, run, runner
+from parity_tests.kernels.features import parse_features
 from parity_tests.common import tolerances as tol
 
 SMALL = ["--tokens", "17,45x77", "--head-dim", "16", "--heads", "2"]
@@ -141,3 +143,29 @@ def test_small_cases_run_on_one_torch_thread_and_the_count_is_restored(monkeypat
         assert seen[17] == {1} and seen[64] == {2} and torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_no_timeout_is_no_limit_from_the_python_api():
+    """``check(..., timeout=None)`` (as 0) runs with no per-case limit rather than refusing it."""
+    assert run._timeout(None) is None and run._timeout(0) is None and run._timeout(3) == 3.0
+    report = parity_tests.check("sdpa-math", timeout=None, tokens=[9], head_dims=[8], heads=[1], dtypes="float32",
+                                causal="no")
+    assert report.passed and report.rows, str(report)
+
+
+def test_features_given_as_one_comma_separated_string_are_split():
+    """``check(features="a,b")`` as the command's ``--features a,b``: names split on commas,
+    stripped, dashes read as underscores, repeats dropped, the registry's names kept."""
+    assert parse_features("gqa, lse-grad,gqa") == ["gqa", "lse_grad"]
+    assert parse_features("window") == ["window"]
+    assert parse_features(["gqa", "window"]) == ["gqa", "window"]
+
+
+def test_zero_by_theory_is_strictly_below_the_floor_of_the_largest_gradient():
+    """A gradient is zero by theory when its reference is below SCALE_FLOOR x the case's largest
+    gradient (tolerances.py): one just at the floor is measured as any other."""
+    dv = np.ones((1, 1, 2, 4))
+    gold = lambda dq, dk: {"out": dv, "dq": np.full_like(dv, dq), "dk": np.full_like(dv, dk), "dv": dv}
+    floor = tol.SCALE_FLOOR * 1.0
+    assert runner.zero_by_theory(gold(0.5 * floor, floor)) == {"dq"}
+    assert runner.zero_by_theory(gold(floor, 2 * floor)) == set()

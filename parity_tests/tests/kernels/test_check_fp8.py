@@ -8,9 +8,10 @@ import pytest
 import torch
 
 import parity_tests
-from parity_tests.kernels import run, runner
+from parity_tests.kernels import dense, run, runner
 from parity_tests.kernels.cases import Case
-from parity_tests.kernels.features import REGISTRY, Plan
+from parity_tests.kernels.diagnosis import mistakes
+from parity_tests.kernels.features import REGISTRY, Plan, fp8
 from parity_tests.kernels.planted import fp8 as fp8_gallery
 from parity_tests.common import capabilities
 from needs import needs_dtype
@@ -142,3 +143,18 @@ def test_right_fp8_kernels_pass_at_every_seed(seed):
     for fn in fp8_gallery.RIGHT_KV.values():
         report = parity_tests.check(fn, features=["fp8_kv", "gqa"], dtypes=KV_DTYPES, seed=seed)
         assert report.passed, str(report)
+
+
+def test_the_bf16_tile_accumulator_prediction_keeps_the_causal_mask():
+    """``fp8-pv-narrow-accumulator``'s prediction is masked attention: row 0 of a causal case
+    sees key 0 alone, and every row is the masked softmax's within bfloat16's rounding."""
+    rng = np.random.default_rng(0)
+    q, k, v, dout = (rng.standard_normal((1, 2, 8, 16)) for _ in range(4))
+    case = Case(1, 2, 8, 8, 16, True)
+    opts = {"scale": 0.25, "causal": True}
+    ctx = mistakes.Context(case, "top-left", (q, k, v, dout), None, opts, {}, lambda d: d, ())
+    for truncate in (False, True):
+        out = fp8.tiles_in_bf16(ctx, 4, truncate)()["out"]
+        want = dense.attention(*(torch.as_tensor(x) for x in (q, k, v)), causal=True, scale=0.25)[0].numpy()
+        np.testing.assert_allclose(out[:, :, 0], v[:, :, 0], rtol=2 ** -6, atol=1e-6)
+        np.testing.assert_allclose(out, want, rtol=0, atol=0.05)

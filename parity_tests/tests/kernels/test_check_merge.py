@@ -83,6 +83,14 @@ def _detached(out_a, lse_a, out_b, lse_b):
     return tuple(t.detach() for t in ex.merge(out_a, lse_a, out_b, lse_b))
 
 
+def _out_alone(out_a, lse_a, out_b, lse_b):
+    return ex.merge(out_a, lse_a, out_b, lse_b)[0]
+
+
+def _three(out_a, lse_a, out_b, lse_b):
+    return (*ex.merge(out_a, lse_a, out_b, lse_b), out_a)
+
+
 def _in_place(out_a, lse_a, out_b, lse_b):
     out, lse = ex.merge(out_a, lse_a, out_b, lse_b)
     out_a.data.zero_()
@@ -94,6 +102,8 @@ def _in_place(out_a, lse_a, out_b, lse_b):
     (_float64_out, merge_check.TENSORS, "out is (2, 3, 17, 64) float64 on cpu; expected (2, 3, 17, 64) float32"),
     (_detached, ("dout_parts", "dlse_parts"), "no gradient"),
     (_in_place, merge_check.TENSORS, "changed its inputs in place"),
+    (_out_alone, merge_check.TENSORS, "returned Tensor, not a pair (out, lse) of tensors"),
+    (_three, merge_check.TENSORS, "returned tuple, not a pair (out, lse) of tensors"),
 ])
 def test_a_merge_that_crashes_or_cheats_fails_with_the_reason(fn, tensors, reason):
     report = merge_check.check_merge(fn, dtypes=["float32"])

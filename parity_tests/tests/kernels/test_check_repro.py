@@ -371,3 +371,13 @@ def test_zeros_a_named_mistake_gives_are_filed_under_it(tmp_path):
     assert "(as window-left-narrower or window-other-alignment would give here)" in zeros[0].diagnosis.sentence
     assert [f.cause for f in report.repro(tmp_path)] == ["window-left-narrower"]
     assert not (tmp_path / "zeros").exists()
+
+
+def test_a_builtin_sdpa_backend_with_a_keyworded_feature_gets_no_script():
+    """The script rebuilds an SDPA backend without a feature's keywords (softcap): no script,
+    and the note names the backend and the keyword; a plain case of it is writable."""
+    sdpa = targets.Target("sdpa-math", lambda q, k, v, *, causal, scale: q)
+    case = Case(1, 2, 8, 8, 16, True, (("softcap", 30.0),))
+    why = repro._unwritable("no-scale", case, (), sdpa, None)
+    assert why == "the script's sdpa-math is rebuilt without the keywords of softcap"
+    assert repro._unwritable("no-scale", Case(1, 2, 8, 8, 16, True), (), sdpa, None) is None
