@@ -37,7 +37,8 @@ started at 1, split-KV partials merged without their rescale), ``backward_causal
 ``softcap_last`` (the cap applied after ALiBi and the bias: x-transformers' order),
 ``softcap_form`` ("positive": only the positive scores capped; "clamp": clipped at ±c
 instead of c·tanh), ``positions_dtype`` (ALiBi's positions and distances in a low dtype),
-``backward_lse`` (lse -> the lse the backward recomputes P = exp(S − lse) from: another base).
+``backward_lse`` ((lse, first query row) -> the lse the backward recomputes P = exp(S − lse)
+from: another base, or each row's off by its own amount).
 """
 
 import functools
@@ -327,7 +328,7 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
         P = P * (keep.to(P.dtype) / (1 - dropout_p))
     out = P @ v.to(P.dtype)
     if backward_causal is not None or backward_lse is not None:    # (tried on cases without sinks)
-        out = _masked_backward(out, S_pre, lse if backward_lse is None else backward_lse(lse),
+        out = _masked_backward(out, S_pre, lse if backward_lse is None else backward_lse(lse, first),
                                mask(causal if backward_causal is None else backward_causal), v)
     if with_max:
         return out, lse, S.detach().amax(-1)

@@ -189,9 +189,9 @@ def chapter(ctx):
                      fwd({"causal": not case.causal}), grads))
         out += [H("backward-lse-base-2", "the backward's P = 2^(S log2(e) - lse) recomputed from the natural-log lse "
                   "(base 2 where e is meant: P off by exp((1 - ln 2) lse) per row)",
-                  fwd(backward_lse=lambda lse: lse * math.log(2)), grads),
+                  fwd(backward_lse=lambda lse, first: lse * math.log(2)), grads),
                 H("backward-lse-base-e", "the backward's P = exp(S - lse) recomputed from an lse in base 2 (P off "
-                  "by exp((1 - log2(e)) lse) per row)", fwd(backward_lse=lambda lse: lse / math.log(2)), grads)]
+                  "by exp((1 - log2(e)) lse) per row)", fwd(backward_lse=lambda lse, first: lse / math.log(2)), grads)]
     if "dq" in ctx.present and case.tk > 1:
         g, s = ctx.golden_raw, case.scale
         out += [H("backward-no-D", "the backward's D = rowsum(dO ∘ O) term dropped", fwd(no_delta=True),

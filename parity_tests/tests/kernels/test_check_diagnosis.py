@@ -193,6 +193,14 @@ def test_a_cause_is_named_only_well_inside_the_bound_and_clearly_closer_than_the
     assert _named([0.045, 0.5]).id == "h0"                    # 0.45 of the bound
 
 
+def test_a_closest_guess_is_given_only_when_it_leaves_little_of_the_error():
+    near = _named([0.004, 0.5], bound=0.001)               # 4 bounds off, 0.4 % of the error left
+    assert near.id == "none" and "(closest: hypothesis 0, 4.0e-03 vs bound 1.0e-03)" in near.sentence
+    for far in ([0.2, 0.5], [0.02, 0.5]):                  # a fifth of the error left; 20 bounds off
+        said = _named(far, bound=0.001).sentence
+        assert said == "dq matches none of the catalogued mistakes", said
+
+
 
 class _DeltaFromUnnormalisedO(torch.autograd.Function):
     """Attention whose backward takes D = rowsum(dO ∘ O) from O before its division by l."""
@@ -360,3 +368,37 @@ def test_a_mask_off_in_the_last_tile_only_is_named_and_its_look_alikes_said():
     assert {d.id for _, d in report.diagnoses} <= {"last-tile-mask-one-past", "last-key-tile-dropped"}
     assert "in the last partial key tile only (keys 64 .. 99, tiles of 64" in said["T100"]
     assert "on this case the same as" in said["T65"]              # key 64 alone: the tile dropped gives the same
+
+
+class _BackwardFromBfloat16Lse(torch.autograd.Function):
+    """Attention whose backward recomputes P = exp(S - lse) from lse saved in bfloat16."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale):
+        s = q @ k.transpose(-1, -2) * scale
+        if causal:
+            s = s.masked_fill(torch.ones_like(s, dtype=torch.bool).triu(1), float("-inf"))
+        lse = torch.logsumexp(s, -1, keepdim=True)
+        out = torch.exp(s - lse) @ v
+        ctx.save_for_backward(q, k, v, out, s, lse.bfloat16())
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, s, lse = ctx.saved_tensors
+        p = torch.exp(s - lse.to(s.dtype))
+        ds = p * (dout @ v.transpose(-1, -2) - (dout * out).sum(-1, keepdim=True))
+        return ds @ k * ctx.scale, ds.transpose(-1, -2) @ q * ctx.scale, p.transpose(-1, -2) @ dout, None, None
+
+
+def _lse_saved_in_bfloat16(q, k, v, *, causal, scale):
+    return _BackwardFromBfloat16Lse.apply(q, k, v, causal, scale)
+
+
+def test_a_backward_whose_p_is_off_by_a_factor_per_row_is_said_so():
+    report = parity_tests.check(_lse_saved_in_bfloat16, tokens=["17", "45x77"], causal="both", **ONE)
+    assert report.failures and {r.tensor for r in report.failures} <= {"dq", "dk", "dv"}
+    named = [d for _, d in report.diagnoses if d.id == "backward-p-scaled"]
+    assert named and report.diagnosis == "backward-p-scaled", [d.sentence for _, d in report.diagnoses]
+    assert {r.tensor for r, d in report.diagnoses if d.id == "backward-p-scaled"} >= {"dq", "dk", "dv"}
