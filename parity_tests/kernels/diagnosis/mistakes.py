@@ -286,7 +286,8 @@ def _last_tile_diagonal(ctx):
     if not case.causal or case.seqlens or any(ctx.opts.get(o) is not None for o in ("bias", "seqlens_k", "keep")):
         return []
     o = case.offset(ctx.align)
-    i = np.arange(case.tq)[:, None]
+    first = (ctx.rows or (0,))[0]                       # a block of rows holds rows first .. of the case
+    i = first + np.arange(ctx.inputs[0].shape[-2])[:, None]
     j = np.arange(case.tk)[None, :]
     out, done = [], set()
     for tile in (16, 32, 64, 128):
