@@ -116,6 +116,9 @@ SAME_GAP = 0.5
 # ones: 1.1 .. 1.3x).  Otherwise what is seen is said, and no cause.
 NAMED_WITHIN = 0.5
 RUNNER_UP = 4.0
+# Mistakes whose predictions differ by at most this share of the bound are said with the one
+# named ("on this case the same as ..."): a loose bound alone would list mistakes that differ.
+ALIKE_WITHIN = 0.1
 
 
 def explains(residual, error, bound):
@@ -125,11 +128,11 @@ def explains(residual, error, bound):
 
 
 def _alike(best, others, bound, denom):
-    """The ids of the other catalogued mistakes whose prediction is within the bound of ``best``'s
-    (residual, id, says, prediction): on this case they cannot be told apart from it."""
+    """The ids of the other catalogued mistakes whose prediction is within ALIKE_WITHIN of the
+    bound of ``best``'s (residual, id, says, prediction): on this case they give the same."""
     pred = best[3]
     return sorted({o[1] for o in others if o[1] not in (best[1],) + FITTED and
-                   slice_errors(o[3], pred, _own_scale(pred, denom)).max() <= bound})
+                   slice_errors(o[3], pred, _own_scale(pred, denom)).max() <= ALIKE_WITHIN * bound})
 
 
 def _unclear(best, others, error, bound, denom):
