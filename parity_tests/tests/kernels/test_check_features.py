@@ -336,3 +336,9 @@ def test_a_backward_reading_dout_with_the_query_head_dim_is_named():
     wide = [(r, d) for r, d in report.diagnoses if "D64/128" in r.case]
     assert wide and all(d.id == "value-dim-backward-truncated" for _, d in wide), [d.sentence for _, d in wide]
     assert {r.tensor for r, _ in wide} == {"dq", "dk", "dv"}
+
+
+def test_every_gradient_of_a_sequence_seeing_its_neighbours_is_named_so():
+    report = _named_first("varlen-neighbours", causal="yes")
+    grads = [(r, d) for r, d in report.diagnoses if r.tensor in ("dq", "dk", "dv")]
+    assert grads and all(d.id == "varlen-neighbours" for _, d in grads), [d.sentence for _, d in grads]

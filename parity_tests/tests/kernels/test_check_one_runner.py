@@ -159,3 +159,11 @@ def test_alibi_slopes_per_kv_head_fail_where_gqa_meets_alibi():
     failing = {r.case for r in report.failures}
     assert failing and all("/" in c.split()[1] and "alibi" in c for c in failing), failing    # GQA x ALiBi only
     assert report.diagnosis == "alibi-per-kv-head", str(report)
+
+
+def test_a_window_drawn_at_the_users_length_fits_its_keys():
+    from parity_tests.kernels.features import feature_cases
+    for tk in (2, 3):
+        plan = Plan(seed=0, grid=(Case(1, 2, tk, tk, 16, False),))
+        windows = [c.get("window") for c in feature_cases(["window"], (False,), plan) if c.tk == tk and c.get("window")]
+        assert windows and all(-1 <= side < tk for w in windows for side in w), windows
