@@ -327,7 +327,7 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
     if keep is not None:
         P = P * (keep.to(P.dtype) / (1 - dropout_p))
     out = P @ v.to(P.dtype)
-    if backward_causal is not None or backward_lse is not None:    # (tried on cases without sinks)
+    if backward_causal is not None or backward_lse is not None:    # (backward_causal: tried without sinks)
         out = _masked_backward(out, S_pre, lse if backward_lse is None else backward_lse(lse, first),
                                mask(causal if backward_causal is None else backward_causal), v)
     if with_max:

@@ -2,7 +2,8 @@
 2^(−8h/H), h = 1 .. H, for H a power of two) for 4, 6 (not a power of two) and 8
 heads, both alignments when the callable takes ``align``.  Invited mistakes: the
 sign flipped, the slopes in reverse head order or taken per kv head (with GQA), the
-alignment's offset left out or with its sign flipped."""
+alignment's offset left out or with its sign flipped, the positions kept in bfloat16
+(past 256)."""
 
 import numpy as np
 import torch

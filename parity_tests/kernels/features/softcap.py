@@ -1,7 +1,8 @@
 """``softcap``: ``S ← c · tanh(S / c)`` on the scaled scores, before any bias: 50, and 1
 on scores of spread ~4 (q drawn 4× larger), where tanh saturates.  Invited mistakes:
-the cap applied before the scale, its derivative 1 − tanh² left out of the backward; and
-the convention of applying it after ALiBi and the bias instead of before."""
+the cap applied before the scale, its derivative 1 − tanh² left out of the backward, the
+positive scores alone capped, a clip at ±c for c·tanh; and the convention of applying it
+after ALiBi and the bias instead of before."""
 
 from parity_tests.kernels.cases import Case
 from parity_tests.kernels.features import Feature, Option
