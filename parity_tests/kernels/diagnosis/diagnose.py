@@ -71,7 +71,8 @@ GRADS = ("dq", "dk", "dv") + INPUT_GRADS           # with those of the extra inp
 # output, so it always explains *some* of the error; it counts only when what
 # is left is at most this share of the error (a true row scaling leaves rounding).
 FIT_SHARE = 0.1
-FITTED = ("denominator", "wrong-delta", "backward-p-scaled")        # fitted to the target: a catalogued mistake that explains as well wins
+# Hypotheses fitted to the target: a catalogued mistake that explains as well wins over them.
+FITTED = ("denominator", "wrong-delta", "backward-p-scaled")
 
 # A catalogued mistake that leaves at most this share of the error against the
 # reference explains the tensor, even where its own rounding exceeds the bound
