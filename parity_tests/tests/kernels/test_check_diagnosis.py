@@ -202,35 +202,39 @@ def test_a_closest_guess_is_given_only_when_it_leaves_little_of_the_error():
 
 
 
-class _DeltaFromUnnormalisedO(torch.autograd.Function):
-    """Attention whose backward takes D = rowsum(dO ∘ O) from O before its division by l."""
+def _backward_by_hand(slip):
+    """Attention with its backward written out (dS = P ∘ (dO Vᵀ − D), dQ = scale dS K, dK = scale
+    dSᵀ Q, dV = Pᵀ dO) and one ``slip`` in it: "unnormalised-o" (D = rowsum(dO ∘ O) from O before
+    its division by l), "exp2" (P = 2^(S log2(e) − lse) from the natural-log lse), "bfloat16-lse"
+    (P = exp(S − lse) from lse saved in bfloat16)."""
+    class Attention(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v, causal, scale):
+            s = q @ k.transpose(-1, -2) * scale
+            if causal:
+                s = s.masked_fill(torch.ones_like(s, dtype=torch.bool).triu(1), float("-inf"))
+            lse = torch.logsumexp(s, -1, keepdim=True)
+            out = torch.exp(s - lse) @ v
+            ctx.save_for_backward(q, k, v, s, lse, out)
+            ctx.scale = scale
+            return out
 
-    @staticmethod
-    def forward(ctx, q, k, v, causal, scale):
-        s = q @ k.transpose(-1, -2) * scale
-        if causal:
-            s = s.masked_fill(torch.ones_like(s, dtype=torch.bool).triu(1), float("-inf"))
-        e = torch.exp(s - s.amax(-1, keepdim=True))
-        l = e.sum(-1, keepdim=True)
-        p = e / l
-        out = p @ v
-        ctx.save_for_backward(q, k, v, p, out * l)
-        ctx.scale = scale
-        return out
+        @staticmethod
+        def backward(ctx, dout):
+            q, k, v, s, lse, out = ctx.saved_tensors
+            p = torch.exp2(s * 1.4426950408889634 - lse) if slip == "exp2" else \
+                torch.exp(s - lse.bfloat16().to(s.dtype)) if slip == "bfloat16-lse" else torch.exp(s - lse)
+            o = out * torch.exp(lse - s.amax(-1, keepdim=True)) if slip == "unnormalised-o" else out   # O l
+            ds = p * (dout @ v.transpose(-1, -2) - (dout * o).sum(-1, keepdim=True))
+            return ds @ k * ctx.scale, ds.transpose(-1, -2) @ q * ctx.scale, p.transpose(-1, -2) @ dout, None, None
 
-    @staticmethod
-    def backward(ctx, dout):
-        q, k, v, p, unnormalised = ctx.saved_tensors
-        ds = p * (dout @ v.transpose(-1, -2) - (dout * unnormalised).sum(-1, keepdim=True))
-        return ds @ k * ctx.scale, ds.transpose(-1, -2) @ q * ctx.scale, p.transpose(-1, -2) @ dout, None, None
-
-
-def _delta_unnormalised(q, k, v, *, causal, scale):
-    return _DeltaFromUnnormalisedO.apply(q, k, v, causal, scale)
+    def attention(q, k, v, *, causal, scale):
+        return Attention.apply(q, k, v, causal, scale)
+    return attention
 
 
 def test_a_backward_wrong_only_in_its_delta_term_is_said_so_with_its_per_row_factors():
-    report = parity_tests.check(_delta_unnormalised, tokens=["17", "45x77"], causal="both", **ONE)
+    report = parity_tests.check(_backward_by_hand("unnormalised-o"), tokens=["17", "45x77"], causal="both", **ONE)
     assert {r.tensor for r in report.failures} == {"dq", "dk"}          # dv and out right
     for row, d in report.diagnoses:
         assert d.id == "wrong-delta", d.sentence
@@ -291,34 +295,8 @@ def test_a_gradient_with_its_sign_flipped_is_named():
     assert {d.id for _, d in report.diagnoses} == {"gradient-negated"}
 
 
-class _Exp2BackwardNaturalLse(torch.autograd.Function):
-    """Attention whose backward recomputes P = 2^(S log2(e) - lse) from the natural-log lse."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, causal, scale):
-        s = q @ k.transpose(-1, -2) * scale
-        if causal:
-            s = s.masked_fill(torch.ones_like(s, dtype=torch.bool).triu(1), float("-inf"))
-        lse = torch.logsumexp(s, -1, keepdim=True)
-        out = torch.exp(s - lse) @ v
-        ctx.save_for_backward(q, k, v, out, s, lse)
-        ctx.scale = scale
-        return out
-
-    @staticmethod
-    def backward(ctx, dout):
-        q, k, v, out, s, lse = ctx.saved_tensors
-        p = torch.exp2(s * 1.4426950408889634 - lse)                     # lse in base e, read as base 2
-        ds = p * (dout @ v.transpose(-1, -2) - (dout * out).sum(-1, keepdim=True))
-        return ds @ k * ctx.scale, ds.transpose(-1, -2) @ q * ctx.scale, p.transpose(-1, -2) @ dout, None, None
-
-
-def _exp2_backward(q, k, v, *, causal, scale):
-    return _Exp2BackwardNaturalLse.apply(q, k, v, causal, scale)
-
-
 def test_a_backward_recomputing_p_in_another_base_is_named():
-    report = parity_tests.check(_exp2_backward, tokens=["17", "45x77"], causal="both", **ONE)
+    report = parity_tests.check(_backward_by_hand("exp2"), tokens=["17", "45x77"], causal="both", **ONE)
     assert {r.tensor for r in report.failures} == {"dq", "dk", "dv"}
     assert {d.id for _, d in report.diagnoses} == {"backward-lse-base-2"}, [d.sentence for _, d in report.diagnoses]
 
@@ -370,34 +348,8 @@ def test_a_mask_off_in_the_last_tile_only_is_named_and_its_look_alikes_said():
     assert "on this case the same as" in said["T65"]              # key 64 alone: the tile dropped gives the same
 
 
-class _BackwardFromBfloat16Lse(torch.autograd.Function):
-    """Attention whose backward recomputes P = exp(S - lse) from lse saved in bfloat16."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, causal, scale):
-        s = q @ k.transpose(-1, -2) * scale
-        if causal:
-            s = s.masked_fill(torch.ones_like(s, dtype=torch.bool).triu(1), float("-inf"))
-        lse = torch.logsumexp(s, -1, keepdim=True)
-        out = torch.exp(s - lse) @ v
-        ctx.save_for_backward(q, k, v, out, s, lse.bfloat16())
-        ctx.scale = scale
-        return out
-
-    @staticmethod
-    def backward(ctx, dout):
-        q, k, v, out, s, lse = ctx.saved_tensors
-        p = torch.exp(s - lse.to(s.dtype))
-        ds = p * (dout @ v.transpose(-1, -2) - (dout * out).sum(-1, keepdim=True))
-        return ds @ k * ctx.scale, ds.transpose(-1, -2) @ q * ctx.scale, p.transpose(-1, -2) @ dout, None, None
-
-
-def _lse_saved_in_bfloat16(q, k, v, *, causal, scale):
-    return _BackwardFromBfloat16Lse.apply(q, k, v, causal, scale)
-
-
 def test_a_backward_whose_p_is_off_by_a_factor_per_row_is_said_so():
-    report = parity_tests.check(_lse_saved_in_bfloat16, tokens=["17", "45x77"], causal="both", **ONE)
+    report = parity_tests.check(_backward_by_hand("bfloat16-lse"), tokens=["17", "45x77"], causal="both", **ONE)
     assert report.failures and {r.tensor for r in report.failures} <= {"dq", "dk", "dv"}
     named = [d for _, d in report.diagnoses if d.id == "backward-p-scaled"]
     assert named and report.diagnosis == "backward-p-scaled", [d.sentence for _, d in report.diagnoses]
