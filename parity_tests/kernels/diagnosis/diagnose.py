@@ -329,6 +329,17 @@ def _catalogue_of(sub):
                                                rows=sub.rows, arrays=r))
 
 
+def _dq_to_fit(sub):
+    """The target's dq, which a backward hypothesis is fitted to, or None where the fit cannot
+    tell anything apart (one key: dq is 0 whatever the backward) or is not computed (non-finite,
+    a block of rows, per-sequence lengths)."""
+    got = sub.arrays.get("dq")
+    if got is None or not np.isfinite(got).all() or sub.case.tk <= 1 or sub.rows is not None or \
+            sub.case.seqlens is not None or sub.opts.get("seqlens_k") is not None:
+        return None
+    return got
+
+
 def _wrong_delta(sub):
     """The backward right but for its D = rowsum(dO ∘ O), each row's off by its own amount
     (computed from O before its normalisation, from another O, or in a low precision): a
@@ -337,19 +348,14 @@ def _wrong_delta(sub):
     dS_ij = P_ij (dP_ij − D_i), so dq_i = scale (Σ_j P_ij dP_ij k_j − D_i u_i), u_i = Σ_j P_ij k_j
     (attention with k for v); a D_i + δ_i moves dq_i by −scale δ_i u_i: δ_i is fitted per row by
     least squares.  A D off by δ_i is the right backward with an lse gradient lowered by δ_i
-    (the lse gradient enters dS as P_ij dlse_i): the prediction of every gradient.  [] where it
-    cannot be told apart (one key: dq is 0 whatever D is) or not computed (a block of rows, a
-    random feature)."""
-    got = sub.arrays.get("dq")
-    if got is None or not np.isfinite(got).all() or sub.case.tk <= 1 or sub.rows is not None or \
-            sub.case.seqlens is not None or sub.opts.get("seqlens_k") is not None:
+    (the lse gradient enters dS as P_ij dlse_i): the prediction of every gradient.  [] where dq
+    cannot be fitted (`_dq_to_fit`)."""
+    got = _dq_to_fit(sub)
+    if got is None:
         return []
     r = sub.rounded
     scale = sub.opts["scale"]
-    kw = dense.keywords({n: v for n, v in sub.opts.items() if n not in ("keep", "dropout_p")})
-    t = lambda a: torch.as_tensor(np.asarray(a)).double()
-    with torch.no_grad():
-        u = dense.attention(t(r["q"]), t(r["k"]), t(r["k"]), **kw)[0].numpy()         # (B, Hq, Tq, D)
+    u = _dense_forward(sub, v=r["k"])[0]                                            # (B, Hq, Tq, D)
     delta = -((got - sub.gold["dq"]) * u).sum(-1) / np.maximum((u * u).sum(-1), 1e-300) / scale
     d = (sub.gold["out"] * r["dout"]).sum(-1) if "out" in sub.gold else None
     dlse = (r["dlse"] if r.get("dlse") is not None else 0.0) - delta
@@ -372,9 +378,8 @@ def _backward_p_scaled(sub):
     exp(S − lse') from an lse' off by −log c_i (saved in a low precision, without a sink, in
     another base...).  Then dS_i = c_i P_i (dP_i − D_i) and dq_i = c_i dq_i: c fitted to dq row by
     row, then every gradient predicted from that lse' (dk and dv confirm it)."""
-    got = sub.arrays.get("dq")
-    if got is None or not np.isfinite(got).all() or sub.case.tk <= 1 or sub.rows is not None or \
-            sub.case.seqlens is not None or sub.opts.get("seqlens_k") is not None or sub.opts.get("keep") is not None:
+    got = _dq_to_fit(sub)
+    if got is None or sub.opts.get("keep") is not None:
         return []
     c, _ = _row_scaled(got, sub.gold["dq"])
     c = c[..., 0]                                                        # (B, Hq, Tq)
@@ -687,12 +692,7 @@ def _only_rows_without_keys(n, ev):
     rows that see no key (their maximum score −inf), where the check expects 0; else ""."""
     if ev.rows is not None or not fits_densely(ev.case):
         return ""
-    r = ev.rounded
-    t = lambda x: torch.as_tensor(np.asarray(x)).double()
-    kw = dense.keywords({m: x for m, x in ev.opts.items() if m not in ("keep", "dropout_p")})
-    with torch.no_grad():
-        m = dense.attention(t(r["q"]), t(r["k"]), t(r["v"]), with_max=True, **kw)[2].numpy()
-    blind = ~np.isfinite(m)                                                               # (B, H, Tq)
+    blind = ~np.isfinite(_dense_forward(ev)[2])                                          # (B, H, Tq)
     a = ev.arrays[n]
     if a.shape[:3] != blind.shape or not blind.any():
         return ""
@@ -782,18 +782,26 @@ def _rounding_like(n, rows, ev):
 def _max_moved(ev):
     """(still, moved): (B, H, Tq) bool, the query rows whose maximum score lies in the first
     FIRST_KEYS keys (a running maximum that never moves after them) and the others that see a key."""
-    r = ev.rounded
-    t = lambda a: torch.as_tensor(np.asarray(a)).double()
-    kw = dense.keywords(ev.opts)
-    bias = kw.pop("bias", torch.zeros((), dtype=torch.float64))
-    tk = r["k"].shape[2]
+    tk = ev.rounded["k"].shape[2]
     first = torch.zeros(tk, dtype=torch.float64).masked_fill(torch.arange(tk) >= FIRST_KEYS, -np.inf)
-    with torch.no_grad():
-        m = dense.attention(t(r["q"]), t(r["k"]), t(r["v"]), bias=bias, with_max=True, **kw)[2].numpy()
-        m1 = dense.attention(t(r["q"]), t(r["k"]), t(r["v"]), bias=bias + first, with_max=True, **kw)[2].numpy()
+    m, m1 = _dense_forward(ev)[2], _dense_forward(ev, extra_bias=first)[2]
     seen = np.isfinite(m)
     still = seen & (m1 == m)
     return still, seen & ~still
+
+
+def _dense_forward(sub, v=None, extra_bias=None):
+    """(out, lse, m): ``dense.attention`` in float64 on the evidence's rounded inputs (``v`` in
+    place of its v, ``extra_bias`` added to the scores), without dropout: m each row's maximum
+    score, −inf where the row sees no key.  NumPy arrays."""
+    r = sub.rounded
+    t = lambda a: torch.as_tensor(np.asarray(a)).double()
+    kw = dense.keywords({n: x for n, x in sub.opts.items() if n not in ("keep", "dropout_p")})
+    if extra_bias is not None:
+        kw["bias"] = kw.get("bias", torch.zeros((), dtype=torch.float64)) + extra_bias
+    with torch.no_grad():
+        found = dense.attention(t(r["q"]), t(r["k"]), t(r["v"] if v is None else v), with_max=True, **kw)
+    return tuple(x.numpy() for x in found)
 
 
 def _float64_run(ev):
