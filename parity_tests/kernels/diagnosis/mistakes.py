@@ -42,6 +42,8 @@ __all__ = ["Hypothesis", "Context", "catalogue", "whole_case", "padding_seen", "
 
 # Key-block sizes tried for the stale running maximum (a kernel's B_c is not known).
 STALE_BLOCKS = (16, 32, 64, 128, 256)
+# Key-tile sizes tried for the slips of a kernel's last partial tile (dropped, padded, its diagonal)
+KEY_TILES = (16, 32, 64, 128)
 
 
 @dataclass
@@ -241,7 +243,7 @@ def _kernel_bugs(ctx):
     if "out" not in ctx.present:
         return out
     cuts = {}
-    for tile in (16, 32, 64, 128):
+    for tile in KEY_TILES:
         if case.tk % tile and case.tk // tile:
             cuts.setdefault(case.tk // tile * tile, []).append(str(tile))
     for whole, tiles in cuts.items():
@@ -290,7 +292,7 @@ def _last_tile_diagonal(ctx):
     i = first + np.arange(ctx.inputs[0].shape[-2])[:, None]
     j = np.arange(case.tk)[None, :]
     out, done = [], set()
-    for tile in (16, 32, 64, 128):
+    for tile in KEY_TILES:
         start = case.tk // tile * tile
         if not case.tk % tile or start == 0 or start in done or start <= o:
             continue
@@ -308,7 +310,7 @@ def _padding_seen(ctx):
     """The keys a kernel pads Tk with to whole tiles left unmasked (`padding_seen`)."""
     case = ctx.case
     pads = {}
-    for tile in (16, 32, 64, 128):
+    for tile in KEY_TILES:
         if case.tk % tile:
             pads.setdefault(-(-case.tk // tile) * tile - case.tk, f"key tiles of {tile}")
     return [h for n, what in sorted(pads.items()) for h in padding_seen(ctx, n, what)]
