@@ -101,8 +101,13 @@ def _online_softmax(q_i, k, v1, head, vis, q0, q1, B_c, keep):
 
 def _finish(m, acc1, out_i, lse_i):
     """``out = acc / ℓ`` (0 for a row that saw nothing: ℓ = 0 and acc = 0, not
-    0/0) and ``L = m + log ℓ`` (−∞ there, and on padding rows: m = −∞)."""
-    l = acc1[:, -1]
+    0/0) and ``L = m + log ℓ`` (−∞ there, and on padding rows: m = −∞).
+
+    ℓ is copied out of its column first: NumPy 1.x takes its vector log on a
+    strided view only when the new output lies past the view's last stride,
+    else its scalar log, whose last bit differs; where the allocator put the
+    output would then change lse's bits from run to run."""
+    l = np.ascontiguousarray(acc1[:, -1])
     np.divide(acc1[:, :-1], np.where(l == 0, 1, l)[:, None], out=out_i)
     with np.errstate(divide="ignore"):
         lse_i[...] = np.where(np.isneginf(m), -np.inf, m + np.log(l))
