@@ -26,8 +26,8 @@ command is rerun:
   solution with that mistake written in (``tests/lab/mutations.py``);
 - a block that a ``python`` block "prints" is what that block prints.
 
-A verb's block whose summary shows more than `SLOW_FROM` seconds runs with ``-m slow``.  Left
-out: the bench tables (their figures belong to a machine, the pages say so), the
+A verb's block whose summary shows more seconds than its page's `SLOW_FROM` runs with ``-m
+slow``.  Left out: the bench tables (their figures belong to a machine, the pages say so), the
 ``--world-size`` runs (``tests/ranks/test_readme_ranks.py`` holds them) and ``python -m
 parity_tests check`` runs of a long grid.
 """
@@ -57,8 +57,10 @@ sys.path.insert(0, str(pathlib.Path(__file__).parent / "lab"))
 from mutations import MUTATIONS, mutate  # noqa: E402
 from needs import needs  # noqa: E402
 
-# A shown run slower than this (its summary's seconds) runs with -m slow.
-SLOW_FROM = 10.0
+# A shown run slower than this (its summary's seconds) runs with -m slow: the README's blocks up
+# to 10 s stay in every run (the floor and the newest release too), the docs' up to 3 s.
+SLOW_FROM = {"README.md": 10.0}
+SLOW_FROM_DOCS = 3.0
 # The reader's files the text describes as an edit of another: name -> (the file, edits).
 READER_EDITS = {
     "gqa_window_tiled": ("gqa_window", [("k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)",
@@ -332,7 +334,8 @@ def _params():
     for page, block, sources, printer in _blocks():
         marks = [pytest.mark.xfail(strict=True, reason=STALE[block[0]])] if block[0] in STALE else []
         marks.append(needs(*_needs(block)))
-        if _verb_argv(block) is not None and _seconds(block) > SLOW_FROM:     # the matrix: always
+        slow_from = SLOW_FROM.get(str(page), SLOW_FROM_DOCS)
+        if _verb_argv(block) is not None and _seconds(block) > slow_from:     # the matrix: always
             marks.append(pytest.mark.slow)
         yield pytest.param(block, sources, printer, marks=marks, id=f"{page}: {block[0][:40]}")
 

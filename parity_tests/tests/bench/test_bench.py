@@ -186,6 +186,7 @@ def test_a_size_that_cannot_fit_exits_2_with_the_estimate_before_any_work(capsys
     assert "blockwise at T = 2000000 needs ~" in err and "GiB (estimated)" in err
 
 
+@pytest.mark.slow          # two full checks at T = 256: 4-5 s
 def test_check_split_at_256_tokens_adds_up_to_each_case_s_wall_time(capsys, tmp_path):
     from parity_tests.bench import check_split
     path = tmp_path / "split.json"

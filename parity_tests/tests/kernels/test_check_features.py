@@ -291,6 +291,7 @@ def test_feature_names_are_the_contracts():
                              "fp8_kv")
 
 
+@pytest.mark.slow                                      # T = 600 in two dtypes: 3 s
 def test_alibi_positions_kept_in_bfloat16_are_named_past_256():
     fn = kernel("alibi-positions-bfloat16")                  # shows only where positions pass 256
     assert parity_tests.check(fn, features=["alibi", "lse"], **{**SMALL, "tokens": ["200"]}, causal="yes").passed

@@ -42,7 +42,8 @@ def test_a_right_fp8_kernel_passes_every_case_with_gqa():
     assert max(r.inputs_error for r in rows) > max(r.error for r in rows)
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", pytest.param("float16", marks=needs_dtype("float16"))])
+@pytest.mark.parametrize("dtype", ["bfloat16",
+                                   pytest.param("float16", marks=[needs_dtype("float16"), pytest.mark.slow])])
 def test_a_right_fp8_kv_kernel_passes_with_flashinfers_head_dims(dtype):
     report = parity_tests.check(fp8_gallery.RIGHT_KV["fa3"], features=["fp8_kv", "value_dim"], dtypes=[dtype],
                                 causal="no")
@@ -58,7 +59,8 @@ FP8_SHOWN_ON = {"fp8-q-descale-missing": "fp8", "fp8-k-descale-missing": "fp8", 
                 "fp8-p-without-max": "fp8 logits x32", "output-dtype": "fp8"}
 
 
-@pytest.mark.parametrize("mistake", list(fp8_gallery.GALLERY))
+@pytest.mark.parametrize("mistake", [pytest.param(m, marks=pytest.mark.slow) if "accumulator" in m else m
+                                     for m in fp8_gallery.GALLERY])   # the accumulator: 257 key tiles, 5 s
 def test_each_fp8_mistake_fails_and_is_named(mistake):
     if mistake == "fp8-descale-query-head":
         cases = [Case(1, 6, 45, 77, 40, True, (("gqa", 2),))]          # widened: slices 2^6 apart

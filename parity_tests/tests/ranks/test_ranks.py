@@ -135,6 +135,7 @@ def test_a_rank_that_raises_fails_the_case_with_its_number(world):
     assert world.closed and _children() == []
 
 
+@pytest.mark.slow                                      # waits out its 1 s timeout: 3-4 s
 def test_a_rank_that_hangs_fails_in_bounded_time_and_nothing_is_left():
     start = time.monotonic()
     report = check_ranks(ring_twins.hangs_on_rank_1, causal="yes", sharding="head-tail",
