@@ -33,12 +33,15 @@ scores set to finfo.min instead of −inf: a row that sees no key averages every
 dropped: the weights differentiated with their normaliser held constant),
 ``online=(slip, block)`` (an online softmax's slips, `_online`: neither l nor the
 accumulator rescaled by exp(m_old − m_new), the accumulator alone not rescaled, l
-started at 1, split-KV partials merged without their rescale), ``backward_causal`` (the backward's own causal flag, `_masked_backward`),
+started at 1, split-KV partials merged without their rescale), ``backward_visible`` (the
+backward's own visibility, `_masked_backward`: {option: value} of `VISIBILITY` in place of the
+forward's),
 ``softcap_last`` (the cap applied after ALiBi and the bias: x-transformers' order),
 ``softcap_form`` ("positive": only the positive scores capped; "clamp": clipped at ±c
 instead of c·tanh), ``positions_dtype`` (ALiBi's positions and distances in a low dtype),
 ``backward_lse`` ((lse, first query row) -> the lse the backward recomputes P = exp(S − lse)
-from: another base, or each row's off by its own amount).
+from: another base, or each row's off by its own amount), ``unseen_from`` (per batch
+entry, the keys from that index on seen by no query: a split or tile size rounded down).
 """
 
 import functools
@@ -49,7 +52,7 @@ from numpy_ref.visibility import window_sides
 from parity_tests.common import heap
 
 __all__ = ["attention", "run", "sees", "mask_mod", "visible", "alibi_slopes", "offsets", "chunk_rows", "keywords",
-           "PLAIN_OPTIONS", "ARRAY_OPTIONS"]
+           "PLAIN_OPTIONS", "ARRAY_OPTIONS", "VISIBILITY"]
 
 # Query rows per chunk of the baseline: the (rows, Tk) arrays of one chunk stay
 # near CHUNK_ELEMENTS elements per (batch, head); past Tk = 16384 near
@@ -225,9 +228,9 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
               alibi_slopes=None, bias=None, sinks=None, seqlens_q=None, seqlens_k=None, rows=None,
               kv_map="interleave", softcap_first=False, softcap_no_grad=False, shift=0,
               window_align=None, alibi_no_offset=False, alibi_offset_sign=1, axis=-1,
-              no_delta=False, finite_mask=False, with_max=False, keys=None, online=None, backward_causal=None,
+              no_delta=False, finite_mask=False, with_max=False, keys=None, online=None, backward_visible=None,
               softcap_last=False, weights="softmax", keep=None, dropout_p=0.0, softcap_form="tanh",
-              positions_dtype=None, backward_lse=None):
+              positions_dtype=None, backward_lse=None, unseen_from=None):
     """(out, lse): out (B, Hq, Tq, Dv), lse (B, Hq, Tq), in q's dtype; torch tensors,
     differentiable.  ``rows``: (first, total) when q holds query rows first .. of a case
     with ``total`` query rows (the baseline's chunks); the bias then holds those rows too.
@@ -267,7 +270,6 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
     else:
         S = S * scale
     offs = [o + shift for o in offsets(total, tk_case, seqlens_q, seqlens_k, align, b)]
-    w_offs = offs if window_align is None else offsets(total, tk_case, seqlens_q, seqlens_k, window_align, b)
     lq = [total] * b if seqlens_q is None else [int(x) for x in seqlens_q]
     lk = [tk_case] * b if seqlens_k is None else [int(x) for x in seqlens_k]
     i = torch.arange(first, first + tq, device=q.device)
@@ -290,10 +292,16 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
     if softcap is not None and softcap_last:
         S = softcap * torch.tanh(S / softcap)
     S_pre = S
-    def mask(causal):                      # (B, 1, Tq, Tk): which keys each query sees
-        return torch.stack([visible(i, tk, causal=causal, offset=offs[n], window=window, nq=lq[n], nk=lk[n],
-                                    window_offset=w_offs[n], device=q.device) for n in range(b)])[:, None]
-    seen = mask(causal)
+    def mask(causal=causal, window=window, align=align, shift=shift, window_align=window_align):
+        """(B, 1, Tq, Tk): which keys each query sees."""
+        o = [x + shift for x in offsets(total, tk_case, seqlens_q, seqlens_k, align, b)]
+        w_o = o if window_align is None else offsets(total, tk_case, seqlens_q, seqlens_k, window_align, b)
+        return torch.stack([visible(i, tk, causal=causal, offset=o[n], window=window, nq=lq[n], nk=lk[n],
+                                    window_offset=w_o[n], device=q.device) for n in range(b)])[:, None]
+    seen = mask()
+    if unseen_from is not None:            # the keys from there on (per batch entry) seen by no query
+        firsts = torch.tensor(unseen_from, device=q.device).reshape(-1, 1, 1, 1)
+        seen = seen & (torch.arange(tk, device=q.device) < firsts)
     if finite_mask:                        # finfo.min for "hidden": a row that sees no key averages v
         S = S.masked_fill(~seen, torch.finfo(S.dtype).min)
     S = S.masked_fill(~seen, -torch.inf) if not finite_mask else S             # (B, Hq, Tq, Tk)
@@ -327,13 +335,16 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
     if keep is not None:
         P = P * (keep.to(P.dtype) / (1 - dropout_p))
     out = P @ v.to(P.dtype)
-    if backward_causal is not None or backward_lse is not None:    # (backward_causal: tried without sinks)
+    if backward_visible is not None or backward_lse is not None:    # (backward_visible: tried without sinks)
         out = _masked_backward(out, S_pre, lse if backward_lse is None else backward_lse(lse, first),
-                               mask(causal if backward_causal is None else backward_causal), v)
+                               mask(**(backward_visible or {})), v)
     if with_max:
         return out, lse, S.detach().amax(-1)
     return out, lse
 
+
+# The options and knobs of `attention` that change only which keys a query sees.
+VISIBILITY = ("causal", "window", "align", "shift", "window_align")
 
 # weights= of `attention`: E = exp(S − m) rounded to a half dtype before P V (the rest in the
 # dtype run): how a kernel that keeps only its P in a lower precision errs

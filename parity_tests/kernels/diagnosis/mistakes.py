@@ -38,7 +38,7 @@ import torch
 from parity_tests.kernels import dense
 from parity_tests.kernels.features import INPUT_GRADS, REGISTRY
 
-__all__ = ["Hypothesis", "Context", "catalogue", "whole_case", "padding_seen", "STALE_BLOCKS"]
+__all__ = ["Hypothesis", "Context", "catalogue", "backward_twins", "whole_case", "padding_seen", "STALE_BLOCKS"]
 
 # Key-block sizes tried for the stale running maximum (a kernel's B_c is not known).
 STALE_BLOCKS = (16, 32, 64, 128, 256)
@@ -91,6 +91,9 @@ class Context:
 
         def predict(grads=True):
             return self.as_4d(self.dense(q, k, v, dout, opts, grads=grads, dlse=dlse, **knobs))
+        seen = {**(changes or {}), **knobs}
+        if seen and not inputs and set(seen) <= set(dense.VISIBILITY):
+            predict.visible = seen            # it changes only which keys a query sees (`backward_twins`)
         return predict
 
     def changed(self, **arrays):
@@ -175,16 +178,17 @@ def chapter(ctx):
                   (f"key blocks of {block}: the 1 stays in the denominator as exp(m_first - m), m_first the "
                    "first block's maximum)" if block < case.tk else "one pass: l = 1 + sum exp(S - m))"),
                   fwd(online=("l-one", block))) for block in blocks + [case.tk]]
+    out += _option_factors(ctx)
     out += _kernel_bugs(ctx)
     if "dq" in ctx.present and case.tk > 1 and ctx.opts.get("sinks") is None:
         grads = tuple(n for n in ctx.present if n != "out" and n != "lse")
         if case.causal:
             out.append(H("backward-unmasked", "a backward without the causal mask its forward applies (P = "
-                         "exp(S - lse) recomputed over every key)", fwd(backward_causal=False), grads))
+                         "exp(S - lse) recomputed over every key)", fwd(backward_visible={"causal": False}), grads))
         else:
             out.append(H("backward-masked", "a backward that applies a causal mask its forward does not (P = "
                          "exp(S - lse) recomputed under the causal mask: a backward written for causal "
-                         "attention only)", fwd(backward_causal=True), grads))
+                         "attention only)", fwd(backward_visible={"causal": True}), grads))
         other = "causal" if not case.causal else "non-causal"
         out.append(H("backward-other-mask", f"the gradients of the {other} attention (its own softmax and output) "
                      f"in place of this one's: a backward written for {other} attention only",
@@ -203,6 +207,48 @@ def chapter(ctx):
     g = ctx.golden_raw
     out += [H("gradient-negated", f"{n} with its sign flipped (+ where − is meant)", ctx.changed(**{n: -g[n]}), (n,))
             for n in ("dq", "dk", "dv") + INPUT_GRADS if n in ctx.present]
+    return out
+
+
+# A numeric option off by one of these factors (id suffix, words): a formula written in base 2
+# where e is meant (or the other way), a factor 2 or 1/2, an array option's sign flipped.
+OPTION_FACTORS = (("ln2", math.log(2), "ln 2 (in base 2 where e is meant)"),
+                  ("log2e", 1 / math.log(2), "log2(e) (in base e where 2 is meant)"),
+                  ("doubled", 2.0, "2"), ("halved", 0.5, "1/2"), ("negated", -1.0, "-1 (its sign flipped)"))
+
+
+def _option_factors(ctx):
+    """Each numeric option of the case (the scale, a softcap, per-head slopes or sinks, a bias)
+    multiplied by each of `OPTION_FACTORS`: the sign only for arrays (a cap's sign does not
+    change c·tanh(S / c)), never a probability."""
+    out = []
+    for name, value in ctx.opts.items():
+        array = isinstance(value, np.ndarray) and value.dtype.kind == "f" and np.any(value)
+        scalar = isinstance(value, float) and value > 0 and name != "dropout_p"
+        for tag, factor, words in OPTION_FACTORS if array or scalar else ():
+            if scalar and factor < 0:
+                continue
+            out.append(ctx.H(f"{name}-times-{tag}", f"{name} multiplied by {words}", ctx.fwd({name: value * factor})))
+    return out
+
+
+def backward_twins(ctx, hyps):
+    """For each of ``hyps`` that changes only which keys a query sees (a mask, a window edge, an
+    alignment), its backward-only twin: the forward right, and the backward's P = exp(S − lse)
+    recomputed under that visibility (`dense._masked_backward`), as a fused backward that builds
+    its own mask gets it wrong.  Not with sinks (their column is not masked), nor with one key."""
+    if "dq" not in ctx.present or ctx.case.tk <= 1 or ctx.opts.get("sinks") is not None:
+        return []
+    grads = tuple(n for n in ctx.present if n not in ("out", "lse"))
+    made = [{"causal": not ctx.case.causal}]            # the chapter's own (backward-unmasked, -masked)
+    out = []
+    for h in hyps:
+        seen = getattr(h.predict, "visible", None)
+        if seen is None or seen in made:
+            continue
+        made.append(seen)
+        out.append(ctx.H(f"backward-{h.id}", f"a backward that recomputes P = exp(S - lse) under {h.says}, its "
+                         "forward right", ctx.fwd(backward_visible=seen), grads))
     return out
 
 

@@ -3,7 +3,7 @@ i + o − left ≤ j ≤ i + o + right (−1: unbounded; causal caps the right s
 Windows drawn per case (seeded): 0-wide, left only, right only, both, and with a
 causal mask the right side given as −1 (unbounded, capped by the mask); Tq = Tk,
 Tq < Tk, Tq > Tk, both alignments when the callable takes ``align``.  Invited
-mistakes: each edge one key off either way, the sides swapped, the window placed
+mistakes: each edge one key off either way or ignored, the sides swapped, the window placed
 with the other alignment than the causal mask."""
 
 from parity_tests.kernels.cases import Case, case_rng
@@ -44,6 +44,12 @@ def mistakes(ctx, window):
         out.append(edge("right", (left, right + 1), "wider"))
         if right >= 1:
             out.append(edge("right", (left, right - 1), "narrower"))
+    ignored = lambda side, w: ctx.H(f"window-{side}-ignored", f"the window's {side} edge ignored ({w} for {window})",
+                                    ctx.fwd({"window": w}))
+    if left >= 0:
+        out.append(ignored("left", (-1, right)))
+    if right >= 0 and not case.causal:
+        out.append(ignored("right", (left, -1)))
     if left != right and not (case.causal and right == -1):
         out.append(ctx.H("window-swapped", f"the window's sides swapped ({(right, left)} for {window})",
                          ctx.fwd({"window": (right, left)})))

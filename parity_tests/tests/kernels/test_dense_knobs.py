@@ -210,13 +210,26 @@ def _grads_by_hand(q, k, v, dout, fwd_causal, bwd_causal):
 def test_a_backward_masked_otherwise_than_its_forward(fwd_causal):
     q, k, v, dout = _inputs(9, 45, H, seed=7)
     want = _grads_by_hand(q, k, v, dout, fwd_causal, not fwd_causal)
-    got = dense.run(q, k, v, dout, {"scale": SCALE, "causal": fwd_causal}, backward_causal=not fwd_causal)
+    got = dense.run(q, k, v, dout, {"scale": SCALE, "causal": fwd_causal}, backward_visible={"causal": not fwd_causal})
     right = dense.run(q, k, v, dout, {"scale": SCALE, "causal": fwd_causal}, autograd=True)
     for n, w in zip(("out", "dq", "dk", "dv"), want):
         np.testing.assert_allclose(got[n], w, rtol=1e-10, atol=1e-12, err_msg=n)
         if n != "out":                                   # the backward alone is wrong
             assert np.abs(got[n] - right[n]).max() > 1e-2, n
     np.testing.assert_array_equal(got["out"], right["out"])
+
+
+def test_keys_seen_by_no_query_from_their_first_index_per_batch_entry():
+    q, k, v, dout = _inputs(9, 45, H, seed=7, batch=2)
+    got = dense.run(q, k, v, dout, {"scale": SCALE}, unseen_from=[40, 45])
+    for b, first in ((0, 40), (1, 45)):
+        sl = lambda a: a[b:b + 1, :, :first]
+        want = dense.run(q[b:b + 1], sl(k), sl(v), dout[b:b + 1], {"scale": SCALE}, autograd=True)
+        for n in ("out", "dq"):
+            np.testing.assert_allclose(got[n][b:b + 1], want[n], rtol=1e-12, atol=1e-14, err_msg=n)
+        for n in ("dk", "dv"):
+            np.testing.assert_allclose(got[n][b:b + 1, :, :first], want[n], rtol=1e-12, atol=1e-14, err_msg=n)
+            assert not got[n][b, :, first:].any(), n
 
 
 def test_the_softcap_applied_after_alibi_and_bias():
