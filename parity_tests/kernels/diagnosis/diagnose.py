@@ -44,6 +44,7 @@ found afterwards, over the rows of a whole run (``report``).
 """
 
 import copy
+import math
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -71,8 +72,11 @@ GRADS = ("dq", "dk", "dv") + INPUT_GRADS           # with those of the extra inp
 # output, so it always explains *some* of the error; it counts only when what
 # is left is at most this share of the error (a true row scaling leaves rounding).
 FIT_SHARE = 0.1
-# Hypotheses fitted to the target: a catalogued mistake that explains as well wins over them.
-FITTED = ("denominator", "wrong-delta", "backward-p-scaled")
+# Hypotheses fitted to the target, fewest fitted parameters first: a catalogued mistake that
+# explains as well wins over them, and among them the first that explains is named (a tensor off
+# by one factor is also each row off by its own).
+FITTED = ("constant-factor", "keys-unseen", "head-map", "broadcast-sum", "denominator", "wrong-delta",
+          "backward-p-scaled")
 
 # A catalogued mistake that leaves at most this share of the error against the
 # reference explains the tensor, even where its own rounding exceeds the bound
@@ -117,6 +121,13 @@ SAME_GAP = 0.5
 # ones: 1.1 .. 1.3x).  Otherwise what is seen is said, and no cause.
 NAMED_WITHIN = 0.5
 RUNNER_UP = 4.0
+# A tensor off by one fitted factor c names a constant (`_constants`) within this share of it.
+CONSTANT_WITHIN = 1e-3
+CONSTANT_FROM = 16
+# The last keys seen by no query (`_keys_unseen`): at most this many, fitted on a case of at
+# most UNSEEN_LIMIT (query, key) pairs in all, and as many (key, key) pairs (v the identity).
+UNSEEN_KEYS = 256
+UNSEEN_LIMIT = 2 ** 22
 # Mistakes whose predictions differ by at most this share of the bound are said with the one
 # named ("on this case the same as ..."): a loose bound alone would list mistakes that differ.
 ALIKE_WITHIN = 0.1
@@ -287,13 +298,19 @@ def _catalogue(rest, rows, ev):
         return {n: Diagnosis("not-diagnosed", f"{n} not diagnosed: {said} for the dense float64 "
                              f"recomputation (limit {DENSE_LIMIT}); rerun with --tokens 4096 or less")
                 for n in rest}
-    hyps = _catalogue_of(sub)
+    out_right = "out" in rows and rows["out"].passed
+    hyps = _catalogue_of(sub, twins=out_right)
     if sub is ev and _screened(rest, ev):                  # large: its out mistakes first on a block
         hyps = row_block.screen(hyps, ev, _catalogue_of, explains, slice_errors)
-    if "dq" in rest and "out" in rows and rows["out"].passed:
+    if "dq" in rest and out_right:
         hyps += _wrong_delta(sub) + _backward_p_scaled(sub)
+    if out_right and "dk" in rest:
+        hyps += _head_map(sub)
+    if out_right:
+        hyps += [h for n in rest if n in INPUT_GRADS for h in _broadcast_sum(sub, n)]
+    if "out" in rest:
+        hyps += _keys_unseen(sub)
     cache, result = {}, {}
-    out_right = "out" in rows and rows["out"].passed
     backward_only = [h for h in hyps if "out" not in h.tensors]
     out_fits = {} if out_right or "out" not in sub.arrays or not np.isfinite(sub.arrays["out"]).all() else \
         _out_fits(hyps, cache, sub.arrays, sub.gold["out"], sub.den["out"], sub.bounds["out"])
@@ -303,7 +320,8 @@ def _catalogue(rest, rows, ev):
             continue
         tried = hyps if n in ("out", "lse") else backward_only if out_right else \
             [h for h in hyps if "out" not in h.tensors or out_fits.get(id(h), True)]
-        result[n] = _diagnose_tensor(n, tried, cache, sub.arrays, sub.gold, sub.den[n], sub.bounds[n], sel)
+        result[n] = _diagnose_tensor(n, tried, cache, sub.arrays, sub.gold, sub.den[n], sub.bounds[n], sel,
+                                     _constants(sub))
         result[n].sentence += said
     named = result.get("out")
     if named is not None and named.id not in ("none", "not-diagnosed"):
@@ -313,9 +331,11 @@ def _catalogue(rest, rows, ev):
     return result
 
 
-def _catalogue_of(sub):
+def _catalogue_of(sub, twins=False):
     """The catalogue's mistakes, recomputed from the evidence ``sub`` (a case, a slice or a
-    block of rows), each predicting the judged form (lse on the rows the reference judges)."""
+    block of rows), each predicting the judged form (lse on the rows the reference judges);
+    ``twins``: with the backward-only twins of its visibility mistakes (``backward_twins``),
+    tried where the output is right."""
     unjudged = ~np.isfinite(as_4d({"lse": sub.gold_raw["lse"]})["lse"]) if "lse" in sub.gold else None
 
     def judge(raw):
@@ -324,9 +344,10 @@ def _catalogue_of(sub):
             out["lse"] = np.where(unjudged, 0.0, out["lse"])
         return out
     r = sub.rounded
-    return mistakes.catalogue(mistakes.Context(sub.case, sub.align, (r["q"], r["k"], r["v"], r["dout"]),
-                                               r.get("dlse"), sub.opts, sub.gold_raw, judge, sub.wanted,
-                                               rows=sub.rows, arrays=r))
+    ctx = mistakes.Context(sub.case, sub.align, (r["q"], r["k"], r["v"], r["dout"]), r.get("dlse"), sub.opts,
+                           sub.gold_raw, judge, sub.wanted, rows=sub.rows, arrays=r)
+    hyps = mistakes.catalogue(ctx)
+    return hyps + mistakes.backward_twins(ctx, hyps) if twins else hyps
 
 
 def _dq_to_fit(sub):
@@ -595,7 +616,7 @@ def _where(slices, shape):
     return "(batch, head) " + ", ".join(str(tuple(s)) for s in slices)
 
 
-def _diagnose_tensor(t, hyps, cache, got, ref, denom, bound, sel):
+def _diagnose_tensor(t, hyps, cache, got, ref, denom, bound, sel, constants=()):
     a, r = got[t], ref[t]
     candidates = []                               # (per-slice residuals, id, says, prediction)
     zeros = []                                    # the ids of mistakes that predict zeros everywhere
@@ -621,7 +642,9 @@ def _diagnose_tensor(t, hyps, cache, got, ref, denom, bound, sel):
             candidates.append((residual, "denominator", f"each row divided by a wrong softmax "
                                f"denominator (row factors {lo:.6g} .. {hi:.6g})", fitted))
     error_now = slice_errors(a, r, denom).max()
-    fitted = {hyp.id for hyp in hyps if t in getattr(hyp, "fitted", ())}
+    if t != "out":                                # (out: a denominator, each row its own factor)
+        candidates += _constant_factor(t, a, r, denom, bound, constants)
+    fitted = {hyp.id for hyp in hyps if t in getattr(hyp, "fitted", ())} | {"constant-factor"}
     candidates = [c for c in candidates if c[1] not in fitted or c[0].max() <= FIT_SHARE * error_now]
     if not np.any(a) and np.any(r):
         told = f" (as {' or '.join(zeros)} would give here)" if zeros else ""
@@ -633,7 +656,9 @@ def _diagnose_tensor(t, hyps, cache, got, ref, denom, bound, sel):
     error = slice_errors(a, r, denom).max()
     # a fitted row factor fits any row scaling; a catalogued mistake that explains it too says why
     named = [w for w in whole if w[1] not in FITTED and explains(w[0], error, bound)]
-    best = min(named or whole, key=lambda w: w[0])
+    simplest = sorted((w for w in whole if w[1] in FITTED and w[0] <= bound), key=lambda w: FITTED.index(w[1]))
+    best = min(named, key=lambda w: w[0]) if named else simplest[0] if simplest else \
+        min(whole, key=lambda w: w[0])
     if explains(best[0], error, bound):
         unclear = _unclear(best, whole, error, bound, denom)
         if unclear:
@@ -651,6 +676,159 @@ def _diagnose_tensor(t, hyps, cache, got, ref, denom, bound, sel):
         return Diagnosis("none", f"{t} matches none of the catalogued mistakes")
     return Diagnosis("none", f"{t} matches none of the catalogued mistakes (closest: {best[2]}, "
                      f"{_fmt(best[0])} vs bound {_fmt(bound)})", best[0], bound)
+
+
+def _constants(sub):
+    """(value, words) of the constants a tensor off by one factor is most often off by: those of
+    the case's numeric options (the scale, a softcap, a dropout probability: v, 1/v, 1 − v,
+    1/(1 − v)), the group of query heads per kv head, and a few of any formula."""
+    case = sub.case
+    out = [(-1.0, "-1: its sign flipped"), (2.0, "2"), (0.5, "1/2"), (math.log(2), "ln 2"),
+           (1 / math.log(2), "log2(e)")]
+    for name, v in sub.opts.items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v not in (0, 1):
+            out += [(v, f"{name} = {v:.6g}"), (1 / v, f"1/{name}"), (1 - v, f"1 - {name}"),
+                    (1 / (1 - v), f"1/(1 - {name})")]
+    group = case.heads // case.hkv
+    if group > 1:
+        out += [(group, f"the group size Hq/Hkv = {group}"),
+                (1 / group, f"1/{group}: averaged over the group's query heads, not summed")]
+    return out
+
+
+def _constant_factor(t, a, r, denom, bound, constants):
+    """[(residual, "constant-factor", words, prediction)] when ``t`` is the reference times one
+    factor c, fitted by least squares over the whole tensor, to within its bound: "dbias
+    multiplied by one constant, 0.125 (scale = 0.125)".  [] otherwise, and for a tensor of fewer
+    than `CONSTANT_FROM` entries (one factor fits a few numbers too easily)."""
+    both = np.isfinite(a) & np.isfinite(r)
+    rr = float((r[both] * r[both]).sum())
+    if rr == 0 or not both.all() or a.size < CONSTANT_FROM:
+        return []
+    c = float((a[both] * r[both]).sum()) / rr
+    pred = c * r
+    residual = slice_errors(a, pred, denom)
+    if not np.isfinite(c) or residual.max() > bound:
+        return []
+    named = next((w for v, w in constants if abs(c - v) <= CONSTANT_WITHIN * abs(v)), None)
+    return [(residual, "constant-factor", f"{t} multiplied by one constant, {c:.6g}"
+             + (f" ({named})" if named else ""), pred)]
+
+
+def _head_map(sub):
+    """dk and dv summed onto the kv heads over another map of query heads than the forward's
+    (tiled where interleaved is meant, another group size, one head of a group): each query
+    head's own dk_h and dv_h recomputed (k and v given a copy per query head), and the map fitted
+    to the target's dk by least squares, kv head by kv head, its weights rounded to 0 or 1; then
+    checked on dv.  [] with one kv head per query head, or where the fitted weights are not
+    0 or 1 (`_constant_factor` reads a map scaled as a whole)."""
+    case = sub.case
+    got = sub.arrays.get("dk")
+    group = case.heads // case.hkv
+    if group == 1 or got is None or not np.isfinite(got).all() or sub.rows is not None:
+        return []
+    r = sub.rounded
+    wide = dense.run(r["q"], np.repeat(r["k"], group, 1), np.repeat(r["v"], group, 1), r["dout"], sub.opts,
+                     dlse=r.get("dlse"))
+    wide = {n: np.asarray(wide[n]) for n in ("dk", "dv")}                     # (B, Hq, Tk, D)
+    hq = case.heads
+    A = np.moveaxis(wide["dk"], 1, -1).reshape(-1, hq)                        # (B Tk D, Hq)
+    y = np.moveaxis(got, 1, -1).reshape(-1, case.hkv)                         # (B Tk D, Hkv)
+    weights = np.linalg.lstsq(A, y, rcond=None)[0]                            # (Hq, Hkv)
+    rounded = np.round(weights)
+    right = np.zeros_like(rounded)
+    right[np.arange(hq), np.arange(hq) // group] = 1
+    if np.abs(weights - rounded).max() > 0.05 or not set(np.unique(rounded)) <= {0.0, 1.0} or \
+            np.array_equal(rounded, right):
+        return []
+    heads = lambda w, g: ", ".join(str(h) for h in np.nonzero(w[:, g])[0]) or "none"
+    says = "; ".join(f"kv head {g} from query heads {heads(rounded, g)} (read by {heads(right, g)})"
+                     for g in range(case.hkv) if not np.array_equal(rounded[:, g], right[:, g]))
+
+    def predict(grads=True):
+        return {**sub.gold, **{n: np.einsum("bhtd,hg->bgtd", wide[n], rounded) for n in ("dk", "dv")}}
+    return [mistakes.Hypothesis("head-map", f"dk and dv summed over another map of query heads than the "
+                                f"forward's: {says}", predict, ("dk", "dv"), fitted=("dk",))]
+
+
+def _broadcast_sum(sub, n):
+    """The gradient ``n`` of an input broadcast over (batch, head, query row, key) dims summed over
+    another set of the slices it is broadcast to (one slice kept, where each should add: ``=`` for
+    ``+=``): each slice's own gradient recomputed with the input given at full size, the slices'
+    weights fitted to the target by least squares and rounded to 0 or 1.  [] where the input is not
+    broadcast, or the weights are not 0 or 1 (`_constant_factor` reads a mean for a sum)."""
+    value, got, case = sub.opts.get(n[1:]), sub.arrays.get(n), sub.case
+    if not isinstance(value, np.ndarray) or got is None or not np.isfinite(got).all() or sub.rows is not None:
+        return []
+    full = (case.batch, case.heads, case.tq, case.tk)
+    value4 = value.reshape((1,) * (4 - value.ndim) + value.shape)
+    dims = [d for d in range(4) if value4.shape[d] == 1 and full[d] > 1]
+    if value.ndim > 4 or not dims or any(s not in (1, f) for s, f in zip(value4.shape, full)):
+        return []
+    r = sub.rounded
+    wide = dense.run(r["q"], r["k"], r["v"], r["dout"], {**sub.opts, n[1:]: np.broadcast_to(value4, full).copy()},
+                     dlse=r.get("dlse"))[n]                                  # (B, Hq, Tq, Tk): each slice its own
+    slices = list(np.ndindex(*(full[d] for d in dims)))
+    pick = lambda idx: wide[tuple(idx[dims.index(d)] if d in dims else slice(None) for d in range(4))]
+    parts = np.stack([pick(idx).reshape(-1) for idx in slices], axis=1)      # (entries, slices)
+    weights = np.linalg.lstsq(parts, got.reshape(-1), rcond=None)[0]
+    rounded = np.round(weights)
+    if np.abs(weights - rounded).max() > 0.05 or not set(np.unique(rounded)) <= {0.0, 1.0} or rounded.all():
+        return []
+    axes = ("batch", "head", "query row", "key")
+    named = lambda idx: "(" + ", ".join(f"{axes[d]} {i}" for d, i in zip(dims, idx)) + ")"
+    kept = [named(idx) for idx, w in zip(slices, rounded) if w]
+    pred = (parts @ rounded).reshape(got.shape)
+
+    def predict(grads=True):
+        return {**sub.gold, n: pred}
+    return [mistakes.Hypothesis("broadcast-sum", f"{n} summed over {len(kept)} of the {len(slices)} slices its "
+                                f"input is broadcast over: {', '.join(kept) or 'none'}, not all of them ("
+                                "a slice's gradient written where each should add)", predict, (n,), fitted=(n,))]
+
+
+def _keys_unseen(sub):
+    """The last keys of each sequence seen by no query (a split or tile size rounded down, a last
+    partial tile or page skipped): how many, up to `UNSEEN_KEYS`, fitted to the target's out batch
+    entry by batch entry.  Without the keys from J on, row i's output is
+    (O_i − Σ_{j≥J} P_ij v_j) / (1 − Σ_{j≥J} P_ij): every J from one dense forward's weights P
+    (v the identity).  [] with dropout, on a block of rows, or with weights too large to hold."""
+    case, got = sub.case, sub.arrays.get("out")
+    tk = case.tk
+    if got is None or not np.isfinite(got).all() or tk <= 1 or sub.rows is not None or \
+            sub.opts.get("keep") is not None or case.batch * case.heads * max(case.tq, tk) * tk > UNSEEN_LIMIT:
+        return []
+    r = sub.rounded
+    eye = np.ascontiguousarray(np.broadcast_to(np.eye(tk), r["k"].shape[:2] + (tk, tk)))
+    P = _dense_forward(sub, v=eye)[0]                                        # (B, Hq, Tq, Tk)
+    v = np.repeat(r["v"], case.heads // case.hkv, 1)                         # (B, Hq, Tk, Dv)
+    lengths = sub.opts.get("seqlens_k")
+    ends = [tk if lengths is None else int(lengths[b]) for b in range(case.batch)]
+    firsts = []
+    for b, n in enumerate(ends):
+        out, tail, weight = P[b] @ v[b], 0.0, 0.0
+        best = (slice_errors(got[b:b + 1], out[None], sub.den["out"]).max(), n)       # no key left out
+        for j in range(n - 1, max(0, n - 1 - UNSEEN_KEYS), -1):
+            tail = tail + P[b, ..., j, None] * v[b, :, None, j]
+            weight = weight + P[b, ..., j, None]
+            left = 1 - weight
+            pred = np.where(left > 1e-12, (out - tail) / np.where(left > 1e-12, left, 1.0), 0.0)
+            residual = slice_errors(got[b:b + 1], pred[None], sub.den["out"]).max()
+            if residual < best[0]:
+                best = (residual, j)
+        firsts.append(best[1])
+    if firsts == ends:
+        return []
+    opts = sub.opts
+
+    def predict(grads=True):
+        return as_4d(dense.run(r["q"], r["k"], r["v"], r["dout"] if grads else None, opts, grads=grads,
+                               dlse=r.get("dlse") if grads else None, unseen_from=firsts))
+    said = [f"{j} .. {e - 1}" + ("" if case.batch == 1 else f" of sequence {b}")
+            for b, (j, e) in enumerate(zip(firsts, ends)) if j < e]
+    return [mistakes.Hypothesis("keys-unseen", f"keys {', '.join(said)} seen by no query (what a split, tile or page "
+                                "size rounded down, or a last partial tile skipped, gives)",
+                                predict, ("out", "lse", "dq", "dk", "dv"), fitted=("out",))]
 
 
 def _own_scale(pred, denom):

@@ -247,14 +247,26 @@ def test_a_window_edge_is_named():
 
 
 def test_a_gradient_pointing_the_wrong_way_is_named_so():
-    def turned_dq(q, k, v, *, causal, scale):           # -1/2 of dq: no mistake of the catalogue
-        return attend(with_backward(q, lambda g: -0.5 * g), k, v, causal=causal, scale=scale)[0]
+    def turned_dq(q, k, v, *, causal, scale):           # -1/2 of dq for even rows, -1/4 for odd ones
+        factors = torch.tensor([-0.5, -0.25]).repeat(q.shape[2])[:q.shape[2], None]
+        return attend(with_backward(q, lambda g: g * factors), k, v, causal=causal, scale=scale)[0]
     report = parity_tests.check(turned_dq, features=["gqa"], **SMALL, causal="yes")
     dq = [d for r, d in report.diagnoses if r.tensor == "dq"]
     # said after what the catalogue found, not instead of it
     assert dq and all(d.id == "wrong-direction" and re.search(
         r"only the backward is wrong: dq matches none of the catalogued mistakes.*; dq points the wrong way "
-        r"\(cosine -1\.00 with the reference\); where: ", d.sentence) for d in dq), [d.sentence for d in dq]
+        r"\(cosine -0\.9\d with the reference\); where: ", d.sentence) for d in dq), [d.sentence for d in dq]
+
+
+def test_a_gradient_off_by_one_factor_is_named_with_it_and_said_to_point_the_wrong_way():
+    def halved_dq(q, k, v, *, causal, scale):
+        return attend(with_backward(q, lambda g: -0.5 * g), k, v, causal=causal, scale=scale)[0]
+    report = parity_tests.check(halved_dq, features=["gqa"], **SMALL, causal="yes")
+    dq = [d for r, d in report.diagnoses if r.tensor == "dq"]
+    assert dq and all(d.id == "constant-factor" and re.search(
+        r"only the backward is wrong: dq matches the reference with dq multiplied by one constant, -0\.5 to .*"
+        r"; dq points the wrong way \(cosine -1\.00 with the reference\); where: ", d.sentence) for d in dq), \
+        [d.sentence for d in dq]
 
 
 def test_a_gradient_negated_is_named_before_it_is_said_to_point_the_wrong_way():

@@ -1,0 +1,131 @@
+"""Causes read from the kernel's own tensors rather than from a catalogue entry: one gradient off
+by one factor, the last keys seen by no query, dk and dv summed over another map of query heads,
+a broadcast input's gradient kept from one slice, a numeric option off by a factor, and a backward
+that masks otherwise than its forward.  Each kernel below is right but for that one slip."""
+
+import math
+import re
+
+import numpy as np
+import pytest
+import torch
+
+import parity_tests
+from parity_tests.kernels import runner, targets
+from parity_tests.kernels.cases import Case
+from parity_tests.kernels.diagnosis import diagnose
+from parity_tests.kernels.planted.featured import attend
+from crashing_kernels import sdpa, with_backward
+
+pytestmark = pytest.mark.usefixtures("without_input_classes")   # (conftest.py)
+
+ONE = dict(dtypes=["float32"], head_dims=[16], heads=[2], batch=[1])
+
+
+def _failing(report):
+    return {(r.case, r.tensor): d for r, d in report.diagnoses}
+
+
+def test_a_gradient_off_by_one_factor_is_named_with_the_option_it_equals():
+    def dk_scaled_twice(q, k, v, *, causal, scale):          # q pre-scaled, and dk scaled once more
+        return sdpa(q, with_backward(k, lambda g: g * scale), v, causal=causal, scale=scale)
+    report = parity_tests.check(dk_scaled_twice, tokens=["17", "45x77"], causal="yes", **ONE)
+    found = _failing(report)
+    assert {t for _, t in found} == {"dk"}
+    for d in found.values():
+        assert d.id == "constant-factor", d.sentence
+        assert "dk multiplied by one constant, 0.25 (scale = 0.25)" in d.sentence, d.sentence
+
+
+def test_one_factor_is_not_fitted_to_a_handful_of_numbers():
+    a, r = np.full((1, 4, 1, 1), 3.0), np.arange(1.0, 5.0).reshape(1, 4, 1, 1)
+    assert diagnose._constant_factor("dsinks", a, r, 1.0, 10.0, []) == []      # 4 entries
+    a, r = np.full((1, 1, 4, 4), 3.0) * np.arange(16.0).reshape(1, 1, 4, 4), np.arange(16.0).reshape(1, 1, 4, 4)
+    (residual, hid, says, _), = diagnose._constant_factor("dq", a, r, 1.0, 1e-9, [(3.0, "three")])
+    assert hid == "constant-factor" and "3 (three)" in says and residual.max() < 1e-12
+
+
+def test_the_last_keys_seen_by_no_query_are_counted():
+    def five_splits_floored(q, k, v, *, causal, scale):      # split size Tk // 5: the tail left out
+        kept = k.shape[2] // 5 * 5
+        return sdpa(q, k[:, :, :kept], v[:, :, :kept], causal=causal, scale=scale)
+    report = parity_tests.check(five_splits_floored, tokens=["45x77"], causal="no", **ONE)
+    found = _failing(report)
+    assert {t for _, t in found} == {"out", "dq", "dk", "dv"}
+    assert all(d.id == "keys-unseen" for d in found.values()), [d.sentence for d in found.values()]
+    assert "keys 75 .. 76 seen by no query" in found["B1 H2 T45x77 D16 full", "out"].sentence
+
+
+def _tiled(x, group):                  # the value of repeat_interleave, the gradient of repeat
+    return x.repeat(1, group, 1, 1) + (x.repeat_interleave(group, 1) - x.repeat(1, group, 1, 1)).detach()
+
+
+def test_dk_and_dv_summed_over_another_head_map_are_named_with_the_map():
+    def backward_tiled(q, k, v, *, causal, scale):
+        group = q.shape[1] // k.shape[1]
+        return sdpa(q, _tiled(k, group), _tiled(v, group), causal=causal, scale=scale)
+    report = parity_tests.check(backward_tiled, features=["gqa"], tokens=["45x77"], causal="yes",
+                                dtypes=["float32"], head_dims=[16])
+    found = _failing(report)
+    assert found and {t for _, t in found} == {"dk", "dv"}
+    assert all(d.id == "head-map" for d in found.values()), [d.sentence for d in found.values()]
+    six = [d.sentence for (case, _), d in found.items() if " H6/2 " in case]
+    assert six and all("kv head 0 from query heads 0, 2, 4 (read by 0, 1, 2)" in s for s in six), six
+
+
+def test_a_broadcast_gradient_kept_from_one_slice_is_named_with_the_slice():
+    def last_entry_only(q, k, v, *, causal, scale, bias):  # "=" where "+=" is meant, over the batch
+        b = bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape)).expand(q.shape[0], -1, -1, -1)
+        b = torch.cat([b[:-1].detach(), b[-1:]])
+        return attend(q, k, v, causal=causal, scale=scale, bias=b)[0]
+    report = parity_tests.check(last_entry_only, features=["bias"], causal="yes", dtypes=["float32"])
+    found = _failing(report)
+    assert found and {t for _, t in found} == {"dbias"}
+    said = {re.search(r"bias\S+", case).group(0): d for (case, _), d in found.items()}    # by the bias's shape
+    assert said["bias1x2x45x77"].id == said["bias45x77"].id == "broadcast-sum"
+    assert "dbias summed over 1 of the 2 slices its input is broadcast over: (batch 1), not all" in \
+        said["bias1x2x45x77"].sentence
+    assert "summed over 2 of the 4 slices its input is broadcast over: (batch 1, head 0), (batch 1, head 1)" in \
+        said["bias45x77"].sentence
+
+
+def test_an_option_off_by_ln_2_is_named_so():
+    def slopes_in_base_e(q, k, v, *, causal, scale, alibi_slopes):   # base-2 scores, the bias left in base e
+        return attend(q, k, v, causal=causal, scale=scale, alibi_slopes=alibi_slopes * math.log(2))[0]
+    rows = runner.run_case(targets.resolve(slopes_in_base_e), Case(1, 6, 45, 77, 16, True, (("alibi", True),)),
+                           "float32", "cpu", wanted=("alibi",))
+    assert {r.tensor for r in rows if not r.passed} == {"out", "dq", "dk", "dv"}
+    said = [r.diagnosis for r in rows if not r.passed]
+    assert all(d.id == "alibi_slopes-times-ln2" for d in said), [d.sentence for d in said]
+    assert "alibi_slopes multiplied by ln 2 (in base 2 where e is meant)" in said[0].sentence
+
+
+def _backward_without_left_edge(q, k, v, *, causal, scale, window, align="top-left"):
+    """The forward with the window; the backward's P = exp(S − lse) over the keys the window
+    without its left edge leaves (the gradients of out + g − g.detach(), g = P' v − rowsum(P') O)."""
+    out, lse = attend(q, k, v, causal=causal, scale=scale, window=window, align=align)
+    tq, tk = q.shape[2], k.shape[2]
+    i, j = torch.arange(tq)[:, None] + (tk - tq if align == "bottom-right" else 0), torch.arange(tk)[None, :]
+    seen = (j <= i if causal else torch.ones(tq, tk, dtype=torch.bool))
+    if window[1] >= 0:
+        seen &= j <= i + window[1]
+    S = (q.double() @ k.double().transpose(-1, -2) * scale).masked_fill(~seen, -math.inf)
+    lse = lse.detach().double()                                   # saved by the forward: a constant here
+    seen_any = torch.isfinite(lse)[..., None]                     # a row that sees no key: P' = 0
+    P = torch.exp(S - torch.where(torch.isfinite(lse), lse, 0.0)[..., None]) * seen_any
+    O = out.detach().double()
+    g = P @ v.double() - P.sum(-1, keepdim=True) * O
+    return (O + (g - g.detach())).to(q.dtype)
+
+
+def test_a_backward_masking_otherwise_than_its_forward_is_named_with_the_forward_mistake_it_mirrors():
+    for case in (Case(1, 2, 113, 113, 16, True, (("window", (30, 0)),)),
+                 Case(1, 2, 77, 45, 16, True, (("window", (9, 0)),), "bottom-right")):
+        rows = runner.run_case(targets.resolve(_backward_without_left_edge), case, "float32", "cpu",
+                               wanted=("window",))
+        assert {r.tensor for r in rows if not r.passed} == {"dq", "dk", "dv"}, case
+        said = [r.diagnosis for r in rows if not r.passed]
+        assert all(d.id == "backward-window-left-ignored" for d in said), [d.sentence for d in said]
+        assert said[0].sentence.startswith("the output is right; only the backward is wrong: dq matches the reference "
+                                           "with a backward that recomputes P = exp(S - lse) under the window's left "
+                                           f"edge ignored ((-1, 0) for {case.get('window')}), its forward right")
