@@ -24,7 +24,8 @@ Knobs (the catalogue's mistakes; each None/False means "right"):
 ``kv_map="repeat"`` (kv heads tiled instead of interleaved), ``softcap_first``
 (the cap applied to the unscaled scores), ``softcap_no_grad`` (the cap's
 derivative 1 − tanh² left out of the backward), ``shift`` (added to every
-offset: the causal mask one diagonal off), ``window_align`` (the window placed
+offset, or a list: to each batch entry's: the causal mask one diagonal off, a sequence aligned
+with another's lengths), ``window_align`` (the window placed
 with another alignment than the causal mask), ``alibi_no_offset`` (the ALiBi
 distance |i − j| whatever the alignment), ``alibi_offset_sign=-1`` (|i − o − j|: the
 offset's sign flipped), ``axis`` (the softmax over queries), ``finite_mask`` (hidden
@@ -114,6 +115,11 @@ def offsets(tq, tk, seqlens_q, seqlens_k, align, batch):
     if seqlens_q is None:
         return [alignment_offset(tq, tk, align)] * batch
     return [alignment_offset(lq, lk, align) for lq, lk in zip(seqlens_q, seqlens_k)]
+
+
+def _shifted(offs, shift):
+    """Each batch entry's offset plus ``shift``: one int for all, or one per batch entry."""
+    return [o + (shift[n] if isinstance(shift, (list, tuple)) else shift) for n, o in enumerate(offs)]
 
 
 def sees(i, j, *, causal=False, window=None, offset=0, nq=None, nk=None):
@@ -269,7 +275,7 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
             S = S + (capped - S).detach() if softcap_no_grad else capped
     else:
         S = S * scale
-    offs = [o + shift for o in offsets(total, tk_case, seqlens_q, seqlens_k, align, b)]
+    offs = _shifted(offsets(total, tk_case, seqlens_q, seqlens_k, align, b), shift)
     lq = [total] * b if seqlens_q is None else [int(x) for x in seqlens_q]
     lk = [tk_case] * b if seqlens_k is None else [int(x) for x in seqlens_k]
     i = torch.arange(first, first + tq, device=q.device)
@@ -294,7 +300,7 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
     S_pre = S
     def mask(causal=causal, window=window, align=align, shift=shift, window_align=window_align):
         """(B, 1, Tq, Tk): which keys each query sees."""
-        o = [x + shift for x in offsets(total, tk_case, seqlens_q, seqlens_k, align, b)]
+        o = _shifted(offsets(total, tk_case, seqlens_q, seqlens_k, align, b), shift)
         w_o = o if window_align is None else offsets(total, tk_case, seqlens_q, seqlens_k, window_align, b)
         return torch.stack([visible(i, tk, causal=causal, offset=o[n], window=window, nq=lq[n], nk=lk[n],
                                     window_offset=w_o[n], device=q.device) for n in range(b)])[:, None]

@@ -75,8 +75,8 @@ FIT_SHARE = 0.1
 # Hypotheses fitted to the target, fewest fitted parameters first: a catalogued mistake that
 # explains as well wins over them, and among them the first that explains is named (a tensor off
 # by one factor is also each row off by its own).
-FITTED = ("constant-factor", "keys-unseen", "head-map", "broadcast-sum", "denominator", "wrong-delta",
-          "backward-p-scaled")
+FITTED = ("constant-factor", "keys-unseen", "sequence-offsets", "head-map", "broadcast-sum", "denominator",
+          "wrong-delta", "backward-p-scaled")
 
 # A catalogued mistake that leaves at most this share of the error against the
 # reference explains the tensor, even where its own rounding exceeds the bound
@@ -309,7 +309,7 @@ def _catalogue(rest, rows, ev):
     if out_right:
         hyps += [h for n in rest if n in INPUT_GRADS for h in _broadcast_sum(sub, n)]
     if "out" in rest:
-        hyps += _keys_unseen(sub)
+        hyps += _keys_unseen(sub) + _sequence_offsets(sub)
     cache, result = {}, {}
     backward_only = [h for h in hyps if "out" not in h.tensors]
     out_fits = {} if out_right or "out" not in sub.arrays or not np.isfinite(sub.arrays["out"]).all() else \
@@ -787,6 +787,47 @@ def _broadcast_sum(sub, n):
                                 "a slice's gradient written where each should add)", predict, (n,), fitted=(n,))]
 
 
+def _sequence_offsets(sub):
+    """Sequences of a batch of per-sequence lengths aligned with another offset than their own
+    (query i sees key j ≤ i + o, ALiBi's distances from the same o): each sequence's offset chosen
+    among those a kernel slips into, by which reproduces its rows of out: another sequence's, the
+    batch's max_seqlen_k − max_seqlen_q, 0 (top-left), its own ± its start difference
+    cu_seqlens_k − cu_seqlens_q (a position counted from the other tensor's start), its own ± 1.
+    [] without per-sequence lengths, or where every sequence keeps its own."""
+    got, case, r = sub.arrays.get("out"), sub.case, sub.rounded
+    lq, lk = sub.opts.get("seqlens_q"), sub.opts.get("seqlens_k")
+    if got is None or not np.isfinite(got).all() or lq is None or lk is None or sub.rows is not None or \
+            sub.opts.get("keep") is not None:
+        return []
+    lq, lk = [int(x) for x in lq], [int(x) for x in lk]
+    own = dense.offsets(case.tq, case.tk, lq, lk, sub.opts.get("align", "top-left"), case.batch)
+    starts = [int(d) for d in np.cumsum([0] + lk)[:-1] - np.cumsum([0] + lq)[:-1]]   # cu_seqlens_k − cu_seqlens_q
+    absolute = {max(lk) - max(lq): "the batch's max_seqlen_k - max_seqlen_q", 0: "0 (top-left)"}
+    absolute.update({o: f"sequence {c}'s" for c, o in reversed(list(enumerate(own))) if o not in absolute})
+    runs = ([("its own", [0] * case.batch)] + [(words, [x - o for o in own]) for x, words in absolute.items()]
+            + [("its own minus its start difference cu_seqlens_k - cu_seqlens_q", [-d for d in starts]),
+               ("its own plus its start difference cu_seqlens_k - cu_seqlens_q", starts),
+               ("its own -1", [-1] * case.batch), ("its own +1", [1] * case.batch)])     # (words, shift)
+    residuals = {}                                                  # shift -> (B,) residual of each sequence
+    for _, shift in runs:
+        if tuple(shift) not in residuals:
+            pred = as_4d(dense.run(r["q"], r["k"], r["v"], None, sub.opts, grads=False, shift=shift))["out"]
+            residuals[tuple(shift)] = slice_errors(got, pred, sub.den["out"]).max(axis=1)
+    shift = [min((residuals[tuple(s)][b], n, s[b]) for n, (_, s) in enumerate(runs))[2] for b in range(case.batch)]
+    if not any(shift):
+        return []
+    alike = lambda b: " = ".join(dict.fromkeys(w for w, s in runs if s[b] == shift[b]))    # the same offset
+    said = "; ".join(f"sequence {b} with offset {own[b] + d} ({alike(b)}; its lengths give {own[b]})"
+                     for b, d in enumerate(shift) if d)
+
+    def predict(grads=True):
+        return as_4d(dense.run(r["q"], r["k"], r["v"], r["dout"] if grads else None, sub.opts, grads=grads,
+                               dlse=r.get("dlse") if grads else None, shift=shift))
+    return [mistakes.Hypothesis("sequence-offsets", f"sequences aligned with another offset than their own lengths "
+                                f"give (query i sees key j <= i + offset): {said}", predict,
+                                ("out", "lse", "dq", "dk", "dv"), fitted=("out",))]
+
+
 def _keys_unseen(sub):
     """The last keys of each sequence seen by no query (a split or tile size rounded down, a last
     partial tile or page skipped): how many, up to `UNSEEN_KEYS`, fitted to the target's out batch
@@ -973,7 +1014,7 @@ def _dense_forward(sub, v=None, extra_bias=None):
     place of its v, ``extra_bias`` added to the scores), without dropout: m each row's maximum
     score, −inf where the row sees no key.  NumPy arrays."""
     r = sub.rounded
-    t = lambda a: torch.as_tensor(np.asarray(a)).double()
+    t = lambda a: torch.tensor(np.asarray(a), dtype=torch.float64)              # a copy: some are read-only
     kw = dense.keywords({n: x for n, x in sub.opts.items() if n not in ("keep", "dropout_p")})
     if extra_bias is not None:
         kw["bias"] = kw.get("bias", torch.zeros((), dtype=torch.float64)) + extra_bias

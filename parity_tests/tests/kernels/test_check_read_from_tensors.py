@@ -5,6 +5,7 @@ that masks otherwise than its forward.  Each kernel below is right but for that 
 
 import math
 import re
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ import torch
 import parity_tests
 from parity_tests.kernels import runner, targets
 from parity_tests.kernels.cases import Case
+from parity_tests.kernels.features import REGISTRY, Plan
 from parity_tests.kernels.diagnosis import diagnose
 from parity_tests.kernels.planted.featured import attend
 from crashing_kernels import sdpa, with_backward
@@ -129,3 +131,28 @@ def test_a_backward_masking_otherwise_than_its_forward_is_named_with_the_forward
         assert said[0].sentence.startswith("the output is right; only the backward is wrong: dq matches the reference "
                                            "with a backward that recomputes P = exp(S - lse) under the window's left "
                                            f"edge ignored ((-1, 0) for {case.get('window')}), its forward right")
+
+
+def _offset_from_max_seqlen(q, k, v, *, causal, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+    """Packed sequences, each causal bottom-right, but with the batch's max_seqlen_k −
+    max_seqlen_q as every sequence's offset instead of its own len_k − len_q."""
+    outs = []
+    for b in range(len(cu_seqlens_q) - 1):
+        cut = lambda x, c: x[int(c[b]):int(c[b + 1])].transpose(0, 1)            # (H, t, D)
+        qs, ks, vs = cut(q, cu_seqlens_q), cut(k, cu_seqlens_k), cut(v, cu_seqlens_k)
+        S = qs @ ks.transpose(-1, -2) * scale
+        if causal:
+            i, j = torch.arange(qs.shape[1])[:, None], torch.arange(ks.shape[1])[None, :]
+            S = S.masked_fill(j > i + (max_seqlen_k - max_seqlen_q), -math.inf)
+        outs.append(torch.softmax(S, -1).nan_to_num(0.0) @ vs)                    # no key seen: 0
+    return torch.cat([o.transpose(0, 1) for o in outs])
+
+
+def test_sequences_aligned_with_another_offset_are_named_with_the_offset_and_where_it_comes_from():
+    case = replace(next(c for c in REGISTRY["varlen"].cases(True, Plan()) if c.tq != c.tk), align="bottom-right")
+    rows = runner.run_case(targets.resolve(_offset_from_max_seqlen), case, "float32", "cpu", wanted=("varlen",))
+    out = next(r for r in rows if r.tensor == "out")
+    assert not out.passed and out.diagnosis.id == "sequence-offsets", out.diagnosis.sentence
+    # lengths 20x45, 1x1, 0x3, 77x77, 130x200: the batch's offset 70 is every sequence's but the last's
+    assert ("sequence 0 with offset 70 (the batch's max_seqlen_k - max_seqlen_q; its lengths give 25); "
+            "sequence 3 with offset 70") in out.diagnosis.sentence, out.diagnosis.sentence
