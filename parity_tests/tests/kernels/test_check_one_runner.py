@@ -46,8 +46,9 @@ def _stale(**knobs):
     return fn
 
 
-@pytest.mark.parametrize("features, align", [(["gqa"], "top-left"), (["window"], "top-left"),
-                                             (["window"], "bottom-right"), (["alibi"], "bottom-right")])
+@pytest.mark.parametrize("features, align", [(["gqa"], "top-left")] + [     # the others with -m slow
+    pytest.param(f, a, marks=pytest.mark.slow) for f, a in ((["window"], "top-left"), (["window"], "bottom-right"),
+                                                            (["alibi"], "bottom-right"))])
 def test_a_stale_running_maximum_is_named_on_featured_cases(features, align):
     report = parity_tests.check(_stale(), features=features, **SMALL, causal="yes", align=align)
     featured = [(r, d) for r, d in report.diagnoses if r.dims["features"]]

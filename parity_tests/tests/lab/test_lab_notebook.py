@@ -24,6 +24,7 @@ def test_the_notebook_is_stored_without_outputs():
             assert cell.outputs == [] and cell.execution_count is None, cell.source[:60]
 
 
+@pytest.mark.slow                                     # a kernel started, every cell run: 4 s
 def test_the_notebook_runs_top_to_bottom_in_under_a_minute(tmp_path, monkeypatch):
     """Whatever matplotlib backend the environment names (CI systems often set Agg,
     which shows nothing) the kernel shows its figures; and the notebook leaves
