@@ -155,7 +155,7 @@ def _unclear(best, others, error, bound, denom):
     if residual > NAMED_WITHIN * bound and residual > MATCH_SHARE * error:
         return f"{says} comes to {_fmt(residual)}, {residual / bound:.2f} of the bound: too near it to name a cause"
     for other in sorted(others, key=lambda o: o[0]):
-        if other[1] in (best[1],) + FITTED or other[0] >= RUNNER_UP * residual:
+        if other[1] == best[1] or other[0] >= RUNNER_UP * residual:
             continue
         if slice_errors(other[3], pred, _own_scale(pred, denom)).max() > bound:    # it predicts something else
             return (f"{says} ({_fmt(residual)}) and {other[2]} ({_fmt(other[0])}) come too close to each "
