@@ -206,20 +206,16 @@ class Report:
         """The catalogued mistake explaining the most failing rows (a description such as
         ``non-finite`` only where no row has a catalogued one: a kernel whose mistake leaves
         NaN on some cases is named by the mistake), or None when no failing row is named
-        (each row's own ``.diagnosis`` says why).  A name or a description heads the run only when
-        it covers at least as many failing rows as no name covers (one row read as a lower
-        precision among three unnamed is not the run's cause, nor a mistake that four decode
-        rows of 86 match)."""
-        outs = {(r.case, r.dtype): d.id for r, d in self.diagnoses if r.tensor == "out" and d.id not in UNNAMED}
-        # an unnamed gradient of an output named is that output's cause ("out of this case: ...")
-        named = [d.id if d.id not in UNNAMED else outs.get((r.case, r.dtype), d.id) for r, d in self.diagnoses]
-        ids = Counter(i for i in named if i not in UNNAMED)
+        (each row's own ``.diagnosis`` says why).  A description heads the run only when it covers
+        at least as many failing rows as no name covers (one row read as a lower precision
+        among three unnamed is not the run's cause)."""
+        ids = Counter(d.id for _, d in self.diagnoses if d.id not in UNNAMED)
         specific = Counter({i: c for i, c in ids.items() if i not in GENERIC})
-        unnamed = sum(1 for i in named if i in UNNAMED)
-        for named in (specific, ids):                     # a catalogued mistake first
-            if named and named.most_common(1)[0][1] >= unnamed:
-                return named.most_common(1)[0][0]
-        return None
+        if specific:
+            return specific.most_common(1)[0][0]
+        unnamed = sum(1 for _, d in self.diagnoses if d.id in UNNAMED)
+        best = ids.most_common(1)[0] if ids else None
+        return best[0] if best and best[1] >= unnamed else None
 
     def summary(self):
         counts = Counter(r.verdict for r in self.rows)
