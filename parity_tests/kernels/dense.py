@@ -29,7 +29,8 @@ with another's lengths), ``window_align`` (the window placed
 with another alignment than the causal mask), ``alibi_no_offset`` (the ALiBi
 distance |i − j| whatever the alignment), ``alibi_offset_sign=-1`` (|i − o − j|: the
 offset's sign flipped), ``axis`` (the softmax over queries), ``finite_mask`` (hidden
-scores set to finfo.min instead of −inf: a row that sees no key averages every v),
+scores set to finfo.min instead of −inf: a row that sees no key averages every v; or a number:
+hidden scores set to it, as a cap applied after the mask gives −c),
 ``no_delta`` (the backward's D = rowsum(dO ∘ O)
 dropped: the weights differentiated with their normaliser held constant),
 ``online=(slip, block)`` (an online softmax's slips, `_online`: neither l nor the
@@ -308,9 +309,9 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
     if unseen_from is not None:            # the keys from there on (per batch entry) seen by no query
         firsts = torch.tensor(unseen_from, device=q.device).reshape(-1, 1, 1, 1)
         seen = seen & (torch.arange(tk, device=q.device) < firsts)
-    if finite_mask:                        # finfo.min for "hidden": a row that sees no key averages v
-        S = S.masked_fill(~seen, torch.finfo(S.dtype).min)
-    S = S.masked_fill(~seen, -torch.inf) if not finite_mask else S             # (B, Hq, Tq, Tk)
+    if finite_mask is not False:           # finfo.min (or the value) for "hidden": a row that sees no key averages v
+        S = S.masked_fill(~seen, torch.finfo(S.dtype).min if finite_mask is True else float(finite_mask))
+    S = S.masked_fill(~seen, -torch.inf) if finite_mask is False else S        # (B, Hq, Tq, Tk)
     if sinks is not None:
         padding_row = torch.stack([i >= lq[n] for n in range(b)])[:, None, :, None]   # (B, 1, Tq, 1)
         sink = sinks.to(S.dtype)[None, :, None, None].expand(b, hq, tq, 1)

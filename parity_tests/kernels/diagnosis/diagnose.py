@@ -75,8 +75,8 @@ FIT_SHARE = 0.1
 # Hypotheses fitted to the target, fewest fitted parameters first: a catalogued mistake that
 # explains as well wins over them, and among them the first that explains is named (a tensor off
 # by one factor is also each row off by its own).
-FITTED = ("constant-factor", "keys-unseen", "sequence-offsets", "head-map", "broadcast-sum", "denominator",
-          "wrong-delta", "backward-p-scaled")
+FITTED = ("constant-factor", "lse-max-factor", "keys-unseen", "sequence-offsets", "head-map", "broadcast-sum",
+          "denominator", "wrong-delta", "backward-p-scaled")
 
 # A catalogued mistake that leaves at most this share of the error against the
 # reference explains the tensor, even where its own rounding exceeds the bound
@@ -310,6 +310,8 @@ def _catalogue(rest, rows, ev):
         hyps += [h for n in rest if n in INPUT_GRADS for h in _broadcast_sum(sub, n)]
     if "out" in rest:
         hyps += _keys_unseen(sub) + _sequence_offsets(sub)
+    if "lse" in rest:
+        hyps += _lse_max_factor(sub)
     cache, result = {}, {}
     backward_only = [h for h in hyps if "out" not in h.tensors]
     out_fits = {} if out_right or "out" not in sub.arrays or not np.isfinite(sub.arrays["out"]).all() else \
@@ -785,6 +787,32 @@ def _broadcast_sum(sub, n):
     return [mistakes.Hypothesis("broadcast-sum", f"{n} summed over {len(kept)} of the {len(slices)} slices its "
                                 f"input is broadcast over: {', '.join(kept) or 'none'}, not all of them ("
                                 "a slice's gradient written where each should add)", predict, (n,), fitted=(n,))]
+
+
+def _lse_max_factor(sub):
+    """lse = log Σ_j exp(S_ij − m_i) + k m_i with k ≠ 1: the row maximum m added back unscaled
+    (k = 1/scale: the maximum of q·k taken before the scale), in another base, or not at all
+    (k = 0): k − 1 fitted by least squares to lse − the reference's over the rows that see a key,
+    named when k is a constant of the case (`_constants`)."""
+    got, gold = sub.arrays.get("lse"), sub.gold.get("lse")
+    if got is None or gold is None or not np.isfinite(got).all() or sub.rows is not None:
+        return []
+    m = _dense_forward(sub)[2][..., None]                                       # (B, H, Tq, 1)
+    m = np.where(np.isfinite(m) & (gold != 0.0), m, 0.0)                       # judged rows only
+    mm = float((m * m).sum())
+    if mm == 0:
+        return []
+    k = 1 + float(((got - gold) * m).sum()) / mm
+    if not np.isfinite(k):
+        return []
+    pred = gold + (k - 1) * m
+    named = "not at all" if abs(k) < CONSTANT_WITHIN else next(
+        (f"{w} times" for v, w in _constants(sub) if abs(k - v) <= CONSTANT_WITHIN * abs(v)), f"{k:.6g} times")
+
+    def predict(grads=True):
+        return {**sub.gold, "lse": pred}
+    return [mistakes.Hypothesis("lse-max-factor", f"lse = log sum_j exp(S_ij - m_i) + {k:.6g} m_i: each row's maximum "
+                                f"score m added back {named} instead of once", predict, ("lse",), fitted=("lse",))]
 
 
 def _sequence_offsets(sub):

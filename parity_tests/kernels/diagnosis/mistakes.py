@@ -178,7 +178,7 @@ def chapter(ctx):
                   (f"key blocks of {block}: the 1 stays in the denominator as exp(m_first - m), m_first the "
                    "first block's maximum)" if block < case.tk else "one pass: l = 1 + sum exp(S - m))"),
                   fwd(online=("l-one", block))) for block in blocks + [case.tk]]
-    out += _option_factors(ctx)
+    out += _option_factors(ctx) + _hidden_scored(ctx)
     out += _kernel_bugs(ctx)
     if "dq" in ctx.present and case.tk > 1 and ctx.opts.get("sinks") is None:
         grads = tuple(n for n in ctx.present if n != "out" and n != "lse")
@@ -230,6 +230,22 @@ def _option_factors(ctx):
                 continue
             out.append(ctx.H(f"{name}-times-{tag}", f"{name} multiplied by {words}", ctx.fwd({name: value * factor})))
     return out
+
+
+def _hidden_scored(ctx):
+    """The keys a query must not see given a finite score instead of −∞, so that each row also
+    weighs them by exp(c − m): c = −v for each positive numeric option v (a cap c·tanh applied
+    after the mask gives −c), −10000 (a finite mask constant), 0 (masked to zero).  Only where
+    some key is hidden from some query."""
+    case, opts = ctx.case, ctx.opts
+    if not (case.causal or opts.get("seqlens_k") is not None or
+            any(opts.get(n) is not None for n in dense.VISIBILITY if n not in ("causal", "align"))):
+        return []
+    values = [(f"minus-{n}", -v, f"-{n} (the {n} applied after the mask: c tanh(-inf) = -c)")
+              for n, v in opts.items() if isinstance(v, float) and v > 0 and n not in ("scale", "dropout_p")]
+    values += [("finite", -1e4, "-10000 (a finite mask constant)"), ("zero", 0.0, "0 (masked to zero, not to -inf)")]
+    return [ctx.H(f"hidden-scored-{tag}", f"the hidden keys scored {words} instead of -inf: each row also weighs "
+                  "the keys it must not see", ctx.fwd(finite_mask=value)) for tag, value, words in values]
 
 
 def backward_twins(ctx, hyps):

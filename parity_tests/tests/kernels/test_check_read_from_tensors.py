@@ -156,3 +156,32 @@ def test_sequences_aligned_with_another_offset_are_named_with_the_offset_and_whe
     # lengths 20x45, 1x1, 0x3, 77x77, 130x200: the batch's offset 70 is every sequence's but the last's
     assert ("sequence 0 with offset 70 (the batch's max_seqlen_k - max_seqlen_q; its lengths give 25); "
             "sequence 3 with offset 70") in out.diagnosis.sentence, out.diagnosis.sentence
+
+
+def test_an_lse_whose_maximum_is_added_back_unscaled_is_named_with_the_factor():
+    def lse_from_raw_maximum(q, k, v, *, causal, scale):     # m tracked on q·k, added back without the scale
+        out, lse = attend(q, k, v, causal=causal, scale=scale)
+        S = (q.double() @ k.double().transpose(-1, -2)).masked_fill(
+            torch.ones(q.shape[2], k.shape[2], dtype=torch.bool).triu(1) if causal else False, -math.inf)
+        m = S.amax(-1)
+        return out, lse + ((1 / scale - 1) * scale * m).float()
+    rows = runner.run_case(targets.resolve(lse_from_raw_maximum), Case(1, 2, 17, 17, 16, True), "float32", "cpu",
+                           wanted=("lse",))
+    assert {r.tensor for r in rows if not r.passed} == {"lse"}
+    d = next(r.diagnosis for r in rows if r.tensor == "lse")
+    assert d.id == "lse-max-factor" and "+ 4 m_i: each row's maximum score m added back 1/scale times" in d.sentence, \
+        d.sentence
+
+
+def test_hidden_keys_given_minus_the_cap_are_named_a_cap_applied_after_the_mask():
+    def capped_after_masking(q, k, v, *, causal, scale, softcap):
+        S = (q @ k.transpose(-1, -2)) * scale
+        if causal:
+            S = S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool).triu(1), -math.inf)
+        return torch.softmax(softcap * torch.tanh(S / softcap), -1) @ v     # tanh(-inf) = -1: -softcap
+    rows = runner.run_case(targets.resolve(capped_after_masking), Case(1, 2, 17, 17, 16, True, (("softcap", 1.0),)),
+                           "float32", "cpu", wanted=("softcap",))
+    said = {r.tensor: r.diagnosis for r in rows if not r.passed}
+    assert said and all(d.id == "hidden-scored-minus-softcap" for d in said.values()), \
+        [d.sentence for d in said.values()]
+    assert "the hidden keys scored -softcap (the softcap applied after the mask" in said["out"].sentence
