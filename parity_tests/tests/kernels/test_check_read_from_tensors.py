@@ -133,29 +133,43 @@ def test_a_backward_masking_otherwise_than_its_forward_is_named_with_the_forward
                                            f"edge ignored ((-1, 0) for {case.get('window')}), its forward right")
 
 
-def _offset_from_max_seqlen(q, k, v, *, causal, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
-    """Packed sequences, each causal bottom-right, but with the batch's max_seqlen_k −
-    max_seqlen_q as every sequence's offset instead of its own len_k − len_q."""
-    outs = []
-    for b in range(len(cu_seqlens_q) - 1):
-        cut = lambda x, c: x[int(c[b]):int(c[b + 1])].transpose(0, 1)            # (H, t, D)
-        qs, ks, vs = cut(q, cu_seqlens_q), cut(k, cu_seqlens_k), cut(v, cu_seqlens_k)
-        S = qs @ ks.transpose(-1, -2) * scale
-        if causal:
-            i, j = torch.arange(qs.shape[1])[:, None], torch.arange(ks.shape[1])[None, :]
-            S = S.masked_fill(j > i + (max_seqlen_k - max_seqlen_q), -math.inf)
-        outs.append(torch.softmax(S, -1).nan_to_num(0.0) @ vs)                    # no key seen: 0
-    return torch.cat([o.transpose(0, 1) for o in outs])
+def _packed(offset_of):
+    """Packed sequences, each causal with ``offset_of(b, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+    max_seqlen_k)`` as sequence b's offset (query i sees key j <= i + offset)."""
+    def kernel(q, k, v, *, causal, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+        outs = []
+        for b in range(len(cu_seqlens_q) - 1):
+            cut = lambda x, c: x[int(c[b]):int(c[b + 1])].transpose(0, 1)        # (H, t, D)
+            qs, ks, vs = cut(q, cu_seqlens_q), cut(k, cu_seqlens_k), cut(v, cu_seqlens_k)
+            S = qs @ ks.transpose(-1, -2) * scale
+            if causal:
+                i, j = torch.arange(qs.shape[1])[:, None], torch.arange(ks.shape[1])[None, :]
+                S = S.masked_fill(j > i + offset_of(b, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k),
+                                  -math.inf)
+            outs.append(torch.softmax(S, -1).nan_to_num(0.0) @ vs)                # no key seen: 0
+        return torch.cat([o.transpose(0, 1) for o in outs])
+    return kernel
 
 
-def test_sequences_aligned_with_another_offset_are_named_with_the_offset_and_where_it_comes_from():
+own_offset = lambda b, cq, ck: int(ck[b + 1] - ck[b]) - int(cq[b + 1] - cq[b])   # bottom-right: len_k - len_q
+KERNELS = {   # the batch's max_seqlen_k - max_seqlen_q for every sequence; key positions counted from cu_seqlens_q
+    "max_seqlen": _packed(lambda b, cq, ck, mq, mk: mk - mq),
+    "start": _packed(lambda b, cq, ck, mq, mk: own_offset(b, cq, ck) - int(ck[b] - cq[b])),
+}
+# lengths 20x45, 1x1, 0x3, 77x77, 130x200 (starts apart by 0, 25, 25, 28, 28)
+SAID = {"max_seqlen": "sequence 0 with offset 70 (the batch's max_seqlen_k - max_seqlen_q; its lengths give 25); "
+                      "sequence 3 with offset 70",
+        "start": "sequence 3 with offset -28 (its own minus its start difference cu_seqlens_k - cu_seqlens_q; its "
+                 "lengths give 0); sequence 4 with offset 42 (its own minus"}
+
+
+@pytest.mark.parametrize("slip", list(KERNELS))
+def test_sequences_aligned_with_another_offset_are_named_with_the_offset_and_where_it_comes_from(slip):
     case = replace(next(c for c in REGISTRY["varlen"].cases(True, Plan()) if c.tq != c.tk), align="bottom-right")
-    rows = runner.run_case(targets.resolve(_offset_from_max_seqlen), case, "float32", "cpu", wanted=("varlen",))
+    rows = runner.run_case(targets.resolve(KERNELS[slip]), case, "float32", "cpu", wanted=("varlen",))
     out = next(r for r in rows if r.tensor == "out")
     assert not out.passed and out.diagnosis.id == "sequence-offsets", out.diagnosis.sentence
-    # lengths 20x45, 1x1, 0x3, 77x77, 130x200: the batch's offset 70 is every sequence's but the last's
-    assert ("sequence 0 with offset 70 (the batch's max_seqlen_k - max_seqlen_q; its lengths give 25); "
-            "sequence 3 with offset 70") in out.diagnosis.sentence, out.diagnosis.sentence
+    assert SAID[slip] in out.diagnosis.sentence, out.diagnosis.sentence
 
 
 def test_an_lse_whose_maximum_is_added_back_unscaled_is_named_with_the_factor():
