@@ -11,9 +11,14 @@ For each failing tensor, in this order:
 2. *Dropout left on* (or any random draw): the target is called a second time on
    the same inputs; if the tensor moves by more than its bound, no fixed
    formula can explain it, and that is the diagnosis.
-3. The catalogue (``mistakes``: the chapter's and the case's features'), plus a
-   fitted *wrong softmax denominator* for out (each row the reference times its
-   own factor c_i): each hypothesis's residual is the tensor's error measured
+3. The catalogue (``mistakes``: the chapter's and the case's features'; where out is
+   right, with the backward-only twins of its visibility mistakes), plus the readings
+   fitted to the target's own tensors (`FITTED`, fewest fitted numbers first: one
+   factor on a tensor, lse's maximum added back k times, the last keys no query sees,
+   each sequence's offset, another head map for dk and dv, a broadcast gradient summed
+   over some slices, a *wrong softmax denominator* for out (each row the reference
+   times its own factor c_i), a backward's D or P off row by row): each
+   hypothesis's residual is the tensor's error measured
    against the hypothesis instead of the reference, with the same denominator;
    the smallest residual within the tensor's bound is the match: "out matches
    the reference with bottom-right causal alignment to 3e-07 (bound 2e-06)".
