@@ -80,8 +80,8 @@ FIT_SHARE = 0.1
 # Hypotheses fitted to the target, fewest fitted parameters first: a catalogued mistake that
 # explains as well wins over them, and among them the first that explains is named (a tensor off
 # by one factor is also each row off by its own).
-FITTED = ("constant-factor", "lse-max-factor", "keys-unseen", "sequence-offsets", "head-map", "broadcast-sum",
-          "denominator", "wrong-delta", "backward-p-scaled")
+FITTED = ("constant-factor", "lse-max-factor", "keys-unseen", "last-tile-only", "sequence-offsets", "head-map",
+          "broadcast-sum", "denominator", "wrong-delta", "backward-p-scaled")
 
 # A catalogued mistake that leaves at most this share of the error against the
 # reference explains the tensor, even where its own rounding exceeds the bound
@@ -311,6 +311,8 @@ def _catalogue(rest, rows, ev):
         hyps += _wrong_delta(sub) + _backward_p_scaled(sub)
     if out_right and "dk" in rest:
         hyps += _head_map(sub)
+    if out_right and any(n in rest for n in ("dq", "dk", "dv")):
+        hyps += _last_tile_only(sub, rest)
     if out_right:
         hyps += [h for n in rest if n in INPUT_GRADS for h in _broadcast_sum(sub, n)]
     if "out" in rest:
@@ -864,6 +866,66 @@ def _sequence_offsets(sub):
     return [mistakes.Hypothesis("sequence-offsets", f"sequences aligned with another offset than their own lengths "
                                 f"give (query i sees key j <= i + offset): {said}", predict,
                                 ("out", "lse", "dq", "dk", "dv"), fitted=("out",))]
+
+
+def _last_tile_only(sub, failing):
+    """A gradient that keeps only its last tile's share: dq_i from the key tile holding row i's
+    last visible key alone, dk_j and dv_j from the query tile holding the last row that sees key
+    j alone (a tile's partial written with = where += is meant), for each tile size of
+    `mistakes.KEY_TILES`; the size fitted to each of dq, dk, dv.  From one dense forward's weights
+    P (v the identity): dS = P ∘ (dO vᵀ − D), D = rowsum(dO ∘ O) − dlse; held first to the
+    reference's own dq (an option whose derivative dS lacks, a softcap's, leaves it out).  []
+    with dropout, per-sequence lengths, a block of rows, or weights too large to hold."""
+    case, r, opts = sub.case, sub.rounded, sub.opts
+    if _dq_to_fit(sub) is None or opts.get("keep") is not None or \
+            case.batch * case.heads * max(case.tq, case.tk) * case.tk > UNSEEN_LIMIT:
+        return []
+    group, tk = case.heads // case.hkv, case.tk
+    eye = np.ascontiguousarray(np.broadcast_to(np.eye(tk), r["k"].shape[:2] + (tk, tk)))
+    P = _dense_forward(sub, v=eye)[0]                                        # (B, Hq, Tq, Tk)
+    k, v = np.repeat(r["k"], group, 1), np.repeat(r["v"], group, 1)
+    dout, scale = r["dout"], opts["scale"]
+    D = (dout * (P @ v)).sum(-1) - (r["dlse"] if r.get("dlse") is not None else 0.0)
+    dS = P * (dout @ np.swapaxes(v, -1, -2) - D[..., None])
+    if slice_errors(scale * dS @ k, sub.gold["dq"], sub.den["dq"]).max() > FIT_SHARE * sub.bounds["dq"]:
+        return []                                                            # dS is not this case's
+    seen = P > 0
+    rows, keys = np.arange(case.tq)[:, None], np.arange(tk)[None, :]
+    last_key = np.where(seen, keys, -1).max(-1)                             # (B, Hq, Tq)
+    last_row = np.where(seen, rows, -1).max(-2)                             # (B, Hq, Tk)
+    per_kv = lambda a: a.reshape(case.batch, case.hkv, group, *a.shape[2:]).sum(2)
+    found, words = {}, []
+    for n in ("dq", "dk", "dv"):
+        got = sub.arrays.get(n)
+        if n not in failing or got is None or not np.isfinite(got).all():
+            continue
+        best = None
+        for tile in mistakes.KEY_TILES:
+            if n == "dq":
+                keep = keys >= (last_key[..., None] // tile) * tile            # the row's last key tile
+                if keep[seen].all():
+                    continue                                                   # one tile: the reference
+                pred = scale * (dS * keep) @ k
+            else:
+                keep = rows >= (last_row[..., None, :] // tile) * tile         # the key's last query tile
+                if keep[seen].all():
+                    continue
+                pred = per_kv(scale * np.swapaxes(dS * keep, -1, -2) @ r["q"] if n == "dk" else
+                              np.swapaxes(P * keep, -1, -2) @ dout)
+            residual = slice_errors(got, pred, sub.den[n]).max()
+            if best is None or residual < best[0]:
+                best = (residual, tile, pred)
+        if best is not None and best[0] <= sub.bounds[n]:
+            found[n] = best[2]
+            words.append(f"{n} from the last {'key' if n == 'dq' else 'query'} tile of {best[1]}")
+    if not found:
+        return []
+
+    def predict(grads=True):
+        return {**sub.gold, **found}
+    return [mistakes.Hypothesis("last-tile-only", f"each row's share of {' and '.join(found)} kept from its last tile "
+                                f"alone ({'; '.join(words)}): a tile's partial written with = where += is meant",
+                                predict, tuple(found), fitted=tuple(found))]
 
 
 def _keys_unseen(sub):

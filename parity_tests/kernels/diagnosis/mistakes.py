@@ -219,13 +219,18 @@ OPTION_FACTORS = (("ln2", math.log(2), "ln 2 (in base 2 where e is meant)"),
 
 def _option_factors(ctx):
     """Each numeric option of the case (the scale, a softcap, per-head slopes or sinks, a bias)
-    multiplied by each of `OPTION_FACTORS`: the sign only for arrays (a cap's sign does not
-    change c·tanh(S / c)), never a probability."""
+    multiplied by each of `OPTION_FACTORS`, and the others by the scale or its inverse (added
+    before the scores are scaled, or divided by it): the sign only for arrays (a cap's sign does
+    not change c·tanh(S / c)), never a probability."""
     out = []
+    scale = ctx.opts.get("scale")
+    by_scale = (("scaled", scale, "the scale (applied before the scores are scaled)"),
+                ("unscaled", 1 / scale, "1/scale (divided by the scale)")) if scale else ()
     for name, value in ctx.opts.items():
         array = isinstance(value, np.ndarray) and value.dtype.kind == "f" and np.any(value)
         scalar = isinstance(value, float) and value > 0 and name != "dropout_p"
-        for tag, factor, words in OPTION_FACTORS if array or scalar else ():
+        factors = OPTION_FACTORS + (by_scale if name != "scale" else ())
+        for tag, factor, words in factors if array or scalar else ():
             if scalar and factor < 0:
                 continue
             out.append(ctx.H(f"{name}-times-{tag}", f"{name} multiplied by {words}", ctx.fwd({name: value * factor})))

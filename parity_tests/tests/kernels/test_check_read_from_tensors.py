@@ -199,3 +199,34 @@ def test_hidden_keys_given_minus_the_cap_are_named_a_cap_applied_after_the_mask(
     assert said and all(d.id == "hidden-scored-minus-softcap" for d in said.values()), \
         [d.sentence for d in said.values()]
     assert "the hidden keys scored -softcap (the softcap applied after the mask" in said["out"].sentence
+
+
+def test_a_bias_added_before_the_scale_is_named_so():
+    def bias_then_scale(q, k, v, *, causal, scale, bias):
+        S = (q @ k.transpose(-1, -2) + bias) * scale                         # the bias scaled too
+        if causal:
+            S = S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool).triu(1), -math.inf)
+        return torch.softmax(S, -1) @ v
+    rows = runner.run_case(targets.resolve(bias_then_scale), Case(1, 2, 17, 17, 16, True, (("bias", (17, 17)),)),
+                           "float32", "cpu", wanted=("bias",))
+    said = {r.tensor: r.diagnosis for r in rows if not r.passed}
+    assert said["out"].id == "bias-times-scaled", said["out"].sentence
+    assert "bias multiplied by the scale (applied before the scores are scaled)" in said["out"].sentence
+
+
+def test_dq_written_per_key_tile_instead_of_added_is_named_with_its_tile():
+    def dq_of_the_last_tile(q, k, v, *, causal, scale):   # dq = ... per key tile where dq += ... is meant
+        tq, tk = q.shape[2], k.shape[2]
+        i, j = torch.arange(tq)[:, None], torch.arange(tk)[None, :]
+        last = i if causal else torch.full((tq, 1), tk - 1)                 # each row's last visible key
+        far = j < (last // 32) * 32                                          # before its last key tile of 32
+        S = torch.where(far, q.detach() @ k.transpose(-1, -2), q @ k.transpose(-1, -2)) * scale
+        if causal:
+            S = S.masked_fill(j > i, -math.inf)
+        return torch.softmax(S, -1) @ v                                      # dk, dv right; dq: the last tile's
+    rows = runner.run_case(targets.resolve(dq_of_the_last_tile), Case(1, 2, 77, 77, 16, True), "float32", "cpu",
+                           wanted=())
+    said = {r.tensor: r.diagnosis for r in rows if not r.passed}
+    assert set(said) == {"dq"}, {n: d.sentence for n, d in said.items()}
+    assert said["dq"].id == "last-tile-only" and "(dq from the last key tile of 32)" in said["dq"].sentence, \
+        said["dq"].sentence
