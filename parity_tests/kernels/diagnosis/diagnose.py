@@ -129,8 +129,9 @@ RUNNER_UP = 4.0
 # A tensor off by one fitted factor c names a constant (`_constants`) within this share of it.
 CONSTANT_WITHIN = 1e-3
 CONSTANT_FROM = 16
-# The last keys seen by no query (`_keys_unseen`): at most this many, fitted on a case of at
-# most UNSEEN_LIMIT (query, key) pairs in all, and as many (key, key) pairs (v the identity).
+# The last keys seen by no query (`_keys_unseen`): at most this many.  The dense weights P those
+# readings fit from (`_dense_weights`): on a case of at most UNSEEN_LIMIT (query, key) pairs in all,
+# and as many (key, key) pairs (v the identity).
 UNSEEN_KEYS = 256
 UNSEEN_LIMIT = 2 ** 22
 # Mistakes whose predictions differ by at most this share of the bound are said with the one
@@ -307,13 +308,12 @@ def _catalogue(rest, rows, ev):
     hyps = _catalogue_of(sub, twins=out_right)
     if sub is ev and _screened(rest, ev):                  # large: its out mistakes first on a block
         hyps = row_block.screen(hyps, ev, _catalogue_of, explains, slice_errors)
-    if "dq" in rest and out_right:
-        hyps += _wrong_delta(sub) + _backward_p_scaled(sub)
-    if out_right and "dk" in rest:
-        hyps += _head_map(sub)
-    if out_right and any(n in rest for n in ("dq", "dk", "dv")):
+    if out_right:                                          # readings of a backward alone
+        if "dq" in rest:
+            hyps += _wrong_delta(sub) + _backward_p_scaled(sub)
+        if "dk" in rest:
+            hyps += _head_map(sub)
         hyps += _last_tile_only(sub, rest)
-    if out_right:
         hyps += [h for n in rest if n in INPUT_GRADS for h in _broadcast_sum(sub, n)]
     if "out" in rest:
         hyps += _keys_unseen(sub) + _sequence_offsets(sub)
@@ -323,6 +323,7 @@ def _catalogue(rest, rows, ev):
     backward_only = [h for h in hyps if "out" not in h.tensors]
     out_fits = {} if out_right or "out" not in sub.arrays or not np.isfinite(sub.arrays["out"]).all() else \
         _out_fits(hyps, cache, sub.arrays, sub.gold["out"], sub.den["out"], sub.bounds["out"])
+    constants = _constants(sub)
     for n in rest:
         if sub.rows is not None and n not in row_block.ROW_TENSORS:
             result[n] = _summed_over_rows(n, hyps, cache, sub, sel)
@@ -330,7 +331,7 @@ def _catalogue(rest, rows, ev):
         tried = hyps if n in ("out", "lse") else backward_only if out_right else \
             [h for h in hyps if "out" not in h.tensors or out_fits.get(id(h), True)]
         result[n] = _diagnose_tensor(n, tried, cache, sub.arrays, sub.gold, sub.den[n], sub.bounds[n], sel,
-                                     _constants(sub))
+                                     constants)
         result[n].sentence += said
     named = result.get("out")
     if named is not None and named.id not in ("none", "not-diagnosed"):
@@ -705,23 +706,40 @@ def _constants(sub):
     return out
 
 
+def _named_constant(c, constants):
+    """The words of the first of ``constants`` (value, words) that ``c`` equals within
+    CONSTANT_WITHIN, or None."""
+    return next((w for v, w in constants if abs(c - v) <= CONSTANT_WITHIN * abs(v)), None)
+
+
 def _constant_factor(t, a, r, denom, bound, constants):
     """[(residual, "constant-factor", words, prediction)] when ``t`` is the reference times one
     factor c, fitted by least squares over the whole tensor, to within its bound: "dbias
     multiplied by one constant, 0.125 (scale = 0.125)".  [] otherwise, and for a tensor of fewer
     than `CONSTANT_FROM` entries (one factor fits a few numbers too easily)."""
-    both = np.isfinite(a) & np.isfinite(r)
-    rr = float((r[both] * r[both]).sum())
-    if rr == 0 or not both.all() or a.size < CONSTANT_FROM:
+    if a.size < CONSTANT_FROM or not (np.isfinite(a).all() and np.isfinite(r).all()):
         return []
-    c = float((a[both] * r[both]).sum()) / rr
+    rr = float((r * r).sum())
+    if rr == 0:
+        return []
+    c = float((a * r).sum()) / rr
     pred = c * r
     residual = slice_errors(a, pred, denom)
-    if not np.isfinite(c) or residual.max() > bound:
+    if residual.max() > bound:
         return []
-    named = next((w for v, w in constants if abs(c - v) <= CONSTANT_WITHIN * abs(v)), None)
+    named = _named_constant(c, constants)
     return [(residual, "constant-factor", f"{t} multiplied by one constant, {c:.6g}"
              + (f" ({named})" if named else ""), pred)]
+
+
+def _zero_one_fit(parts, got):
+    """Weights w, each 0 or 1, with ``parts @ w`` ≈ ``got`` (least squares, then rounded), or None
+    where the fitted weights are not within 0.05 of 0 or 1."""
+    weights = np.linalg.lstsq(parts, got, rcond=None)[0]
+    rounded = np.round(weights)
+    if np.abs(weights - rounded).max() > 0.05 or not set(np.unique(rounded)) <= {0.0, 1.0}:
+        return None
+    return rounded
 
 
 def _head_map(sub):
@@ -743,12 +761,10 @@ def _head_map(sub):
     hq = case.heads
     A = np.moveaxis(wide["dk"], 1, -1).reshape(-1, hq)                        # (B Tk D, Hq)
     y = np.moveaxis(got, 1, -1).reshape(-1, case.hkv)                         # (B Tk D, Hkv)
-    weights = np.linalg.lstsq(A, y, rcond=None)[0]                            # (Hq, Hkv)
-    rounded = np.round(weights)
-    right = np.zeros_like(rounded)
+    rounded = _zero_one_fit(A, y)                                             # (Hq, Hkv)
+    right = np.zeros((hq, case.hkv))
     right[np.arange(hq), np.arange(hq) // group] = 1
-    if np.abs(weights - rounded).max() > 0.05 or not set(np.unique(rounded)) <= {0.0, 1.0} or \
-            np.array_equal(rounded, right):
+    if rounded is None or np.array_equal(rounded, right):
         return []
     heads = lambda w, g: ", ".join(str(h) for h in np.nonzero(w[:, g])[0]) or "none"
     says = "; ".join(f"kv head {g} from query heads {heads(rounded, g)} (read by {heads(right, g)})"
@@ -780,9 +796,8 @@ def _broadcast_sum(sub, n):
     slices = list(np.ndindex(*(full[d] for d in dims)))
     pick = lambda idx: wide[tuple(idx[dims.index(d)] if d in dims else slice(None) for d in range(4))]
     parts = np.stack([pick(idx).reshape(-1) for idx in slices], axis=1)      # (entries, slices)
-    weights = np.linalg.lstsq(parts, got.reshape(-1), rcond=None)[0]
-    rounded = np.round(weights)
-    if np.abs(weights - rounded).max() > 0.05 or not set(np.unique(rounded)) <= {0.0, 1.0} or rounded.all():
+    rounded = _zero_one_fit(parts, got.reshape(-1))
+    if rounded is None or rounded.all():
         return []
     axes = ("batch", "head", "query row", "key")
     named = lambda idx: "(" + ", ".join(f"{axes[d]} {i}" for d, i in zip(dims, idx)) + ")"
@@ -813,8 +828,7 @@ def _lse_max_factor(sub):
     if not np.isfinite(k):
         return []
     pred = gold + (k - 1) * m
-    named = "not at all" if abs(k) < CONSTANT_WITHIN else next(
-        (f"{w} times" for v, w in _constants(sub) if abs(k - v) <= CONSTANT_WITHIN * abs(v)), f"{k:.6g} times")
+    named = "not at all" if abs(k) < CONSTANT_WITHIN else f"{_named_constant(k, _constants(sub)) or f'{k:.6g}'} times"
 
     def predict(grads=True):
         return {**sub.gold, "lse": pred}
@@ -877,12 +891,11 @@ def _last_tile_only(sub, failing):
     reference's own dq (an option whose derivative dS lacks, a softcap's, leaves it out).  []
     with dropout, per-sequence lengths, a block of rows, or weights too large to hold."""
     case, r, opts = sub.case, sub.rounded, sub.opts
-    if _dq_to_fit(sub) is None or opts.get("keep") is not None or \
-            case.batch * case.heads * max(case.tq, case.tk) * case.tk > UNSEEN_LIMIT:
+    wanted = any(n in failing for n in ("dq", "dk", "dv")) and _dq_to_fit(sub) is not None
+    P = _dense_weights(sub) if wanted else None
+    if P is None:
         return []
     group, tk = case.heads // case.hkv, case.tk
-    eye = np.ascontiguousarray(np.broadcast_to(np.eye(tk), r["k"].shape[:2] + (tk, tk)))
-    P = _dense_forward(sub, v=eye)[0]                                        # (B, Hq, Tq, Tk)
     k, v = np.repeat(r["k"], group, 1), np.repeat(r["v"], group, 1)
     dout, scale = r["dout"], opts["scale"]
     D = (dout * (P @ v)).sum(-1) - (r["dlse"] if r.get("dlse") is not None else 0.0)
@@ -934,14 +947,11 @@ def _keys_unseen(sub):
     entry by batch entry.  Without the keys from J on, row i's output is
     (O_i − Σ_{j≥J} P_ij v_j) / (1 − Σ_{j≥J} P_ij): every J from one dense forward's weights P
     (v the identity).  [] with dropout, on a block of rows, or with weights too large to hold."""
-    case, got = sub.case, sub.arrays.get("out")
+    case, got, r = sub.case, sub.arrays.get("out"), sub.rounded
     tk = case.tk
-    if got is None or not np.isfinite(got).all() or tk <= 1 or sub.rows is not None or \
-            sub.opts.get("keep") is not None or case.batch * case.heads * max(case.tq, tk) * tk > UNSEEN_LIMIT:
+    P = _dense_weights(sub) if got is not None and np.isfinite(got).all() and tk > 1 else None
+    if P is None:
         return []
-    r = sub.rounded
-    eye = np.ascontiguousarray(np.broadcast_to(np.eye(tk), r["k"].shape[:2] + (tk, tk)))
-    P = _dense_forward(sub, v=eye)[0]                                        # (B, Hq, Tq, Tk)
     v = np.repeat(r["v"], case.heads // case.hkv, 1)                         # (B, Hq, Tk, Dv)
     lengths = sub.opts.get("seqlens_k")
     ends = [tk if lengths is None else int(lengths[b]) for b in range(case.batch)]
@@ -1107,6 +1117,17 @@ def _max_moved(ev):
     seen = np.isfinite(m)
     still = seen & (m1 == m)
     return still, seen & ~still
+
+
+def _dense_weights(sub):
+    """P (B, Hq, Tq, Tk): the softmax weights of the dense float64 forward (v the identity), or
+    None with dropout, on a block of rows, or past UNSEEN_LIMIT (query or key, key) pairs."""
+    case, tk = sub.case, sub.case.tk
+    if sub.rows is not None or sub.opts.get("keep") is not None or \
+            case.batch * case.heads * max(case.tq, tk) * tk > UNSEEN_LIMIT:
+        return None
+    eye = np.ascontiguousarray(np.broadcast_to(np.eye(tk), sub.rounded["k"].shape[:2] + (tk, tk)))
+    return _dense_forward(sub, v=eye)[0]
 
 
 def _dense_forward(sub, v=None, extra_bias=None):

@@ -217,6 +217,12 @@ OPTION_FACTORS = (("ln2", math.log(2), "ln 2 (in base 2 where e is meant)"),
                   ("doubled", 2.0, "2"), ("halved", 0.5, "1/2"), ("negated", -1.0, "-1 (its sign flipped)"))
 
 
+def _positive_scalars(opts):
+    """{name: value} of the case's positive real options (the scale, a softcap), a probability
+    (dropout_p) left out: the numbers a formula may use on the wrong side."""
+    return {n: v for n, v in opts.items() if isinstance(v, float) and v > 0 and n != "dropout_p"}
+
+
 def _option_factors(ctx):
     """Each numeric option of the case (the scale, a softcap, per-head slopes or sinks, a bias)
     multiplied by each of `OPTION_FACTORS`, and the others by the scale or its inverse (added
@@ -226,9 +232,10 @@ def _option_factors(ctx):
     scale = ctx.opts.get("scale")
     by_scale = (("scaled", scale, "the scale (applied before the scores are scaled)"),
                 ("unscaled", 1 / scale, "1/scale (divided by the scale)")) if scale else ()
+    scalars = _positive_scalars(ctx.opts)
     for name, value in ctx.opts.items():
         array = isinstance(value, np.ndarray) and value.dtype.kind == "f" and np.any(value)
-        scalar = isinstance(value, float) and value > 0 and name != "dropout_p"
+        scalar = name in scalars
         factors = OPTION_FACTORS + (by_scale if name != "scale" else ())
         for tag, factor, words in factors if array or scalar else ():
             if scalar and factor < 0:
@@ -247,7 +254,7 @@ def _hidden_scored(ctx):
             any(opts.get(n) is not None for n in dense.VISIBILITY if n not in ("causal", "align"))):
         return []
     values = [(f"minus-{n}", -v, f"-{n} (the {n} applied after the mask: c tanh(-inf) = -c)")
-              for n, v in opts.items() if isinstance(v, float) and v > 0 and n not in ("scale", "dropout_p")]
+              for n, v in _positive_scalars(opts).items() if n != "scale"]
     values += [("finite", -1e4, "-10000 (a finite mask constant)"), ("zero", 0.0, "0 (masked to zero, not to -inf)")]
     return [ctx.H(f"hidden-scored-{tag}", f"the hidden keys scored {words} instead of -inf: each row also weighs "
                   "the keys it must not see", ctx.fwd(finite_mask=value)) for tag, value, words in values]
@@ -388,7 +395,7 @@ def padding_seen(ctx, n, what):
     value 0: each row's softmax counts exp(0 − m) once per padded key); [] on cases where a
     key's position matters otherwise (a mask, a bias, ALiBi, a window, per-sequence lengths, a
     dropout mask)."""
-    case, (q, k, v, _) = ctx.case, ctx.inputs
+    case, (_, k, v, _) = ctx.case, ctx.inputs
     if case.causal or case.seqlens or any(ctx.opts.get(o) is not None
                                           for o in ("bias", "alibi_slopes", "window", "seqlens_k", "keep")):
         return []
