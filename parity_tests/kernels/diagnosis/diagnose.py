@@ -49,6 +49,7 @@ found afterwards, over the rows of a whole run (``report``).
 """
 
 import copy
+import itertools
 import math
 from dataclasses import dataclass, field, replace
 
@@ -58,7 +59,7 @@ import torch
 from parity_tests.common import capabilities
 from parity_tests.common import tolerances as tol
 import parity_tests.kernels.diagnosis.mistakes as mistakes
-from parity_tests.kernels import dense
+from parity_tests.kernels import dense, targets
 from parity_tests.kernels.diagnosis import poisoned, row_block
 from parity_tests.kernels.diagnosis.location import locate, ranges
 from parity_tests.kernels.features import INPUT_GRADS, INPUTS, NO_GRAD, PER_HEAD
@@ -80,8 +81,9 @@ FIT_SHARE = 0.1
 # Hypotheses fitted to the target, fewest fitted parameters first: a catalogued mistake that
 # explains as well wins over them, and among them the first that explains is named (a tensor off
 # by one factor is also each row off by its own).
-FITTED = ("constant-factor", "lse-max-factor", "keys-unseen", "last-tile-only", "sequence-offsets", "head-map",
-          "broadcast-sum", "denominator", "wrong-delta", "backward-p-scaled")
+FITTED = ("constant-factor", "lse-max-factor", "axes-permuted", "state-carried", "keys-unseen", "last-tile-only",
+          "sequence-offsets", "head-map", "broadcast-sum", "backward-blocks", "key-tile-ranges", "denominator",
+          "wrong-delta", "backward-p-scaled")
 
 # A catalogued mistake that leaves at most this share of the error against the
 # reference explains the tensor, even where its own rounding exceeds the bound
@@ -313,10 +315,11 @@ def _catalogue(rest, rows, ev):
             hyps += _wrong_delta(sub) + _backward_p_scaled(sub)
         if "dk" in rest:
             hyps += _head_map(sub)
-        hyps += _last_tile_only(sub, rest)
+        hyps += _last_tile_only(sub, rest) + _backward_blocks(sub, rest)
         hyps += [h for n in rest if n in INPUT_GRADS for h in _broadcast_sum(sub, n)]
     if "out" in rest:
-        hyps += _keys_unseen(sub) + _sequence_offsets(sub)
+        hyps += _keys_unseen(sub) + _sequence_offsets(sub) + _state_carried(sub) + _key_tile_ranges(sub)
+    hyps += _axes_permuted(sub, rest)
     if "lse" in rest:
         hyps += _lse_max_factor(sub)
     cache, result = {}, {}
@@ -638,7 +641,7 @@ def _diagnose_tensor(t, hyps, cache, got, ref, denom, bound, sel, constants=()):
         pred = _predict(hyp, cache, grads=t not in ("out", "lse")).get(t)
         if pred is not None and np.any(pred):
             candidates.append((slice_errors(a, pred, _own_scale(pred, denom)), hyp.id, hyp.says, pred))
-        elif pred is not None and hyp.id not in zeros:
+        elif pred is not None and hyp.id not in zeros and hyp.id not in FITTED:
             zeros.append(hyp.id)
     if t == "out":
         c, fitted = _row_scaled(a, r)
@@ -689,12 +692,12 @@ def _diagnose_tensor(t, hyps, cache, got, ref, denom, bound, sel, constants=()):
 
 
 def _constants(sub):
-    """(value, words) of the constants a tensor off by one factor is most often off by: those of
-    the case's numeric options (the scale, a softcap, a dropout probability: v, 1/v, 1 − v,
-    1/(1 − v)), the group of query heads per kv head, and a few of any formula."""
+    """(value, words) of the constants a tensor off by one factor is most often off by, the case's
+    own first: those of its numeric options (the scale, a softcap, a dropout probability: v, 1/v,
+    1 − v, 1/(1 − v)), the group of query heads per kv head, its sizes (a mean where a sum is
+    meant: 1/B, 1/H, 1/Tq, 1/Tk, or a sum where a mean is), then a few of any formula."""
     case = sub.case
-    out = [(-1.0, "-1: its sign flipped"), (2.0, "2"), (0.5, "1/2"), (math.log(2), "ln 2"),
-           (1 / math.log(2), "log2(e)")]
+    out = []
     for name, v in sub.opts.items():
         if isinstance(v, (int, float)) and not isinstance(v, bool) and v not in (0, 1):
             out += [(v, f"{name} = {v:.6g}"), (1 / v, f"1/{name}"), (1 - v, f"1 - {name}"),
@@ -702,22 +705,42 @@ def _constants(sub):
     group = case.heads // case.hkv
     if group > 1:
         out += [(group, f"the group size Hq/Hkv = {group}"),
-                (1 / group, f"1/{group}: averaged over the group's query heads, not summed")]
-    return out
+                (1 / group, f"1/{group}: averaged over the group's query heads")]
+    for size, words in ((case.batch, "the batch entries"), (case.heads, "the heads"), (case.tq, "the query rows"),
+                        (case.tk, "the keys")):
+        if size > 1:
+            out += [(1 / size, f"1/{size}: averaged over {words}"), (size, f"{size}: summed over {words}")]
+    return out + list(GENERIC_CONSTANTS)
+
+
+# The constants of any formula (`_constants`): said only where none of the case's own is.
+GENERIC_CONSTANTS = ((-1.0, "-1: its sign flipped"), (2.0, "2"), (0.5, "1/2"), (math.log(2), "ln 2"),
+                     (1 / math.log(2), "log2(e)"))
 
 
 def _named_constant(c, constants):
-    """The words of the first of ``constants`` (value, words) that ``c`` equals within
-    CONSTANT_WITHIN, or None."""
-    return next((w for v, w in constants if abs(c - v) <= CONSTANT_WITHIN * abs(v)), None)
+    """The words of those of ``constants`` (value, words) that ``c`` equals within CONSTANT_WITHIN,
+    the case's own joined by "or" (a batch of 2 averaged and a group of 2 averaged give the same
+    factor), a generic one only where none of the case's is; or None."""
+    hits = [w for v, w in constants if abs(c - v) <= CONSTANT_WITHIN * abs(v)]
+    own = [w for w in hits if w not in {w for _, w in GENERIC_CONSTANTS}]
+    if not own:
+        return hits[0] if hits else None
+    said = {}                                        # "1/2: averaged over the batch entries, not summed or over the heads"
+    for w in own:
+        head, _, rest = w.partition(": ")
+        said.setdefault(head, []).append(rest)
+    return " or ".join(head + (": " + " or ".join(r for r in rests if r) if any(rests) else "")
+                       for head, rests in said.items())
 
 
 def _constant_factor(t, a, r, denom, bound, constants):
     """[(residual, "constant-factor", words, prediction)] when ``t`` is the reference times one
     factor c, fitted by least squares over the whole tensor, to within its bound: "dbias
-    multiplied by one constant, 0.125 (scale = 0.125)".  [] otherwise, and for a tensor of fewer
-    than `CONSTANT_FROM` entries (one factor fits a few numbers too easily)."""
-    if a.size < CONSTANT_FROM or not (np.isfinite(a).all() and np.isfinite(r).all()):
+    multiplied by one constant, 0.125 (scale = 0.125)".  [] otherwise; on a tensor of fewer than
+    `CONSTANT_FROM` entries (one factor fits a few numbers too easily: dsinks, one per head) only
+    a factor that is a constant of `_constants`, on two entries at least."""
+    if a.size < 2 or not (np.isfinite(a).all() and np.isfinite(r).all()):
         return []
     rr = float((r * r).sum())
     if rr == 0:
@@ -725,9 +748,9 @@ def _constant_factor(t, a, r, denom, bound, constants):
     c = float((a * r).sum()) / rr
     pred = c * r
     residual = slice_errors(a, pred, denom)
-    if residual.max() > bound:
-        return []
     named = _named_constant(c, constants)
+    if residual.max() > bound or (a.size < CONSTANT_FROM and named is None):
+        return []
     return [(residual, "constant-factor", f"{t} multiplied by one constant, {c:.6g}"
              + (f" ({named})" if named else ""), pred)]
 
@@ -882,31 +905,59 @@ def _sequence_offsets(sub):
                                 ("out", "lse", "dq", "dk", "dv"), fitted=("out",))]
 
 
+def _backward_by_entry(sub, failing):
+    """(P, grad) for the readings of a backward that leaves some (query, key) entries out: P the
+    dense forward's weights (v the identity), and grad(n, keep) the gradient ``n`` (dq, dk or dv)
+    from the entries where the (B, Hq, Tq, Tk)-broadcastable ``keep`` holds alone:
+
+        dV = (P ∘ keep)ᵀ dO,   dS = P ∘ (dO Vᵀ − D) ∘ keep,   dQ = scale dS K,   dK = scale dSᵀ Q,
+
+    D = rowsum(dO ∘ O) − dlse (a kernel's D, computed apart, is whole); dk and dv summed onto the
+    kv heads.  Held first to the reference's own dq (an option whose derivative dS lacks, a
+    softcap's, leaves it out).  None with dropout, per-sequence lengths, a block of rows, no
+    failing dq, dk or dv, or weights too large to hold."""
+    case, r = sub.case, sub.rounded
+    wanted = any(n in failing for n in ("dq", "dk", "dv")) and _dq_to_fit(sub) is not None
+    P = _dense_weights(sub) if wanted else None
+    if P is None:
+        return None
+    group = case.heads // case.hkv
+    k, v = np.repeat(r["k"], group, 1), np.repeat(r["v"], group, 1)
+    dout, scale = r["dout"], sub.opts["scale"]
+    D = (dout * (P @ v)).sum(-1) - (r["dlse"] if r.get("dlse") is not None else 0.0)
+    dS = P * (dout @ np.swapaxes(v, -1, -2) - D[..., None])
+    if slice_errors(scale * dS @ k, sub.gold["dq"], sub.den["dq"]).max() > FIT_SHARE * sub.bounds["dq"]:
+        return None                                                          # dS is not this case's
+    per_kv = lambda a: a.reshape(case.batch, case.hkv, group, *a.shape[2:]).sum(2)
+
+    def grad(n, keep):
+        if n == "dq":
+            return scale * (dS * keep) @ k
+        if n == "dk":
+            return per_kv(scale * np.swapaxes(dS * keep, -1, -2) @ r["q"])
+        return per_kv(np.swapaxes(P * keep, -1, -2) @ dout)
+
+    def block(n, rows, keys):
+        """dk or dv of keys ``keys`` (a slice) from query rows ``rows`` (a slice) alone."""
+        w, x = (dS, scale * r["q"]) if n == "dk" else (P, dout)
+        return per_kv(np.swapaxes(w[..., rows, keys], -1, -2) @ x[..., rows, :])
+    return P, grad, block
+
+
 def _last_tile_only(sub, failing):
     """A gradient that keeps only its last tile's share: dq_i from the key tile holding row i's
     last visible key alone, dk_j and dv_j from the query tile holding the last row that sees key
     j alone (a tile's partial written with = where += is meant), for each tile size of
-    `mistakes.KEY_TILES`; the size fitted to each of dq, dk, dv.  From one dense forward's weights
-    P (v the identity): dS = P ∘ (dO vᵀ − D), D = rowsum(dO ∘ O) − dlse; held first to the
-    reference's own dq (an option whose derivative dS lacks, a softcap's, leaves it out).  []
-    with dropout, per-sequence lengths, a block of rows, or weights too large to hold."""
-    case, r, opts = sub.case, sub.rounded, sub.opts
-    wanted = any(n in failing for n in ("dq", "dk", "dv")) and _dq_to_fit(sub) is not None
-    P = _dense_weights(sub) if wanted else None
-    if P is None:
+    `mistakes.KEY_TILES`; the size fitted to each of dq, dk, dv (`_backward_by_entry`)."""
+    found = _backward_by_entry(sub, failing)
+    if found is None:
         return []
-    group, tk = case.heads // case.hkv, case.tk
-    k, v = np.repeat(r["k"], group, 1), np.repeat(r["v"], group, 1)
-    dout, scale = r["dout"], opts["scale"]
-    D = (dout * (P @ v)).sum(-1) - (r["dlse"] if r.get("dlse") is not None else 0.0)
-    dS = P * (dout @ np.swapaxes(v, -1, -2) - D[..., None])
-    if slice_errors(scale * dS @ k, sub.gold["dq"], sub.den["dq"]).max() > FIT_SHARE * sub.bounds["dq"]:
-        return []                                                            # dS is not this case's
+    P, grad, _ = found
+    case = sub.case
     seen = P > 0
-    rows, keys = np.arange(case.tq)[:, None], np.arange(tk)[None, :]
+    rows, keys = np.arange(case.tq)[:, None], np.arange(case.tk)[None, :]
     last_key = np.where(seen, keys, -1).max(-1)                             # (B, Hq, Tq)
     last_row = np.where(seen, rows, -1).max(-2)                             # (B, Hq, Tk)
-    per_kv = lambda a: a.reshape(case.batch, case.hkv, group, *a.shape[2:]).sum(2)
     found, words = {}, []
     for n in ("dq", "dk", "dv"):
         got = sub.arrays.get(n)
@@ -916,15 +967,11 @@ def _last_tile_only(sub, failing):
         for tile in mistakes.KEY_TILES:
             if n == "dq":
                 keep = keys >= (last_key[..., None] // tile) * tile            # the row's last key tile
-                if keep[seen].all():
-                    continue                                                   # one tile: the reference
-                pred = scale * (dS * keep) @ k
             else:
                 keep = rows >= (last_row[..., None, :] // tile) * tile         # the key's last query tile
-                if keep[seen].all():
-                    continue
-                pred = per_kv(scale * np.swapaxes(dS * keep, -1, -2) @ r["q"] if n == "dk" else
-                              np.swapaxes(P * keep, -1, -2) @ dout)
+            if keep[seen].all():
+                continue                                                       # one tile: the reference
+            pred = grad(n, keep)
             residual = slice_errors(got, pred, sub.den[n]).max()
             if best is None or residual < best[0]:
                 best = (residual, tile, pred)
@@ -939,6 +986,70 @@ def _last_tile_only(sub, failing):
     return [mistakes.Hypothesis("last-tile-only", f"each row's share of {' and '.join(found)} kept from its last tile "
                                 f"alone ({'; '.join(words)}): a tile's partial written with = where += is meant",
                                 predict, tuple(found), fitted=tuple(found))]
+
+
+# (query tile, key tile) blocks a backward leaves out (`_backward_blocks`): at most this many blocks
+BLOCKS = 1024
+
+
+def _backward_blocks(sub, failing):
+    """A backward that leaves out some (query tile, key tile) blocks the forward uses (a tile
+    loop's start or end off: query tiles before a key tile's first skipped under another causal
+    offset, a last partial tile dropped): for each pair of tile sizes of
+    `mistakes.KEY_TILES`, each block's weight fitted to the target's dv (or dk) key tile by key
+    tile, by least squares over the blocks that hold a weight, rounded to 0 or 1; then held, with
+    those blocks, to every failing gradient (`_backward_by_entry`)."""
+    found = _backward_by_entry(sub, failing)
+    fit_to = next((n for n in ("dv", "dk") if n in failing and np.isfinite(sub.arrays.get(n, np.nan)).all()), None)
+    if found is None or fit_to is None:
+        return []
+    P, grad, block = found
+    case = sub.case
+    tq, tk = case.tq, case.tk
+    got = sub.arrays[fit_to]
+    best = None
+    for bm, bn in itertools.product(mistakes.KEY_TILES, repeat=2):
+        nq, nk = -(-tq // bm), -(-tk // bn)
+        if nq * nk < 2 or nq * nk > BLOCKS:
+            continue
+        weight = np.ones((nq, nk))
+        for kt in range(nk):
+            keys = slice(kt * bn, (kt + 1) * bn)
+            parts, active = [], []
+            for qt in range(nq):
+                rows = slice(qt * bm, (qt + 1) * bm)
+                if P[..., rows, keys].any():
+                    parts.append(block(fit_to, rows, keys).reshape(-1))
+                    active.append(qt)
+            if not active:
+                continue
+            w = _zero_one_fit(np.stack(parts, axis=1), got[..., keys, :].reshape(-1))
+            if w is None:
+                break
+            weight[active, kt] = w
+        else:
+            if weight.all():
+                continue
+            keep = np.kron(weight, np.ones((bm, bn)))[:tq, :tk].astype(bool)
+            preds = {n: grad(n, keep) for n in ("dq", "dk", "dv") if n in failing and n in sub.arrays}
+            worst = max(slice_errors(sub.arrays[n], p, sub.den[n]).max() / sub.bounds[n] for n, p in preds.items())
+            if worst <= 1 and (best is None or nq * nk < best[0]):            # the fewest blocks that explain
+                best = (nq * nk, bm, bn, weight, preds)
+    if best is None:
+        return []
+    _, bm, bn, weight, preds = best
+    skipped = []
+    for kt in range(weight.shape[1]):
+        qts = [int(q) for q in np.nonzero(weight[:, kt] == 0)[0]]
+        if qts:
+            skipped.append(f"key tile {kt} without query {'tile' if len(qts) == 1 else 'tiles'} {ranges(qts)}")
+    said = "; ".join(skipped[:4]) + ("; ..." if len(skipped) > 4 else "")
+
+    def predict(grads=True):
+        return {**sub.gold, **preds}
+    return [mistakes.Hypothesis("backward-blocks", f"a backward that leaves out {int((weight == 0).sum())} (query tile, "
+                                f"key tile) blocks of {bm} x {bn} that the forward uses ({said}): a tile loop's start "
+                                "or end off", predict, tuple(preds), fitted=(fit_to,))]
 
 
 def _keys_unseen(sub):
@@ -980,6 +1091,193 @@ def _keys_unseen(sub):
     return [mistakes.Hypothesis("keys-unseen", f"keys {', '.join(said)} seen by no query (what a split, tile or page "
                                 "size rounded down, or a last partial tile skipped, gives)",
                                 predict, ("out", "lse", "dq", "dk", "dv"), fitted=("out",))]
+
+
+def _axes_permuted(sub, failing):
+    """A tensor holding the reference's values in another order: written in one order of its axes
+    and read in another (a reshape where a transpose is meant: lse built (total_q, H) and reshaped
+    to (H, total_q)).  In the shape the target returns it (its layout's), for each order p of the
+    axes: the reference laid out in that order and read back by reshape, x.permute(p).reshape(shape),
+    and the reference reshaped to the permuted shape and its axes put back, x.reshape(shape[p])
+    .permute(p⁻¹); the one closest to the target, held to the bound.  [] on a block of rows, or
+    without the target's layout (a tensor it does not return in one: dk and dv of packed sequences)."""
+    layout = getattr(sub.caller, "layout", None)
+    if layout is None or sub.rows is not None:
+        return []
+    case = sub.case
+    convert = {"out": (layout.upstream, layout.output), "lse": (layout.lse_upstream, layout.lse_output)}
+    if case.seqlens is None and hasattr(layout, "name"):            # strided: every tensor as q, k, v are
+        convert.update({n: (lambda x, c, name=layout.name: targets.to_layout(x, name),
+                            lambda x, c, name=layout.name: targets.from_layout(x, name)) for n in ("dq", "dk", "dv")})
+    found = []
+    for n in failing:
+        got = sub.arrays.get(n)
+        if n not in convert or n not in sub.gold_raw or got is None or not np.isfinite(got).all():
+            continue
+        to_raw, from_raw = convert[n]
+        raw = to_raw(torch.as_tensor(sub.gold_raw[n]), case).contiguous()
+        shape = tuple(raw.shape)
+        best = None
+        for p in itertools.permutations(range(raw.dim())):
+            if p == tuple(range(raw.dim())):
+                continue
+            back = tuple(int(i) for i in np.argsort(p))
+            moved = tuple(shape[i] for i in p)
+            for form, x in ((f"laid out as {moved} (axes {p}) and read back by reshape", raw.permute(p).reshape(shape)),
+                            (f"reshaped to {moved} and its axes put back ({back})", raw.reshape(moved).permute(back))):
+                if torch.equal(x, raw):
+                    continue
+                pred = as_4d({n: from_raw(x, case).numpy()})[n]
+                if n == "lse":
+                    pred = np.where(sub.gold["lse"] == 0.0, 0.0, pred)
+                residual = slice_errors(got, pred, sub.den[n]).max()
+                if best is None or residual < best[0]:
+                    best = (residual, form, pred)
+        if best is not None and best[0] <= sub.bounds[n]:
+            found.append(mistakes.Hypothesis(
+                "axes-permuted", f"{n}'s values in another order: the reference's {n} of shape {shape} (the target's) "
+                f"{best[1]}: a reshape where a transpose is meant, or the reverse",
+                lambda grads=True, n=n, pred=best[2]: {**sub.gold, n: pred}, (n,), fitted=(n,)))
+    return found
+
+
+def _merged_along(out, lse, order):
+    """out and lse of each (batch, head) slice merged with those of every slice before it along
+    ``order`` ("batch": each batch entry with the earlier ones, head by head; "head"; "slice": the
+    (batch, head) slices in their order), row by row: what an online softmax's state carried over
+    gives.  (out, lse), as their inputs."""
+    B, H = out.shape[:2]
+    if order == "head":
+        o, l = out.swapaxes(0, 1), lse.swapaxes(0, 1)
+    elif order == "slice":
+        o, l = out.reshape((B * H, 1) + out.shape[2:]), lse.reshape((B * H, 1) + lse.shape[2:])
+    else:
+        o, l = out, lse
+    o, l = o.copy(), l.copy()
+    for n in range(1, len(o)):
+        both = np.logaddexp(l[n - 1], l[n])
+        seen = np.isfinite(both)
+        w0 = np.where(seen, np.exp(l[n - 1] - np.where(seen, both, 0.0)), 0.0)
+        w1 = np.where(seen, np.exp(l[n] - np.where(seen, both, 0.0)), 0.0)
+        o[n] = w0[..., None] * o[n - 1] + w1[..., None] * o[n]
+        l[n] = both
+    if order == "head":
+        return o.swapaxes(0, 1), l.swapaxes(0, 1)
+    return o.reshape(out.shape), l.reshape(lse.shape)
+
+
+def _state_carried(sub):
+    """An online softmax's state (running maximum, sum, accumulator) carried over from one batch
+    entry, head, or (batch, head) slice to the next instead of started afresh: each row merged
+    with the same row of every earlier one.  From one dense forward's out and lse; the order that
+    reproduces the target's out.  [] with dropout, on a block of rows, or with one slice."""
+    case, got = sub.case, sub.arrays.get("out")
+    if got is None or not np.isfinite(got).all() or sub.rows is not None or sub.opts.get("keep") is not None or \
+            case.batch * case.heads == 1:
+        return []
+    out, lse, _ = _dense_forward(sub)
+    orders = [o for o, size in (("batch", case.batch), ("head", case.heads), ("slice", case.batch)) if size > 1]
+    if case.batch == 1 and "slice" in orders:
+        orders.remove("slice")
+    best = None
+    for order in orders:
+        o, l = _merged_along(out, lse, order)
+        residual = slice_errors(got, o, sub.den["out"]).max()
+        if best is None or residual < best[0]:
+            best = (residual, order, o, l)
+    if best is None or best[0] > sub.bounds["out"]:
+        return []
+    _, order, o, l = best
+    pred = {"out": o}
+    if "lse" in sub.gold:
+        pred["lse"] = np.where(sub.gold["lse"] == 0.0, 0.0, as_4d({"lse": l})["lse"])
+    words = {"batch": "batch entry", "head": "head", "slice": "(batch, head) slice"}[order]
+    return [mistakes.Hypothesis(
+        "state-carried", f"each {words}'s rows merged with the same rows of every {words} before it: an online "
+        f"softmax's running maximum, sum and accumulator carried over from one {words} to the next instead of "
+        "started afresh", lambda grads=True: {**sub.gold, **pred}, tuple(pred), fitted=("out",))]
+
+
+# A query tile reads another range of key tiles than it sees (`_key_tile_ranges`): the tile sizes of
+# `mistakes.KEY_TILES` with at most this many key tiles (each range of them tried, row by row).
+RANGE_TILES = 24
+
+
+def _key_tile_ranges(sub):
+    """Query rows that read another range of key tiles than the keys they see span (a tile loop's
+    start or end off: a last partial tile skipped, a causal or window bound rounded the wrong way,
+    a first tile one too late): for each tile size, each row's range of key tiles chosen among all
+    of them by which reproduces its out, rows the reference reproduces keeping theirs.  From one
+    dense forward's weights P (v the identity): without the keys outside [a, b), row i's output is
+    Σ_{a≤j<b} P_ij v_j / Σ_{a≤j<b} P_ij.  [] with dropout, on a block of rows, or with weights
+    too large to hold."""
+    case, got, r = sub.case, sub.arrays.get("out"), sub.rounded
+    P = _dense_weights(sub) if got is not None and np.isfinite(got).all() and case.tk > 1 else None
+    if P is None:
+        return []
+    B, H, Tq, Tk = P.shape
+    v = np.repeat(r["v"], case.heads // case.hkv, 1)                         # (B, Hq, Tk, Dv)
+    den = np.broadcast_to(sub.den["out"], (B, H))[..., None]
+    ref_err = np.abs(got - P @ v).max(-1) / den                              # (B, H, Tq)
+    wrong = ref_err > sub.bounds["out"]
+    if not wrong.any():
+        return []
+    where = np.nonzero(wrong)                                                # the rows fitted: (b, h, i) each
+    slices = {}
+    for w, bh in enumerate(zip(where[0], where[1])):
+        slices.setdefault(bh, []).append(w)
+    gw, denw = got[where], den[where[0], where[1]]                           # (W, Dv), (W, 1)
+    best = None
+    for tile in sorted(mistakes.KEY_TILES, reverse=True):                   # the largest tile that explains
+        n = -(-Tk // tile)
+        if n < 2 or n > RANGE_TILES:
+            continue
+        pad = n * tile - Tk
+        Pt = np.pad(P[where], [(0, 0), (0, pad)]).reshape(-1, n, tile)      # (W, n, tile)
+        wv = np.empty((len(Pt), n, v.shape[-1]))
+        for (b, h), ws in slices.items():
+            vt = np.pad(v[b, h], [(0, pad), (0, 0)]).reshape(n, tile, -1)
+            wv[ws] = np.einsum("wnt,ntd->wnd", Pt[ws], vt)
+        cw = np.concatenate([np.zeros((len(Pt), 1)), np.cumsum(Pt.sum(-1), -1)], -1)            # (W, n + 1)
+        cwv = np.concatenate([np.zeros((len(Pt), 1, wv.shape[-1])), np.cumsum(wv, -2)], -2)     # (W, n + 1, Dv)
+        err, lo_w, hi_w = np.full(len(Pt), np.inf), np.zeros(len(Pt), int), np.full(len(Pt), n)
+        for a, b in [(0, 0)] + [(a, b) for a in range(n) for b in range(a + 1, n + 1)]:    # (0, 0): none
+            w = cw[:, b] - cw[:, a]
+            pred = np.where(w[:, None] > 1e-300, (cwv[:, b] - cwv[:, a]) / np.where(w > 1e-300, w, 1.0)[:, None], 0.0)
+            e = np.abs(gw - pred).max(-1) / denw[:, 0]
+            better = e < err
+            err, lo_w, hi_w = np.where(better, e, err), np.where(better, a, lo_w), np.where(better, b, hi_w)
+        if err.max() <= sub.bounds["out"]:
+            lo, hi = np.zeros((B, H, Tq), int), np.full((B, H, Tq), n)      # the other rows: the reference's
+            lo[where], hi[where] = lo_w, hi_w
+            best = (err.max(), tile, lo, hi)
+            break
+    if best is None:
+        return []
+    _, tile, lo, hi = best
+    first, end = lo * tile, np.minimum(hi * tile, Tk)
+    seen = P > 0
+    keys = np.arange(Tk)
+    own_lo = np.where(seen.any(-1), np.where(seen, keys, Tk).min(-1) // tile, 0)
+    own_hi = np.where(seen.any(-1), np.where(seen, keys, -1).max(-1) // tile + 1, 0)
+    changed = wrong & ((lo > own_lo) | (hi < own_hi) | (lo == hi))
+    if not changed.any():
+        return []
+    groups = {}
+    for b, h, i in zip(*np.nonzero(changed)):
+        groups.setdefault((int(lo[b, h, i]), int(hi[b, h, i]), int(own_lo[b, h, i]), int(own_hi[b, h, i])),
+                          set()).add(int(i))
+    tiles = lambda a, b: "no key tile" if a >= b else f"key tile {a}" if b == a + 1 else f"key tiles {a} .. {b - 1}"
+    said = "; ".join(f"query rows {ranges(sorted(rows))} read {tiles(a, b)}, their keys span {tiles(oa, ob)}"
+                     for (a, b, oa, ob), rows in list(groups.items())[:3]) + ("; ..." if len(groups) > 3 else "")
+    opts = sub.opts
+
+    def predict(grads=True):
+        return as_4d(dense.run(r["q"], r["k"], r["v"], r["dout"] if grads else None, opts, grads=grads,
+                               dlse=r.get("dlse") if grads else None, key_range=(first, end)))
+    return [mistakes.Hypothesis("key-tile-ranges", f"query rows reading another range of key tiles of {tile} than "
+                                f"they see ({said}): a tile loop's start or end off", predict,
+                                ("out", "lse", "dq", "dk", "dv"), fitted=("out",))]
 
 
 def _own_scale(pred, denom):

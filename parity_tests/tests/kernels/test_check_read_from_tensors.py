@@ -230,3 +230,90 @@ def test_dq_written_per_key_tile_instead_of_added_is_named_with_its_tile():
     assert set(said) == {"dq"}, {n: d.sentence for n, d in said.items()}
     assert said["dq"].id == "last-tile-only" and "(dq from the last key tile of 32)" in said["dq"].sentence, \
         said["dq"].sentence
+
+
+def test_one_factor_on_a_few_numbers_is_named_only_as_a_constant_of_the_case():
+    a, r = np.array([0.5, 1.5]).reshape(1, 2, 1, 1), np.array([1.0, 3.0]).reshape(1, 2, 1, 1)
+    constants = [(0.5, "1/2: averaged over the batch entries"), (0.5, "1/2: averaged over the heads"), (0.25, "x")]
+    (_, hid, says, _), = diagnose._constant_factor("dsinks", a, r, 1.0, 1e-9, constants)
+    assert "0.5 (1/2: averaged over the batch entries or averaged over the heads)" in says, says
+    assert diagnose._constant_factor("dsinks", a * 1.1, r, 1.0, 1e-9, constants) == []      # 0.55: no constant
+    assert diagnose._constant_factor("dsinks", a[:, :1], r[:, :1], 1.0, 1e-9, constants) == []   # one number
+
+
+def test_a_gradient_averaged_over_the_batch_is_named_so():
+    def dk_averaged(q, k, v, *, causal, scale):               # dk reduced with mean() over the batch
+        return sdpa(q, with_backward(k, lambda g: g / k.shape[0]), v, causal=causal, scale=scale)
+    rows = runner.run_case(targets.resolve(dk_averaged), Case(3, 2, 17, 17, 16, True), "float32", "cpu")
+    said = {r.tensor: r.diagnosis for r in rows if not r.passed}
+    assert set(said) == {"dk"} and said["dk"].id == "constant-factor", {n: d.sentence for n, d in said.items()}
+    assert "0.333333 (1/3: averaged over the batch entries)" in said["dk"].sentence, said["dk"].sentence
+
+
+def test_an_lse_reshaped_where_a_transpose_is_meant_is_named_with_the_shapes():
+    def lse_reshaped(q, k, v, *, causal, scale):              # lse built (B, T, H), reshaped to (B, H, T)
+        out, lse = attend(q, k, v, causal=causal, scale=scale)
+        return out, lse.transpose(1, 2).contiguous().reshape(lse.shape)
+    rows = runner.run_case(targets.resolve(lse_reshaped), Case(1, 2, 17, 17, 16, True), "float32", "cpu",
+                           wanted=("lse",))
+    said = {r.tensor: r.diagnosis for r in rows if not r.passed}
+    assert set(said) == {"lse"} and said["lse"].id == "axes-permuted", {n: d.sentence for n, d in said.items()}
+    assert "the reference's lse of shape (1, 2, 17) (the target's) laid out as (1, 17, 2) (axes (0, 2, 1)) and " \
+           "read back by reshape" in said["lse"].sentence, said["lse"].sentence
+
+
+def _merged_over_the_batch(out, lse):                       # an online softmax's state never reset
+    for b in range(1, out.shape[0]):
+        both = torch.logaddexp(lse[b - 1], lse[b])
+        out[b] = torch.exp(lse[b - 1] - both)[..., None] * out[b - 1] + torch.exp(lse[b] - both)[..., None] * out[b]
+        lse[b] = both
+    return out, lse
+
+
+def test_state_carried_from_one_batch_entry_to_the_next_is_named_so():
+    def carried(q, k, v, *, causal, scale):
+        out, lse = attend(q, k, v, causal=causal, scale=scale)
+        return _merged_over_the_batch(out.detach().clone(), lse.detach().clone())[0]
+    rows = runner.run_case(targets.resolve(carried), Case(3, 2, 17, 45, 16, True), "float32", "cpu")
+    out = next(r for r in rows if r.tensor == "out")
+    assert not out.passed and out.diagnosis.id == "state-carried", out.diagnosis.sentence
+    assert "each batch entry's rows merged with the same rows of every batch entry before it" in out.diagnosis.sentence
+
+
+def _block_kernel(keep_of):
+    """sdpa whose softmax sees only the (query, key) entries where keep_of(i, j) holds."""
+    def kernel(q, k, v, *, causal, scale):
+        i, j = torch.arange(q.shape[2])[:, None], torch.arange(k.shape[2])[None, :]
+        S = (q @ k.transpose(-1, -2)) * scale
+        return torch.softmax(S.masked_fill(~keep_of(i, j) | ((j > i) if causal else False), -math.inf), -1) @ v
+    return kernel
+
+
+def test_query_tiles_reading_too_few_key_tiles_are_named_with_the_tiles():
+    # each query tile of 32 reads key tiles 0 .. its own + 1 (a causal tile bound in a kernel without the mask)
+    kernel = _block_kernel(lambda i, j: j // 32 <= i // 32 + 1)
+    rows = runner.run_case(targets.resolve(kernel), Case(1, 2, 45, 130, 16, False), "float32", "cpu")
+    out = next(r for r in rows if r.tensor == "out")
+    assert not out.passed and out.diagnosis.id == "key-tile-ranges", out.diagnosis.sentence
+    assert "query rows 0 .. 31 read key tiles 0 .. 1, their keys span key tiles 0 .. 4; query rows 32 .. 44 read " \
+           "key tiles 0 .. 2" in out.diagnosis.sentence, out.diagnosis.sentence
+    assert all(r.diagnosis.id == "key-tile-ranges" for r in rows if not r.passed), \
+        [r.diagnosis.sentence for r in rows if not r.passed]
+
+
+def test_a_backward_leaving_out_blocks_is_named_with_the_blocks():
+    def blocks_skipped(q, k, v, *, causal, scale):            # the backward's query tile 0 skips key tiles >= 1
+        i, j = torch.arange(q.shape[2])[:, None], torch.arange(k.shape[2])[None, :]
+        S = (q @ k.transpose(-1, -2)) * scale
+        lse = torch.logsumexp(S, -1, keepdim=True).detach()
+        out = (torch.softmax(S, -1) @ v).detach()
+        P = torch.exp(S.masked_fill((i // 32 == 0) & (j // 32 >= 1), -math.inf) - lse)
+        g = P @ v - P.sum(-1, keepdim=True) * out                 # the gradients of the kept entries, D whole
+        return out + (g - g.detach())
+    rows = runner.run_case(targets.resolve(blocks_skipped), Case(1, 2, 77, 77, 16, False), "float32", "cpu")
+    said = {r.tensor: r.diagnosis for r in rows if not r.passed}
+    assert set(said) == {"dq", "dk", "dv"}, {n: d.sentence for n, d in said.items()}
+    for d in said.values():
+        assert d.id == "backward-blocks", d.sentence
+        assert "leaves out 2 (query tile, key tile) blocks of 32 x 32 that the forward uses (key tile 1 without " \
+               "query tile 0; key tile 2 without query tile 0)" in d.sentence, d.sentence
