@@ -35,6 +35,10 @@ UNNAMED = ("none", "not-diagnosed")
 # Ids that say what the output looks like rather than which mistake made it: a report names
 # a catalogued mistake first when some row has one.
 GENERIC = ("zeros", "non-finite", "lower-precision", "wrong-direction", "grows-with-length", "dropout")
+# A row whose bound is this share of its tensor's size or more (bfloat16 on outlier inputs: 0.5 .. 1)
+# keeps its reading, but does not name the run: there a forward's slip passes and leaves its gradients
+# looking like a backward's (an accumulator rescaled in the wrong order read as "D dropped").
+LOOSE_BOUND = 0.25
 
 # Where the diagnoses a report leaves out are: the command's, and Python's
 CLI_MORE = "--json"
@@ -208,8 +212,9 @@ class Report:
         NaN on some cases is named by the mistake), or None when no failing row is named
         (each row's own ``.diagnosis`` says why).  A description heads the run only when it covers
         at least as many failing rows as no name covers (one row read as a lower precision
-        among three unnamed is not the run's cause)."""
-        ids = Counter(d.id for _, d in self.diagnoses if d.id not in UNNAMED)
+        among three unnamed is not the run's cause).  Rows judged to a bound of `LOOSE_BOUND` or more
+        are not counted."""
+        ids = Counter(d.id for r, d in self.diagnoses if d.id not in UNNAMED and not (r.bound or 0.0) >= LOOSE_BOUND)
         specific = Counter({i: c for i, c in ids.items() if i not in GENERIC})
         if specific:
             return specific.most_common(1)[0][0]

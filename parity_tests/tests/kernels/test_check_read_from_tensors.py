@@ -317,3 +317,18 @@ def test_a_backward_leaving_out_blocks_is_named_with_the_blocks():
         assert d.id == "backward-blocks", d.sentence
         assert "leaves out 2 (query tile, key tile) blocks of 32 x 32 that the forward uses (key tile 1 without " \
                "query tile 0; key tile 2 without query tile 0)" in d.sentence, d.sentence
+
+
+def test_a_key_counted_twice_by_every_row_is_named_with_the_key():
+    def overlapping_splits(q, k, v, *, causal, scale):        # splits [0, 41) and [40, Tk): key 40 in both
+        tq, tk = q.shape[2], k.shape[2]
+        j = torch.cat([torch.arange(41), torch.arange(40, tk)])
+        S = (q @ k[:, :, j].transpose(-1, -2)) * scale
+        if causal:
+            S = S.masked_fill(j[None, :] > torch.arange(tq)[:, None] + tk - tq, -math.inf)
+        return torch.softmax(S, -1) @ v[:, :, j]
+    rows = runner.run_case(targets.resolve(overlapping_splits), Case(1, 2, 5, 77, 16, True), "float32", "cpu",
+                           align="bottom-right")
+    said = {r.tensor: r.diagnosis for r in rows if not r.passed}
+    assert said and all(d.id == "keys-weighted" for d in said.values()), {n: d.sentence for n, d in said.items()}
+    assert "with key 40 counted twice (the same for every query row" in said["out"].sentence, said["out"].sentence
