@@ -45,7 +45,8 @@ instead of c·tanh), ``positions_dtype`` (ALiBi's positions and distances in a l
 from: another base, or each row's off by its own amount), ``unseen_from`` (per batch
 entry, the keys from that index on seen by no query: a split or tile size rounded down),
 ``key_range`` ((first, end) integer arrays (B, Hq, Tq): each query row sees only keys first ..
-end − 1 of those it would: a tile loop's bounds off).
+end − 1 of those it would: a tile loop's bounds off), ``key_span`` (the same, whatever the
+causal mask and window say: a mask applied on some tiles only).
 """
 
 import functools
@@ -239,7 +240,8 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
               window_align=None, alibi_no_offset=False, alibi_offset_sign=1, axis=-1,
               no_delta=False, finite_mask=False, with_max=False, keys=None, online=None, backward_visible=None,
               softcap_last=False, weights="softmax", keep=None, dropout_p=0.0, softcap_form="tanh",
-              positions_dtype=None, backward_lse=None, unseen_from=None, key_range=None):
+              positions_dtype=None, backward_lse=None, unseen_from=None, key_range=None,
+              key_span=None):
     """(out, lse): out (B, Hq, Tq, Dv), lse (B, Hq, Tq), in q's dtype; torch tensors,
     differentiable.  ``rows``: (first, total) when q holds query rows first .. of a case
     with ``total`` query rows (the baseline's chunks); the bias then holds those rows too.
@@ -311,10 +313,11 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
     if unseen_from is not None:            # the keys from there on (per batch entry) seen by no query
         firsts = torch.tensor(unseen_from, device=q.device).reshape(-1, 1, 1, 1)
         seen = seen & (torch.arange(tk, device=q.device) < firsts)
-    if key_range is not None:              # each row's keys first .. end - 1 alone (of those it sees)
-        lo, hi = (torch.as_tensor(x, device=q.device)[..., first:first + tq, None] for x in key_range)
-        j = torch.arange(tk, device=q.device)
-        seen = seen & (j >= lo) & (j < hi)
+    for knob, within in ((key_range, seen), (key_span, None)):
+        if knob is not None:               # each row's keys first .. end - 1 (of those it sees, or of its sequence's)
+            lo, hi = (torch.as_tensor(x, device=q.device)[..., first:first + tq, None] for x in knob)
+            j = torch.arange(tk, device=q.device)
+            seen = (mask(causal=False, window=None) if within is None else within) & (j >= lo) & (j < hi)
     if finite_mask is not False:           # finfo.min (or the value) for "hidden": a row that sees no key averages v
         S = S.masked_fill(~seen, torch.finfo(S.dtype).min if finite_mask is True else float(finite_mask))
     S = S.masked_fill(~seen, -torch.inf) if finite_mask is False else S        # (B, Hq, Tq, Tk)

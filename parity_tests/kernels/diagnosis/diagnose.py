@@ -83,7 +83,7 @@ FIT_SHARE = 0.1
 # by one factor is also each row off by its own).
 FITTED = ("constant-factor", "lse-max-factor", "axes-permuted", "state-carried", "keys-unseen", "last-tile-only",
           "keys-weighted", "sequence-offsets", "head-map", "broadcast-sum", "backward-blocks", "key-tile-ranges",
-          "denominator", "wrong-delta", "backward-p-scaled")
+          "key-spans", "denominator", "wrong-delta", "backward-p-scaled")
 
 # A catalogued mistake that leaves at most this share of the error against the
 # reference explains the tensor, even where its own rounding exceeds the bound
@@ -323,7 +323,7 @@ def _catalogue(rest, rows, ev):
         hyps += [h for n in rest if n in INPUT_GRADS for h in _broadcast_sum(sub, n)]
     if "out" in rest:
         hyps += _keys_unseen(sub) + _sequence_offsets(sub) + _state_carried(sub) + _keys_weighted(sub) + \
-            _key_tile_ranges(sub)
+            _key_tile_ranges(sub) + _key_spans(sub)
     hyps += _axes_permuted(sub, rest)
     if "lse" in rest:
         hyps += _lse_max_factor(sub)
@@ -675,6 +675,10 @@ def _diagnose_tensor(t, hyps, cache, got, ref, denom, bound, sel, constants=()):
     # a fitted row factor fits any row scaling; a catalogued mistake that explains it too says why
     named = [w for w in whole if w[1] not in FITTED and explains(w[0], error, bound)]
     simplest = sorted((w for w in whole if w[1] in FITTED and w[0] <= bound), key=lambda w: FITTED.index(w[1]))
+    if simplest and not named:        # a catalogued mistake in some slices says more than a reading fitted row by row
+        by_slice = _by_slice(t, [c for c in candidates if c[1] not in FITTED], a, r, denom, bound, sel)
+        if by_slice is not None:
+            return by_slice
     best = min(named, key=lambda w: w[0]) if named else simplest[0] if simplest else \
         min(whole, key=lambda w: w[0])
     if explains(best[0], error, bound):
@@ -1149,10 +1153,86 @@ def _keys_weighted(sub):
                                 grads=grads, dlse=r.get("dlse") if grads else None, autograd=True))
         if "lse" in found and "lse" in sub.gold:
             found["lse"] = np.where(sub.gold["lse"] == 0.0, 0.0, found["lse"])
-        return {n: a for n, a in found.items() if n != "dbias" or opts.get("bias") is not None}
+        return {n: a for n, a in found.items() if n in sub.gold}        # (the bias added here has no gradient)
     return [mistakes.Hypothesis("keys-weighted", f"{'; '.join(said)} (the same for every query row: split or page "
                                 "bounds that overlap, or skip, the keys between them)", predict,
                                 ("out", "lse", "dq", "dk", "dv"), fitted=("out",))]
+
+
+def _key_spans(sub):
+    """Rows that see another contiguous range of keys than their own (a mask applied on some
+    tiles only, a window or causal edge off by a varying amount, a range taken from another row):
+    for each row the range a .. b − 1 that reproduces its out best, among all of them, from one
+    dense forward's unmasked weights W (v the identity): the row's output is
+    Σ_{a≤j<b} W_ij v_j / Σ_{a≤j<b} W_ij, by prefix sums, on `PROJECTIONS` random directions of its
+    channels, then held to the bound on all of them.  Rows the reference reproduces keep their own
+    range.  [] with dropout, on a block of rows, with weights too large to hold, past `SPAN_WORK`,
+    where a row sees keys that are not one range, or where a wrong row sees none."""
+    case, got, r = sub.case, sub.arrays.get("out"), sub.rounded
+    P = _dense_weights(sub) if got is not None and np.isfinite(got).all() and case.tk > 1 else None
+    if P is None:
+        return []
+    B, H, Tq, Tk = P.shape
+    v = np.repeat(r["v"], case.heads // case.hkv, 1)                         # (B, Hq, Tk, Dv)
+    den = np.broadcast_to(sub.den["out"], (B, H))
+    wrong = np.abs(got - P @ v).max(-1) / den[..., None] > sub.bounds["out"]  # (B, H, Tq)
+    seen = P > 0
+    keys = np.arange(Tk)
+    own_a = np.where(seen, keys, Tk).min(-1)
+    own_b = np.where(seen, keys, -1).max(-1) + 1
+    if not wrong.any() or (seen.sum(-1) != np.maximum(own_b - own_a, 0)).any() or \
+            (wrong & ~seen.any(-1)).any() or wrong.sum() * Tk * Tk > SPAN_WORK:
+        return []                          # (a row that sees no key has no range of its own to move)
+    W = _dense_weights(sub, unmasked=True)
+    where = np.nonzero(wrong)
+    directions = np.random.default_rng(0).standard_normal((v.shape[-1], PROJECTIONS))
+    Ww, vw = W[where], (v @ directions)[where[0], where[1]]                 # (n, Tk), (n, Tk, m)
+    gw = (got @ directions)[where]                                           # (n, m)
+    cw = np.concatenate([np.zeros((len(Ww), 1)), np.cumsum(Ww, -1)], -1)    # (n, Tk + 1)
+    cwv = np.concatenate([np.zeros((len(Ww), 1, PROJECTIONS)), np.cumsum(Ww[..., None] * vw, -2)], -2)
+    err, a_w, b_w = np.full(len(Ww), np.inf), np.zeros(len(Ww), int), np.zeros(len(Ww), int)
+    for a in range(Tk):
+        w = cw[:, a + 1:] - cw[:, a:a + 1]                                   # (n, Tk - a): ranges a .. b - 1
+        pred = (cwv[:, a + 1:] - cwv[:, a:a + 1]) / np.where(w > 1e-300, w, 1.0)[..., None]
+        e = np.abs(gw[:, None] - pred).max(-1)
+        e = np.where(w > 1e-300, e, np.inf)
+        best = e.argmin(-1)
+        better = e[np.arange(len(e)), best] < err
+        err = np.where(better, e[np.arange(len(e)), best], err)
+        a_w, b_w = np.where(better, a, a_w), np.where(better, a + 1 + best, b_w)
+    first, end = own_a.copy(), own_b.copy()
+    first[where], end[where] = a_w, b_w
+    span = (keys >= first[..., None]) & (keys < end[..., None])
+    Wspan = W * span
+    total = Wspan.sum(-1, keepdims=True)
+    pred = np.where(total > 0, (Wspan / np.where(total > 0, total, 1.0)) @ v, 0.0)
+    pred = np.where(wrong[..., None], pred, P @ v)
+    if slice_errors(got, pred, sub.den["out"]).max() > sub.bounds["out"]:
+        return []
+    changed = wrong & ((first != own_a) | (end != own_b))
+    if not changed.any():
+        return []
+    rows = sorted({int(i) for i in where[2][changed[where]]})
+    said = []
+    for edge, new, own in (("first", first, own_a), ("last", end, own_b)):
+        moved = (new - own)[changed]
+        if moved.any():
+            lo, hi = int(moved.min()), int(moved.max())
+            by = f"{abs(lo)}" if lo == hi else f"{min(abs(lo), abs(hi))} .. {max(abs(lo), abs(hi))}"
+            way = "later" if lo > 0 else "earlier" if hi < 0 else "later or earlier"
+            tile = next((t for t in sorted(mistakes.KEY_TILES, reverse=True)
+                         if np.all((new[changed] % t == 0) | (new[changed] == (0 if edge == "first" else Tk)))), None)
+            at = f", each range {'starting' if edge == 'first' else 'ending'} at a multiple of {tile} (a tile's " \
+                 "edge)" if tile and tile < Tk else ""
+            said.append(f"its {edge} key {by} keys {way}{at}")
+    opts = sub.opts
+
+    def predict(grads=True):
+        return as_4d(dense.run(r["q"], r["k"], r["v"], r["dout"] if grads else None, opts, grads=grads,
+                               dlse=r.get("dlse") if grads else None, key_span=(first, end)))
+    return [mistakes.Hypothesis("key-spans", f"each of query rows {ranges(rows)} seeing another range of keys than "
+                                f"its own: {' and '.join(said)}", predict, ("out", "lse", "dq", "dk", "dv"),
+                                fitted=("out",))]
 
 
 def _axes_permuted(sub, failing):
@@ -1262,6 +1342,8 @@ def _state_carried(sub):
 
 # The random directions the channels of out are projected on to fit each key's weight (`_keys_weighted`).
 PROJECTIONS = 4
+# The rows x keys x keys a fit of each row's range of keys (`_key_spans`) may take.
+SPAN_WORK = 2 ** 25
 # A query tile reads another range of key tiles than it sees (`_key_tile_ranges`): the tile sizes of
 # `mistakes.KEY_TILES` with at most this many key tiles (each range of them tried, row by row).
 RANGE_TILES = 24
@@ -1481,24 +1563,26 @@ def _max_moved(ev):
     return still, seen & ~still
 
 
-def _dense_weights(sub):
-    """P (B, Hq, Tq, Tk): the softmax weights of the dense float64 forward (v the identity), or
-    None with dropout, on a block of rows, or past UNSEEN_LIMIT (query or key, key) pairs."""
+def _dense_weights(sub, unmasked=False):
+    """P (B, Hq, Tq, Tk): the softmax weights of the dense float64 forward (v the identity;
+    ``unmasked``: without the causal mask and window, each sequence's keys all seen), or None
+    with dropout, on a block of rows, or past UNSEEN_LIMIT (query or key, key) pairs."""
     case, tk = sub.case, sub.case.tk
     if sub.rows is not None or sub.opts.get("keep") is not None or \
             case.batch * case.heads * max(case.tq, tk) * tk > UNSEEN_LIMIT:
         return None
     eye = np.ascontiguousarray(np.broadcast_to(np.eye(tk), sub.rounded["k"].shape[:2] + (tk, tk)))
-    return _dense_forward(sub, v=eye)[0]
+    return _dense_forward(sub, v=eye, unmasked=unmasked)[0]
 
 
-def _dense_forward(sub, v=None, extra_bias=None):
+def _dense_forward(sub, v=None, extra_bias=None, unmasked=False):
     """(out, lse, m): ``dense.attention`` in float64 on the evidence's rounded inputs (``v`` in
     place of its v, ``extra_bias`` added to the scores), without dropout: m each row's maximum
     score, −inf where the row sees no key.  NumPy arrays."""
     r = sub.rounded
     t = lambda a: torch.tensor(np.asarray(a), dtype=torch.float64)              # a copy: some are read-only
-    kw = dense.keywords({n: x for n, x in sub.opts.items() if n not in ("keep", "dropout_p")})
+    dropped = ("keep", "dropout_p") + (("causal", "window") if unmasked else ())
+    kw = dense.keywords({n: x for n, x in sub.opts.items() if n not in dropped})
     if extra_bias is not None:
         kw["bias"] = kw.get("bias", torch.zeros((), dtype=torch.float64)) + extra_bias
     with torch.no_grad():

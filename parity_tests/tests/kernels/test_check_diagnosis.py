@@ -193,6 +193,12 @@ def test_a_cause_is_named_only_well_inside_the_bound_and_clearly_closer_than_the
     assert _named([0.045, 0.5]).id == "h0"                    # 0.45 of the bound
 
 
+def test_a_share_of_a_large_error_is_a_match_only_within_ten_bounds():
+    assert diagnose.explains(1.5, 1e4, 1.0)                   # a sharper softmax rounds past the bound
+    assert not diagnose.explains(21.0, 5e4, 1.0)              # 4e-4 of a huge error, but 21 bounds off
+    assert diagnose.explains(0.9, 5e4, 1.0)
+
+
 def test_a_closest_guess_is_given_only_when_it_leaves_little_of_the_error():
     near = _named([0.004, 0.5], bound=0.001)               # 4 bounds off, 0.4 % of the error left
     assert near.id == "none" and "(closest: hypothesis 0, 4.0e-03 vs bound 1.0e-03)" in near.sentence

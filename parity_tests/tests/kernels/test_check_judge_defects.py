@@ -120,3 +120,9 @@ def test_the_headline_is_the_catalogued_cause_of_most_failing_rows_not_the_first
     assert Report("k", rows).diagnosis is None                # a description of one row in four heads nothing
     rows = [failing(i, "lower-precision") for i in range(2)] + [failing(i, "none") for i in range(2, 4)]
     assert Report("k", rows).diagnosis == "lower-precision"
+    rows = [failing(i, "none") for i in range(8)] + [failing(i, "backward-no-D") for i in range(8, 10)]
+    for r in rows[8:]:
+        r.bound = 0.5                                          # bfloat16 on outlier inputs
+    assert Report("k", rows).diagnosis is None                # a reading under so loose a bound names no run
+    rows[8].bound = 0.2
+    assert Report("k", rows).diagnosis == "backward-no-D"

@@ -332,3 +332,17 @@ def test_a_key_counted_twice_by_every_row_is_named_with_the_key():
     said = {r.tensor: r.diagnosis for r in rows if not r.passed}
     assert said and all(d.id == "keys-weighted" for d in said.values()), {n: d.sentence for n, d in said.items()}
     assert "with key 40 counted twice (the same for every query row" in said["out"].sentence, said["out"].sentence
+
+
+def test_rows_seeing_another_range_of_keys_are_named_with_how_far_its_edge_moved():
+    # the causal mask left off the diagonal tiles of 32: each row sees up to its tile's last key
+    def diagonal_tiles_unmasked(q, k, v, *, causal, scale):
+        i, j = torch.arange(q.shape[2])[:, None], torch.arange(k.shape[2])[None, :]
+        S = (q @ k.transpose(-1, -2)) * scale
+        return torch.softmax(S.masked_fill(j >= (i // 32 + 1) * 32, -math.inf), -1) @ v
+    rows = runner.run_case(targets.resolve(diagonal_tiles_unmasked), Case(1, 2, 77, 77, 16, True), "float32", "cpu")
+    out = next(r for r in rows if r.tensor == "out")
+    assert not out.passed and out.diagnosis.id == "key-spans", out.diagnosis.sentence
+    assert "each of query rows 0 .. 30, 32 .. 62, 64 .. 75 seeing another range of keys than its own: its last " \
+           "key 1 .. 31 keys later, each range ending at a multiple of 32" in out.diagnosis.sentence, \
+        out.diagnosis.sentence
