@@ -27,6 +27,7 @@ def gpu_check(out, *options):
     return proc, summary, {s["name"]: s for s in summary["steps"]}
 
 
+@pytest.mark.slow                     # 2 s of subprocesses
 def test_a_failing_step_is_recorded_and_the_next_one_still_runs(tmp_path):
     proc, summary, steps = gpu_check(tmp_path, "--dry-run", "--steps", "matrix", "--inject-step", EXIT_1)
     assert proc.returncode == 1, proc.stderr

@@ -314,20 +314,22 @@ def _catalogue(rest, rows, ev):
     hyps = _catalogue_of(sub, twins=out_right)
     if sub is ev and _screened(rest, ev):                  # large: its out mistakes first on a block
         hyps = row_block.screen(hyps, ev, _catalogue_of, explains, slice_errors)
-    if out_right:                                          # readings of a backward alone
+    cache, result = {}, {}
+    # the readings fitted to the target are formed only where no catalogued mistake explains clearly
+    plain = lambda names: not all(_explained(n, hyps, cache, sub, out_right) for n in names if n in sub.arrays)
+    if out_right and plain(rest):                          # readings of a backward alone
         if "dq" in rest:
             hyps += _wrong_delta(sub) + _backward_p_scaled(sub)
         if "dk" in rest:
             hyps += _head_map(sub)
         hyps += _last_tile_only(sub, rest) + _backward_blocks(sub, rest)
         hyps += [h for n in rest if n in INPUT_GRADS for h in _broadcast_sum(sub, n)]
-    if "out" in rest:
+    if "out" in rest and plain(["out"]):
         hyps += _keys_unseen(sub) + _sequence_offsets(sub) + _state_carried(sub) + _keys_weighted(sub) + \
             _key_tile_ranges(sub) + _key_spans(sub)
     hyps += _axes_permuted(sub, rest)
     if "lse" in rest:
         hyps += _lse_max_factor(sub)
-    cache, result = {}, {}
     backward_only = [h for h in hyps if "out" not in h.tensors]
     out_fits = {} if out_right or "out" not in sub.arrays or not np.isfinite(sub.arrays["out"]).all() else \
         _out_fits(hyps, cache, sub.arrays, sub.gold["out"], sub.den["out"], sub.bounds["out"])
@@ -347,6 +349,23 @@ def _catalogue(rest, rows, ev):
             if result[n].id == "none" or (result[n].id == "not-diagnosed" and sub.rows is not None):
                 result[n].sentence += f" (out of this case: {named.id})"
     return result
+
+
+def _explained(n, hyps, cache, sub, out_right):
+    """Whether a catalogued mistake of ``hyps`` (one changing the backward alone where the output is
+    right) reproduces tensor ``n`` whole with a clear margin: within NAMED_WITHIN of its bound, or
+    MATCH_SHARE of its error (`explains`).  Predictions go to ``cache``, as `_diagnose_tensor` uses them."""
+    got = sub.arrays[n]
+    if not np.isfinite(got).all():
+        return False
+    error, bound = slice_errors(got, sub.gold[n], sub.den[n]).max(), sub.bounds[n]
+    for hyp in hyps:
+        if n in hyp.tensors and not (out_right and "out" in hyp.tensors):
+            pred = _predict(hyp, cache, grads=n not in ("out", "lse")).get(n)
+            if pred is not None and np.any(pred) and \
+                    explains(slice_errors(got, pred, _own_scale(pred, sub.den[n])).max(), error, NAMED_WITHIN * bound):
+                return True
+    return False
 
 
 def _catalogue_of(sub, twins=False):
@@ -735,7 +754,7 @@ def _named_constant(c, constants):
     own = [w for w in hits if w not in {w for _, w in GENERIC_CONSTANTS}]
     if not own:
         return hits[0] if hits else None
-    said = {}                                        # "1/2: averaged over the batch entries, not summed or over the heads"
+    said = {}                               # "1/2: averaged over the batch entries or averaged over the heads"
     for w in own:
         head, _, rest = w.partition(": ")
         said.setdefault(head, []).append(rest)
@@ -1056,7 +1075,8 @@ def _backward_blocks(sub, failing):
 
     def predict(grads=True):
         return {**sub.gold, **preds}
-    return [mistakes.Hypothesis("backward-blocks", f"a backward that leaves out {int((weight == 0).sum())} (query tile, "
+    left = int((weight == 0).sum())
+    return [mistakes.Hypothesis("backward-blocks", f"a backward that leaves out {left} (query tile, "
                                 f"key tile) blocks of {bm} x {bn} that the forward uses ({said}): a tile loop's start "
                                 "or end off", predict, tuple(preds), fitted=(fit_to,))]
 
@@ -1110,7 +1130,8 @@ def _keys_weighted(sub):
     twice), and held to the bound.  With the weights, row i's output is
     out_i = (O_i + Σ_j e_j P_ij v_j) / (1 + Σ_j e_j P_ij), so out_i − O_i = Σ_j e_j P_ij (v_j − out_i):
     linear in e, the target's own out_i on the right (its channels projected on `PROJECTIONS`
-    random directions, or as many as give four equations a key, up to all of them).  From one dense forward's weights P (v the identity).  [] with dropout,
+    random directions, or as many as give four equations a key, up to all of them).  From one
+    dense forward's weights P (v the identity).  [] with dropout,
     on a block of rows, or with weights too large to hold."""
     case, got, r = sub.case, sub.arrays.get("out"), sub.rounded
     P = _dense_weights(sub) if got is not None and np.isfinite(got).all() and case.tk > 1 else None
@@ -1123,7 +1144,7 @@ def _keys_weighted(sub):
     directions = np.eye(dv) if m == dv else np.random.default_rng(0).standard_normal((dv, m))
     weights = np.zeros((case.batch, case.tk))
     for b in range(case.batch):
-        A = P[b][..., None] * ((v[b][:, None] - got[b][:, :, None]) @ directions)   # (Hq, Tq, Tk, m)
+        A = P[b][..., None] * ((v[b] @ directions)[:, None] - (got[b] @ directions)[:, :, None])   # (Hq, Tq, Tk, m)
         A = np.moveaxis(A, 2, -1).reshape(-1, case.tk)
         G = A.T @ A                 # the normal equations, each key's own term raised by 1e-6 (many keys, few rows)
         ridge = np.where(np.diag(G) > 0, 1e-6 * np.diag(G), 1.0)
@@ -1144,7 +1165,8 @@ def _keys_weighted(sub):
             keys = [int(j) for j in np.nonzero(weights[b] == value)[0]]
             if keys:
                 said.append(f"{'key' if len(keys) == 1 else 'keys'} {ranges(keys)}{of} {words}")
-    extra = torch.as_tensor(np.log1p(weights))[:, None, None, :]              # (B, 1, 1, Tk): log 2, 0, -inf
+    with np.errstate(divide="ignore"):
+        extra = torch.as_tensor(np.log1p(weights))[:, None, None, :]          # (B, 1, 1, Tk): log 2, 0, -inf
     opts = sub.opts
 
     def predict(grads=True):
@@ -1162,7 +1184,8 @@ def _keys_weighted(sub):
 def _key_spans(sub):
     """Rows that see another contiguous range of keys than their own (a mask applied on some
     tiles only, a window or causal edge off by a varying amount, a range taken from another row):
-    for each row the range a .. b − 1 that reproduces its out best, among all of them, from one
+    for each row the range a .. b − 1 that reproduces its out best, each edge fitted in turn with
+    the other held (twice, from the row's own range), from one
     dense forward's unmasked weights W (v the identity): the row's output is
     Σ_{a≤j<b} W_ij v_j / Σ_{a≤j<b} W_ij, by prefix sums, on `PROJECTIONS` random directions of its
     channels, then held to the bound on all of them.  Rows the reference reproduces keep their own
@@ -1181,7 +1204,7 @@ def _key_spans(sub):
     own_a = np.where(seen, keys, Tk).min(-1)
     own_b = np.where(seen, keys, -1).max(-1) + 1
     if not wrong.any() or (seen.sum(-1) != np.maximum(own_b - own_a, 0)).any() or \
-            (wrong & ~seen.any(-1)).any() or wrong.sum() * Tk * Tk > SPAN_WORK:
+            (wrong & ~seen.any(-1)).any() or wrong.sum() * Tk > SPAN_WORK:
         return []                          # (a row that sees no key has no range of its own to move)
     W = _dense_weights(sub, unmasked=True)
     where = np.nonzero(wrong)
@@ -1190,16 +1213,23 @@ def _key_spans(sub):
     gw = (got @ directions)[where]                                           # (n, m)
     cw = np.concatenate([np.zeros((len(Ww), 1)), np.cumsum(Ww, -1)], -1)    # (n, Tk + 1)
     cwv = np.concatenate([np.zeros((len(Ww), 1, PROJECTIONS)), np.cumsum(Ww[..., None] * vw, -2)], -2)
-    err, a_w, b_w = np.full(len(Ww), np.inf), np.zeros(len(Ww), int), np.zeros(len(Ww), int)
-    for a in range(Tk):
-        w = cw[:, a + 1:] - cw[:, a:a + 1]                                   # (n, Tk - a): ranges a .. b - 1
-        pred = (cwv[:, a + 1:] - cwv[:, a:a + 1]) / np.where(w > 1e-300, w, 1.0)[..., None]
-        e = np.abs(gw[:, None] - pred).max(-1)
-        e = np.where(w > 1e-300, e, np.inf)
+    rows_n = np.arange(len(Ww))
+
+    def fit(a, b, edge):
+        """Each row's best ``edge`` (0: first key, 1: end) with the other held, and its error."""
+        ends = np.arange(Tk + 1)
+        lo = a[:, None] if edge else ends[None, :]
+        hi = ends[None, :] if edge else b[:, None]
+        w = cw[rows_n[:, None], hi] - cw[rows_n[:, None], lo]                  # (n, Tk + 1)
+        num = cwv[rows_n[:, None], hi] - cwv[rows_n[:, None], lo]
+        e = np.abs(gw[:, None] - num / np.where(w > 1e-300, w, 1.0)[..., None]).max(-1)
+        e = np.where((w > 1e-300) & (hi > lo), e, np.inf)
         best = e.argmin(-1)
-        better = e[np.arange(len(e)), best] < err
-        err = np.where(better, e[np.arange(len(e)), best], err)
-        a_w, b_w = np.where(better, a, a_w), np.where(better, a + 1 + best, b_w)
+        return best, e[rows_n, best]
+    a_w, b_w = own_a[where].copy(), own_b[where].copy()
+    for _ in range(2):                      # each edge in turn, twice: one edge moved, or both
+        b_w, _ = fit(a_w, b_w, 1)
+        a_w, _ = fit(a_w, b_w, 0)
     first, end = own_a.copy(), own_b.copy()
     first[where], end[where] = a_w, b_w
     span = (keys >= first[..., None]) & (keys < end[..., None])
@@ -1256,6 +1286,11 @@ def _axes_permuted(sub, failing):
         got = sub.arrays.get(n)
         if n not in convert or n not in sub.gold_raw or got is None or not np.isfinite(got).all():
             continue
+        judged = sub.gold[n] if n != "lse" else sub.gold[n][sub.gold[n] != 0.0]
+        values = got if n != "lse" else got[sub.gold[n] != 0.0]
+        if values.size != judged.size or \
+                np.abs(np.sort(values, axis=None) - np.sort(judged, axis=None)).max() > sub.bounds[n] * np.max(sub.den[n]):
+            continue                                       # not the reference's values: no order of them gives it
         to_raw, from_raw = convert[n]
         raw = to_raw(torch.as_tensor(sub.gold_raw[n]), case).contiguous()
         shape = tuple(raw.shape)
@@ -1342,8 +1377,8 @@ def _state_carried(sub):
 
 # The random directions the channels of out are projected on to fit each key's weight (`_keys_weighted`).
 PROJECTIONS = 4
-# The rows x keys x keys a fit of each row's range of keys (`_key_spans`) may take.
-SPAN_WORK = 2 ** 25
+# The rows x keys a fit of each row's range of keys (`_key_spans`) may take.
+SPAN_WORK = 2 ** 22
 # A query tile reads another range of key tiles than it sees (`_key_tile_ranges`): the tile sizes of
 # `mistakes.KEY_TILES` with at most this many key tiles (each range of them tried, row by row).
 RANGE_TILES = 24

@@ -145,6 +145,7 @@ def test_bad_options_are_refused(argv, capsys):
     assert "error" in capsys.readouterr().err
 
 
+@pytest.mark.slow                     # 2.3 s of timed runs
 def test_golden_bench_prints_its_rate_the_dgemm_rate_the_share_and_the_blas(capsys):
     """``bench --golden`` on a tiny T: every figure it promises is printed (none asserted)."""
     assert cli.main(["bench", "--golden", "--tokens", "64", "--repeats", "1"]) == 0
@@ -153,6 +154,7 @@ def test_golden_bench_prints_its_rate_the_dgemm_rate_the_share_and_the_blas(caps
     assert "BLAS:" in out and "OPENBLAS_CORETYPE" in out and "load average" in out
 
 
+@pytest.mark.slow                     # 1.5 s of a loaded benchmark
 def test_under_load_prints_both_slowdowns_and_leaves_no_busy_process(capsys, monkeypatch):
     """``bench --under-load`` on a tiny T: the golden and SDPA timed idle and beside the
     busy processes, the ratio of their slowdowns printed, the busy processes gone after."""

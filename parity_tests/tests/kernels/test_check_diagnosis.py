@@ -86,7 +86,8 @@ def _without(monkeypatch, *ids):
 
 
 @pytest.mark.parametrize("name, expected", [("acc_not_rescaled", "acc-not-rescaled"),
-                                            ("split_merge_no_rescale", "split-no-rescale")])
+                                            pytest.param("split_merge_no_rescale", "split-no-rescale",
+                                                         marks=pytest.mark.slow)])
 def test_a_rescale_left_out_is_never_read_as_a_precision(name, expected, monkeypatch):
     from parity_tests.kernels.planted.chapter import GALLERY
     kernel = GALLERY[name][0]

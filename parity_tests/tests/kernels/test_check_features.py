@@ -224,6 +224,7 @@ def test_a_nondeterministic_kernel_fails_deterministic():
     assert {r.diagnosis.id for r in report.failures} == {"not-deterministic"}
 
 
+@pytest.mark.slow                     # 3 s of varlen and GQA diagnoses
 def test_the_summaries_say_what_a_user_asks_first():
     report = _named_first("softcap-no-derivative", causal="yes")
     assert all(d.sentence.startswith("the output is right; only the backward is wrong: ")
@@ -323,6 +324,7 @@ def test_a_softcap_applied_asymmetrically_or_clipped_is_named(mistake):
     _named_first(mistake, causal="yes")
 
 
+@pytest.mark.slow                     # 3 s of varlen diagnoses
 def test_sequences_wrong_only_from_an_empty_one_on_are_said_so():
     def stops_at_an_empty_sequence(q, k, v, *, causal, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                    max_seqlen_k):             # `break` where `continue` was meant
@@ -351,6 +353,7 @@ def test_a_backward_reading_dout_with_the_query_head_dim_is_named():
     assert {r.tensor for r, _ in wide} == {"dq", "dk", "dv"}
 
 
+@pytest.mark.slow                     # every gradient: 2.5 s (out stays, varlen-neighbours)
 def test_every_gradient_of_a_sequence_seeing_its_neighbours_is_named_so():
     report = _named_first("varlen-neighbours", causal="yes")
     grads = [(r, d) for r, d in report.diagnoses if r.tensor in ("dq", "dk", "dv")]

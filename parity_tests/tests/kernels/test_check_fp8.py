@@ -30,6 +30,7 @@ def run_cases(fn, features, cases, dtypes=None, seed=0):
     return run._run(plan._replace(grid=cases, classes=[]), "top-left", seed, False)
 
 
+@pytest.mark.slow                     # every case: 3 s (the FP8 KV twin stays)
 def test_a_right_fp8_kernel_passes_every_case_with_gqa():
     """FlashAttention-3's own formulation (the others, and 20 seeds: ``-m slow``)."""
     report = parity_tests.check(fp8_gallery.fa3, features=["fp8", "gqa"], causal="yes")

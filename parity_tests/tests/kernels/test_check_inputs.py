@@ -119,6 +119,7 @@ def test_each_row_reports_time_and_error_beside_sdpas():
     assert "err/SDPA" in report.table() and "time/SDPA" in report.table()
 
 
+@pytest.mark.slow                     # 2.4 s of heat maps
 def test_plot_draws_each_located_failure(tmp_path):
     pytest.importorskip("matplotlib")
 
