@@ -39,7 +39,9 @@ For each failing tensor, in this order:
    a plain computation's in a lower precision, that is said instead.
 
 What is not claimed: a mistake whose prediction is zero everywhere (any kernel
-returning zeros matches it: the shifted mask at T = 1), a fitted denominator
+returning zeros matches it: the shifted mask at T = 1), or zero on each slice it is
+matched on, a reading fitted to the target that is zero on every row where the target is
+off and blank (a range of keys read as none says no more than "nothing written"), a fitted denominator
 with a factor <= 0 or with one key (it then fits any multiple of v).  When out
 passed, its gradients are tried only against backward mistakes, and their
 sentence begins "the output is right; only the backward is wrong".
@@ -325,8 +327,11 @@ def _catalogue(rest, rows, ev):
         hyps += _last_tile_only(sub, rest) + _backward_blocks(sub, rest)
         hyps += [h for n in rest if n in INPUT_GRADS for h in _broadcast_sum(sub, n)]
     if "out" in rest and plain(["out"]):
-        hyps += _keys_unseen(sub) + _sequence_offsets(sub) + _state_carried(sub) + _keys_weighted(sub) + \
+        fitted = _keys_unseen(sub) + _sequence_offsets(sub) + _state_carried(sub) + _keys_weighted(sub) + \
             _key_tile_ranges(sub) + _key_spans(sub)
+        hyps += [h for h in fitted if not _zeros_where_wrong(sub.arrays["out"], sub.gold["out"],   # rows left blank
+                                                             _predict(h, cache, grads=False)["out"], sub.den["out"],
+                                                             sub.bounds["out"])]
     hyps += _axes_permuted(sub, rest)
     if "lse" in rest:
         hyps += _lse_max_factor(sub)
@@ -683,6 +688,7 @@ def _diagnose_tensor(t, hyps, cache, got, ref, denom, bound, sel, constants=()):
         candidates += _constant_factor(t, a, r, denom, bound, constants)
     fitted = {hyp.id for hyp in hyps if t in getattr(hyp, "fitted", ())} | {"constant-factor"}
     candidates = [c for c in candidates if c[1] not in fitted or c[0].max() <= FIT_SHARE * error_now]
+    candidates = [c for c in candidates if c[1] not in FITTED or not _zeros_where_wrong(a, r, c[3], denom, bound)]
     if not np.any(a) and np.any(r):
         told = f" (as {' or '.join(zeros)} would give here)" if zeros else ""
         return Diagnosis("zeros", f"{t} is zero everywhere (the reference is not): nothing written, "
@@ -717,6 +723,14 @@ def _diagnose_tensor(t, hyps, cache, got, ref, denom, bound, sel, constants=()):
         return Diagnosis("none", f"{t} matches none of the catalogued mistakes")
     return Diagnosis("none", f"{t} matches none of the catalogued mistakes (closest: {best[2]}, "
                      f"{_fmt(best[0])} vs bound {_fmt(bound)})", best[0], bound)
+
+
+def _zeros_where_wrong(a, r, pred, denom, bound):
+    """Whether ``pred`` is 0 on every row where the target ``a`` is off the reference ``r`` and the
+    target is 0 there too: a reading fitted to rows left blank (a tile or key range read as none)
+    says no more than "nothing written there", which any kernel leaving them blank matches."""
+    wrong = (np.abs(a - r) / np.asarray(denom).reshape(np.shape(denom) + (1, 1))).max(-1) > bound
+    return bool(wrong.any() and not np.any(pred[wrong]) and not np.any(a[wrong]))
 
 
 def _constants(sub):
@@ -1476,6 +1490,7 @@ def _by_slice(t, candidates, a, r, denom, bound, sel):
     bad = plain > bound
     if not bad.any() or bad.all():
         return None
+    candidates = [c for c in candidates if np.any(c[3][bad])]       # zeros on those slices: any blank kernel
     fits = [(res[bad].max(), i, s, p) for res, i, s, p in candidates
             if np.all(explains(res[bad], plain[bad], bound))]
     if not fits:

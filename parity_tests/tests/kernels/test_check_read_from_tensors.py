@@ -346,3 +346,15 @@ def test_rows_seeing_another_range_of_keys_are_named_with_how_far_its_edge_moved
     assert "each of query rows 0 .. 30, 32 .. 62, 64 .. 75 seeing another range of keys than its own: its last " \
            "key 1 .. 31 keys later, each range ending at a multiple of 32" in out.diagnosis.sentence, \
         out.diagnosis.sentence
+
+
+def test_rows_left_blank_are_said_so_not_read_as_a_range_of_keys():
+    def rows_past_32_blank(q, k, v, *, causal, scale):         # a later tile's rows never written
+        out = sdpa(q, k, v, causal=causal, scale=scale)
+        return torch.cat([out[:, :, :32], torch.zeros_like(out[:, :, 32:])], 2)
+    rows = runner.run_case(targets.resolve(rows_past_32_blank), Case(2, 2, 77, 77, 16, True), "float32", "cpu")
+    said = {r.tensor: r.diagnosis for r in rows if not r.passed}
+    assert set(said) == {"out", "dq", "dk", "dv"} and not {d.id for d in said.values()} & set(diagnose.FITTED), \
+        {n: d.sentence for n, d in said.items()}
+    assert "exactly 0 on query rows 32 .. 76 of 77 (the reference is not)" in said["out"].sentence, \
+        said["out"].sentence
