@@ -250,16 +250,21 @@ def test_a_gradient_averaged_over_the_batch_is_named_so():
     assert "0.333333 (1/3: averaged over the batch entries)" in said["dk"].sentence, said["dk"].sentence
 
 
-def test_an_lse_reshaped_where_a_transpose_is_meant_is_named_with_the_shapes():
-    def lse_reshaped(q, k, v, *, causal, scale):              # lse built (B, T, H), reshaped to (B, H, T)
+@pytest.mark.parametrize("slip, said", [
+    (lambda lse: lse.transpose(1, 2).contiguous().reshape(lse.shape),      # built (B, T, H), reshaped to (B, H, T)
+     "laid out as (1, 17, 2) (axes (0, 2, 1)) and read back by reshape"),
+    (lambda lse: lse.reshape(lse.shape[0], lse.shape[2], lse.shape[1]).transpose(1, 2),   # reshaped, then transposed
+     "reshaped to (1, 17, 2) and its axes put back ((0, 2, 1))")])
+def test_an_lse_reshaped_where_a_transpose_is_meant_is_named_with_the_shapes(slip, said):
+    def lse_reshaped(q, k, v, *, causal, scale):
         out, lse = attend(q, k, v, causal=causal, scale=scale)
-        return out, lse.transpose(1, 2).contiguous().reshape(lse.shape)
+        return out, slip(lse)
     rows = runner.run_case(targets.resolve(lse_reshaped), Case(1, 2, 17, 17, 16, True), "float32", "cpu",
                            wanted=("lse",))
-    said = {r.tensor: r.diagnosis for r in rows if not r.passed}
-    assert set(said) == {"lse"} and said["lse"].id == "axes-permuted", {n: d.sentence for n, d in said.items()}
-    assert "the reference's lse of shape (1, 2, 17) (the target's) laid out as (1, 17, 2) (axes (0, 2, 1)) and " \
-           "read back by reshape" in said["lse"].sentence, said["lse"].sentence
+    found = {r.tensor: r.diagnosis for r in rows if not r.passed}
+    assert set(found) == {"lse"} and found["lse"].id == "axes-permuted", {n: d.sentence for n, d in found.items()}
+    assert f"the reference's lse of shape (1, 2, 17) (the target's) {said}" in found["lse"].sentence, \
+        found["lse"].sentence
 
 
 def _merged_over_the_batch(out, lse):                       # an online softmax's state never reset
