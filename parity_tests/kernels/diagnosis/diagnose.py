@@ -1262,13 +1262,14 @@ def _key_spans(sub):
         moved = (new - own)[changed]
         if moved.any():
             lo, hi = int(moved.min()), int(moved.max())
-            by = f"{abs(lo)}" if lo == hi else f"{min(abs(lo), abs(hi))} .. {max(abs(lo), abs(hi))}"
-            way = "later" if lo > 0 else "earlier" if hi < 0 else "later or earlier"
+            by = f"{abs(lo)} keys" if lo == hi else f"{lo} .. {hi} keys" if lo > 0 else \
+                f"{-hi} .. {-lo} keys" if hi < 0 else f"up to {-lo} keys earlier or up to {hi} keys"
+            way = "earlier" if hi < 0 else "later"
             tile = next((t for t in sorted(mistakes.KEY_TILES, reverse=True)
                          if np.all((new[changed] % t == 0) | (new[changed] == (0 if edge == "first" else Tk)))), None)
             at = f", each range {'starting' if edge == 'first' else 'ending'} at a multiple of {tile} (a tile's " \
                  "edge)" if tile and tile < Tk else ""
-            said.append(f"its {edge} key {by} keys {way}{at}")
+            said.append(f"its {edge} key {by} {way}{at}")
     opts = sub.opts
 
     def predict(grads=True):
