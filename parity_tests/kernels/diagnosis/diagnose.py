@@ -40,9 +40,9 @@ For each failing tensor, in this order:
 
 What is not claimed: a mistake whose prediction is zero everywhere (any kernel
 returning zeros matches it: the shifted mask at T = 1), or zero on each slice it is
-matched on, a reading fitted to the target that is zero on every row where the target is
-off and blank (a range of keys read as none says no more than "nothing written"), a fitted denominator
-with a factor <= 0 or with one key (it then fits any multiple of v).  When out
+matched on; a reading fitted to the target that is zero on every row where the target
+is off and blank (a range of keys read as none says no more than "nothing written"); a
+fitted denominator with a factor <= 0 or with one key (it then fits any multiple of v).  When out
 passed, its gradients are tried only against backward mistakes, and their
 sentence begins "the output is right; only the backward is wrong".
 
@@ -1303,8 +1303,9 @@ def _axes_permuted(sub, failing):
             continue
         judged = sub.gold[n] if n != "lse" else sub.gold[n][sub.gold[n] != 0.0]
         values = got if n != "lse" else got[sub.gold[n] != 0.0]
-        if values.size != judged.size or \
-                np.abs(np.sort(values, axis=None) - np.sort(judged, axis=None)).max() > sub.bounds[n] * np.max(sub.den[n]):
+        apart = np.abs(np.sort(values, axis=None) - np.sort(judged, axis=None)).max() if values.size == judged.size \
+            else np.inf
+        if apart > sub.bounds[n] * np.max(sub.den[n]):
             continue                                       # not the reference's values: no order of them gives it
         to_raw, from_raw = convert[n]
         raw = to_raw(torch.as_tensor(sub.gold_raw[n]), case).contiguous()
