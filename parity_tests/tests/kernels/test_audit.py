@@ -127,6 +127,7 @@ def test_a_rule_at_zero_tolerance_rejects_the_correct_kernels():
     assert f"it rejects {len(report.rejected)} of {len(report.correct)} correct kernels" in report.sentence()
 
 
+@pytest.mark.slow                     # 1 s
 def test_a_very_loose_rule_lets_every_mistake_through_that_gives_finite_tensors():
     report = parity_tests.audit(atol=1e6, rtol=1e6, **SMALL)
     assert not report.rejected
@@ -318,6 +319,7 @@ def test_the_builtin_atol_rtol_rule_is_assert_close(atol, rtol):
             assert rule(o, ref, "bfloat16", "out") == expected
 
 
+@pytest.mark.slow                     # 1.1 s
 def test_with_features_the_correct_kernels_take_what_they_express_and_the_feature_mistakes_run():
     """With lse the formulations return an lse of their own; SDPA, which returns none, is left out;
     the answer computed in float64 takes every feature."""

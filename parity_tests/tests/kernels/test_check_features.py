@@ -167,6 +167,7 @@ def test_varlen_hands_the_packed_layout_with_nan_past_the_end():
     assert {s[4] for s in seen} >= {129, 17}
 
 
+@pytest.mark.slow                     # 2.6 s (test_check_inputs reads one key past)
 def test_a_kernel_that_reads_past_its_sequence_fails():
     def overreads(q, k, v, *, causal, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
         # each sequence's keys read as max_seqlen_k rows from its start: the neighbours' (and the NaN past the end)

@@ -45,6 +45,7 @@ def test_each_convention_names_its_fix(hid, fix):
     assert fix in report.convention() and "to 1e-9" not in report.convention()
 
 
+@pytest.mark.slow                     # 1.4 s
 def test_a_window_without_causal_mask_does_not_speak_of_one():
     report = parity_tests.check(parity_tests.mistake("window-other-alignment"), features=["window"],
                                 causal="no", **SMALL)
