@@ -733,6 +733,11 @@ def _zeros_where_wrong(a, r, pred, denom, bound):
     return bool(wrong.any() and not np.any(pred[wrong]) and not np.any(a[wrong]))
 
 
+# The constants of any formula (`_constants`): said only where none of the case's own is.
+GENERIC_CONSTANTS = ((-1.0, "-1: its sign flipped"), (2.0, "2"), (0.5, "1/2"), (math.log(2), "ln 2"),
+                     (1 / math.log(2), "log2(e)"))
+
+
 def _constants(sub):
     """(value, words) of the constants a tensor off by one factor is most often off by, the case's
     own first: those of its numeric options (the scale, a softcap, a dropout probability: v, 1/v,
@@ -754,10 +759,6 @@ def _constants(sub):
             out += [(1 / size, f"1/{size}: averaged over {words}"), (size, f"{size}: summed over {words}")]
     return out + list(GENERIC_CONSTANTS)
 
-
-# The constants of any formula (`_constants`): said only where none of the case's own is.
-GENERIC_CONSTANTS = ((-1.0, "-1: its sign flipped"), (2.0, "2"), (0.5, "1/2"), (math.log(2), "ln 2"),
-                     (1 / math.log(2), "log2(e)"))
 
 
 def _named_constant(c, constants):
@@ -1103,15 +1104,15 @@ def _keys_unseen(sub):
     (v the identity).  [] with dropout, on a block of rows, or with weights too large to hold."""
     case, got, r = sub.case, sub.arrays.get("out"), sub.rounded
     tk = case.tk
-    P = _dense_weights(sub) if got is not None and np.isfinite(got).all() and tk > 1 else None
-    if P is None:
+    found = _out_weights(sub)
+    if found is None:
         return []
-    v = np.repeat(r["v"], case.heads // case.hkv, 1)                         # (B, Hq, Tk, Dv)
+    P, v, O, _ = found
     lengths = sub.opts.get("seqlens_k")
     ends = [tk if lengths is None else int(lengths[b]) for b in range(case.batch)]
     firsts = []
     for b, n in enumerate(ends):
-        out, tail, weight = P[b] @ v[b], 0.0, 0.0
+        out, tail, weight = O[b], 0.0, 0.0
         best = (slice_errors(got[b:b + 1], out[None], sub.den["out"]).max(), n)       # no key left out
         for j in range(n - 1, max(0, n - 1 - UNSEEN_KEYS), -1):
             tail = tail + P[b, ..., j, None] * v[b, :, None, j]
@@ -1148,11 +1149,10 @@ def _keys_weighted(sub):
     dense forward's weights P (v the identity).  [] with dropout,
     on a block of rows, or with weights too large to hold."""
     case, got, r = sub.case, sub.arrays.get("out"), sub.rounded
-    P = _dense_weights(sub) if got is not None and np.isfinite(got).all() and case.tk > 1 else None
-    if P is None:
+    found = _out_weights(sub)
+    if found is None:
         return []
-    v = np.repeat(r["v"], case.heads // case.hkv, 1)                         # (B, Hq, Tk, Dv)
-    O = P @ v
+    P, v, O, _ = found
     dv = v.shape[-1]
     m = min(dv, max(PROJECTIONS, -(-4 * case.tk // (case.heads * case.tq))))     # 4 equations a key at least
     directions = np.eye(dv) if m == dv else np.random.default_rng(0).standard_normal((dv, m))
@@ -1188,7 +1188,7 @@ def _keys_weighted(sub):
         found = as_4d(dense.run(r["q"], r["k"], r["v"], r["dout"] if grads else None, {**opts, "bias": bias.numpy()},
                                 grads=grads, dlse=r.get("dlse") if grads else None, autograd=True))
         if "lse" in found and "lse" in sub.gold:
-            found["lse"] = np.where(sub.gold["lse"] == 0.0, 0.0, found["lse"])
+            found["lse"] = _judged_lse(sub, found["lse"])
         return {n: a for n, a in found.items() if n in sub.gold}        # (the bias added here has no gradient)
     return [mistakes.Hypothesis("keys-weighted", f"{'; '.join(said)} (the same for every query row: split or page "
                                 "bounds that overlap, or skip, the keys between them)", predict,
@@ -1205,14 +1205,13 @@ def _key_spans(sub):
     channels, then held to the bound on all of them.  Rows the reference reproduces keep their own
     range.  [] with dropout, on a block of rows, with weights too large to hold, past `SPAN_WORK`,
     where a row sees keys that are not one range, or where a wrong row sees none."""
-    case, got, r = sub.case, sub.arrays.get("out"), sub.rounded
-    P = _dense_weights(sub) if got is not None and np.isfinite(got).all() and case.tk > 1 else None
-    if P is None:
+    got, r = sub.arrays.get("out"), sub.rounded
+    found = _out_weights(sub)
+    if found is None:
         return []
+    P, v, O, row_error = found
     B, H, Tq, Tk = P.shape
-    v = np.repeat(r["v"], case.heads // case.hkv, 1)                         # (B, Hq, Tk, Dv)
-    den = np.broadcast_to(sub.den["out"], (B, H))
-    wrong = np.abs(got - P @ v).max(-1) / den[..., None] > sub.bounds["out"]  # (B, H, Tq)
+    wrong = row_error > sub.bounds["out"]                                    # (B, H, Tq)
     seen = P > 0
     keys = np.arange(Tk)
     own_a = np.where(seen, keys, Tk).min(-1)
@@ -1322,7 +1321,7 @@ def _axes_permuted(sub, failing):
                     continue
                 pred = as_4d({n: from_raw(x, case).numpy()})[n]
                 if n == "lse":
-                    pred = np.where(sub.gold["lse"] == 0.0, 0.0, pred)
+                    pred = _judged_lse(sub, pred)
                 residual = slice_errors(got, pred, sub.den[n]).max()
                 if best is None or residual < best[0]:
                     best = (residual, form, pred)
@@ -1383,7 +1382,7 @@ def _state_carried(sub):
     _, order, o, l = best
     pred = {"out": o}
     if "lse" in sub.gold:
-        pred["lse"] = np.where(sub.gold["lse"] == 0.0, 0.0, as_4d({"lse": l})["lse"])
+        pred["lse"] = _judged_lse(sub, as_4d({"lse": l})["lse"])
     words = {"batch": "batch entry", "head": "head", "slice": "(batch, head) slice"}[order]
     return [mistakes.Hypothesis(
         "state-carried", f"each {words}'s rows merged with the same rows of every {words} before it: an online "
@@ -1408,15 +1407,14 @@ def _key_tile_ranges(sub):
     dense forward's weights P (v the identity): without the keys outside [a, b), row i's output is
     Σ_{a≤j<b} P_ij v_j / Σ_{a≤j<b} P_ij.  [] with dropout, on a block of rows, or with weights
     too large to hold."""
-    case, got, r = sub.case, sub.arrays.get("out"), sub.rounded
-    P = _dense_weights(sub) if got is not None and np.isfinite(got).all() and case.tk > 1 else None
-    if P is None:
+    got, r = sub.arrays.get("out"), sub.rounded
+    found = _out_weights(sub)
+    if found is None:
         return []
+    P, v, _, row_error = found
     B, H, Tq, Tk = P.shape
-    v = np.repeat(r["v"], case.heads // case.hkv, 1)                         # (B, Hq, Tk, Dv)
     den = np.broadcast_to(sub.den["out"], (B, H))[..., None]
-    ref_err = np.abs(got - P @ v).max(-1) / den                              # (B, H, Tq)
-    wrong = ref_err > sub.bounds["out"]
+    wrong = row_error > sub.bounds["out"]
     if not wrong.any():
         return []
     where = np.nonzero(wrong)                                                # the rows fitted: (b, h, i) each
@@ -1613,6 +1611,25 @@ def _max_moved(ev):
     seen = np.isfinite(m)
     still = seen & (m1 == m)
     return still, seen & ~still
+
+
+def _out_weights(sub):
+    """(P, v, O, row_error) that the readings fitted to out row by row start from: the dense
+    forward's weights P (`_dense_weights`), v with a copy per query head (B, Hq, Tk, Dv), the
+    reference's O = P v, and each row's error against it over out's denominator (B, Hq, Tq);
+    None where out is missing or not finite, with one key, or where there are no weights."""
+    case, got = sub.case, sub.arrays.get("out")
+    P = _dense_weights(sub) if got is not None and np.isfinite(got).all() and case.tk > 1 else None
+    if P is None:
+        return None
+    v = np.repeat(sub.rounded["v"], case.heads // case.hkv, 1)
+    O = P @ v
+    return P, v, O, np.abs(got - O).max(-1) / np.broadcast_to(sub.den["out"], P.shape[:2])[..., None]
+
+
+def _judged_lse(sub, lse):
+    """A predicted 4-D lse on the rows the reference judges (0 on the others, as the golden)."""
+    return np.where(sub.gold["lse"] == 0.0, 0.0, lse)
 
 
 def _dense_weights(sub, unmasked=False):
