@@ -35,9 +35,9 @@ hidden scores set to it, as a cap applied after the mask gives −c),
 dropped: the weights differentiated with their normaliser held constant),
 ``online=(slip, block)`` (an online softmax's slips, `_online`: neither l nor the
 accumulator rescaled by exp(m_old − m_new), the accumulator alone not rescaled, l
-started at 1, split-KV partials merged without their rescale), ``backward_visible`` (the
-backward's own visibility, `_masked_backward`: {option: value} of `VISIBILITY` in place of the
-forward's),
+started at 1, split-KV partials merged without their rescale), ``backward_options`` (the
+backward's own scores, `_recomputed_backward`: {option or knob: value} of `SCORES` in place of
+the forward's: another mask, an option left out or scaled),
 ``softcap_last`` (the cap applied after ALiBi and the bias: x-transformers' order),
 ``softcap_form`` ("positive": only the positive scores capped; "clamp": clipped at ±c
 instead of c·tanh), ``positions_dtype`` (ALiBi's positions and distances in a low dtype),
@@ -57,7 +57,7 @@ from numpy_ref.visibility import window_sides
 from parity_tests.common import heap
 
 __all__ = ["attention", "run", "sees", "mask_mod", "visible", "alibi_slopes", "offsets", "chunk_rows", "keywords",
-           "PLAIN_OPTIONS", "ARRAY_OPTIONS", "VISIBILITY"]
+           "PLAIN_OPTIONS", "ARRAY_OPTIONS", "VISIBILITY", "SCORES"]
 
 # Query rows per chunk of the baseline: the (rows, Tk) arrays of one chunk stay
 # near CHUNK_ELEMENTS elements per (batch, head); past Tk = 16384 near
@@ -217,31 +217,57 @@ def _online(S, v, block, slip):
     return (w @ v) / torch.where(l > 0, l, torch.ones_like(l))[..., None]
 
 
-def _masked_backward(out, S_pre, lse, seen_b, v):
-    """``out`` forward; backward as a fused kernel's whose mask differs from its forward's:
-    P' = exp(S' − lse) with S' = S masked by ``seen_b`` and lse the forward's (not
-    renormalised), D = rowsum(dO ∘ O) from the forward's O:
+def _recomputed_backward(out, lse, S_b, lse_b, v, drop, extra=None):
+    """(out, lse) of the forward; backward as a fused kernel's that recomputes its weights from
+    other scores than its forward's: P' = exp(S' − lse') with S' = ``S_b`` (masked, the sink's
+    column last; differentiable) and lse' = ``lse_b`` (the forward's, or another), not
+    renormalised; D = rowsum(dO ∘ O) from the forward's O; then the right backward of P':
 
-        dV = P'ᵀ dO,   dS = P' ∘ (dO Vᵀ − D),   dQ = scale dS K,   dK = scale dSᵀ Q.
+        dV = (P' ∘ drop)ᵀ dO,   dS = P' ∘ (dO Vᵀ ∘ drop − D + dlse),
 
-    As autograd: g = P' V − rowsum(P') O with O held constant has ∂g/∂S = P' ∘ (dO Vᵀ − D)
-    and ∂g/∂V = P'ᵀ dO; out + (g − g.detach()) has out's value and g's gradients."""
-    finite = torch.isfinite(lse)
-    P_b = torch.exp(S_pre.masked_fill(~seen_b, -torch.inf) - torch.where(finite, lse, 0.0).detach()[..., None])
-    P_b = P_b * finite[..., None]
+    dS carried back to q and k through S' (the backward's own scale, cap or mask), and to the
+    bias and the sinks through ``extra`` (the forward's bias, the sinks' column last): what a
+    kernel writes for them is dS itself.  As autograd: Pg = P' exp(C − C.detach()), C = S' +
+    extra, has P''s value and ∂Pg/∂C = P'; g = (Pg ∘ drop) V − rowsum(Pg) O with O held
+    constant has ∂g/∂C = P' ∘ (dO Vᵀ ∘ drop − D) and ∂g/∂V = (P' ∘ drop)ᵀ dO; s = rowsum(Pg)
+    gives lse's term ∂s/∂C = P'.  out + (g − g.detach()) and lse + (s − s.detach()) keep their
+    values and take those gradients (``drop``: keep / (1 − p), or None)."""
+    finite = torch.isfinite(lse_b)
+    P_b = torch.exp(S_b.detach() - torch.where(finite, lse_b, 0.0).detach()[..., None]) * finite[..., None]
+    C = torch.where(torch.isfinite(S_b), S_b, 0.0) + (0.0 if extra is None else extra)
+    Pg = P_b * torch.exp(C - C.detach())
+    keys = Pg[..., :v.shape[-2]]
     O = out.detach()
-    g = P_b @ v.to(P_b.dtype) - P_b.sum(-1, keepdim=True) * O
-    return O + (g - g.detach())                      # g - g.detach() is 0 exactly
+    g = (keys if drop is None else keys * drop) @ v.to(Pg.dtype) - Pg.sum(-1, keepdim=True) * O
+    s = Pg.sum(-1)
+    return O + (g - g.detach()), lse.detach() + (s - s.detach())       # g - g.detach() is 0 exactly
+
+
+def _own_scores(given, changes, like):
+    """(S', extra) of `_recomputed_backward`: the scores of the call ``given`` with ``changes``,
+    the bias and sinks held constant there (−inf for the sinks' column where the changes leave
+    them out: weight 0), and the forward's bias and sinks as the columns of ``like`` take them."""
+    kept = {n: given[n].detach() for n in ("bias", "sinks") if given[n] is not None}
+    S_b = attention(**{**given, **kept, **changes, "backward_options": None, "scores_only": True})
+    if S_b.shape[-1] < like.shape[-1]:
+        S_b = torch.cat([S_b, torch.full_like(like[..., S_b.shape[-1]:], -torch.inf)], dim=-1)
+    if not kept:
+        return S_b, None
+    bias, sinks, tk = given["bias"], given["sinks"], given["v"].shape[-2]
+    cols = [torch.zeros_like(like[..., :tk]) + (0.0 if bias is None else bias.to(like.dtype))]
+    if sinks is not None:
+        cols.append(sinks.to(like.dtype)[None, :, None, None].expand_as(like[..., tk:]))
+    return S_b, torch.cat(cols, dim=-1)
 
 
 def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, softcap=None,
               alibi_slopes=None, bias=None, sinks=None, seqlens_q=None, seqlens_k=None, rows=None,
               kv_map="interleave", softcap_first=False, softcap_no_grad=False, shift=0,
               window_align=None, alibi_no_offset=False, alibi_offset_sign=1, axis=-1,
-              no_delta=False, finite_mask=False, with_max=False, keys=None, online=None, backward_visible=None,
+              no_delta=False, finite_mask=False, with_max=False, keys=None, online=None, backward_options=None,
               softcap_last=False, weights="softmax", keep=None, dropout_p=0.0, softcap_form="tanh",
               positions_dtype=None, backward_lse=None, unseen_from=None, key_range=None,
-              key_span=None):
+              key_span=None, scores_only=False):
     """(out, lse): out (B, Hq, Tq, Dv), lse (B, Hq, Tq), in q's dtype; torch tensors,
     differentiable.  ``rows``: (first, total) when q holds query rows first .. of a case
     with ``total`` query rows (the baseline's chunks); the bias then holds those rows too.
@@ -253,7 +279,9 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
     them): the baseline's two formulations (``tolerances``, "the baseline"); or "fp8"
     (`fp8_weights`, the FP8 features' baseline).  ``keep``: a
     bool tensor broadcastable to (B, Hq, Tq, Tk) (these rows), the weights becoming
-    ``P ∘ keep / (1 − dropout_p)``, the factor formed in the dtype as ``nn.Dropout`` does."""
+    ``P ∘ keep / (1 − dropout_p)``, the factor formed in the dtype as ``nn.Dropout`` does.
+    ``scores_only``: the scores the softmax takes alone (masked, the sinks' column last)."""
+    given = dict(locals())                 # the call itself: `backward_options` recomputes its scores
     b, hq, tq, _ = q.shape
     hkv, tk = k.shape[1], k.shape[2]
     tk_case = keys or tk
@@ -302,7 +330,6 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
         S = S + bias.to(S.dtype)
     if softcap is not None and softcap_last:
         S = softcap * torch.tanh(S / softcap)
-    S_pre = S
     def mask(causal=causal, window=window, align=align, shift=shift, window_align=window_align):
         """(B, 1, Tq, Tk): which keys each query sees."""
         o = _shifted(offsets(total, tk_case, seqlens_q, seqlens_k, align, b), shift)
@@ -325,6 +352,8 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
         padding_row = torch.stack([i >= lq[n] for n in range(b)])[:, None, :, None]   # (B, 1, Tq, 1)
         sink = sinks.to(S.dtype)[None, :, None, None].expand(b, hq, tq, 1)
         S = torch.cat([S, sink.masked_fill(padding_row, -torch.inf)], dim=-1)   # (B, Hq, Tq, Tk + 1)
+    if scores_only:
+        return S
     finite = torch.isfinite(S)
     row_seen = finite.any(-1)
     seen_along = row_seen[..., None] if axis in (-1, S.dim() - 1) else finite.any(axis, keepdim=True)
@@ -351,9 +380,11 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
     if keep is not None:
         P = P * (keep.to(P.dtype) / (1 - dropout_p))
     out = P @ v.to(P.dtype)
-    if backward_visible is not None or backward_lse is not None:    # (backward_visible: tried without sinks)
-        out = _masked_backward(out, S_pre, lse if backward_lse is None else backward_lse(lse, first),
-                               mask(**(backward_visible or {})), v)
+    if backward_options is not None or backward_lse is not None:
+        S_b, extra = (S, None) if backward_options is None else _own_scores(given, backward_options, S)
+        lse_b = lse if backward_lse is None else backward_lse(lse, first)
+        drop = None if keep is None else keep.to(S.dtype) / (1 - dropout_p)
+        out, lse = _recomputed_backward(out, lse, S_b, lse_b, v, drop, extra)
     if with_max:
         return out, lse, S.detach().amax(-1)
     return out, lse
@@ -361,6 +392,9 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
 
 # The options and knobs of `attention` that change only which keys a query sees.
 VISIBILITY = ("causal", "window", "align", "shift", "window_align")
+# ... and those that change only the scores the softmax takes (`backward_options`).
+SCORES = VISIBILITY + ("scale", "softcap", "alibi_slopes", "bias", "sinks", "softcap_first", "softcap_form",
+                       "softcap_last", "alibi_no_offset", "alibi_offset_sign", "positions_dtype", "finite_mask")
 
 # weights= of `attention`: E = exp(S − m) rounded to a half dtype before P V (the rest in the
 # dtype run): how a kernel that keeps only its P in a lower precision errs
@@ -415,6 +449,9 @@ def run(q, k, v, dout, opts, dtype=torch.float64, device="cpu", grads=True, dlse
     bias4 = None if bias is None else four(bias)
     sinks = None if opts.get("sinks") is None else t(opts["sinks"]).requires_grad_(grads)
     acc = torch.float32 if chunk < tq and dtype in (torch.float16, torch.bfloat16) else dtype
+    changes = knobs.pop("backward_options", None)               # its arrays as the options' own, below
+    changes = changes and {n: four(t(x)) if n == "bias" and x is not None else t(x) if n in ARRAY_OPTIONS
+                           and x is not None else x for n, x in changes.items()}
     Q, K, V = t(q).requires_grad_(grads), t(k).requires_grad_(grads), t(v).requires_grad_(grads)
     parts, totals = {}, {}
     last_key = _last_keys(opts, total, tk, q.shape[0], first) if tk > LONG_FROM and bias4 is None and not knobs \
@@ -430,6 +467,9 @@ def run(q, k, v, dout, opts, dtype=torch.float64, device="cpu", grads=True, dlse
         if keep4 is not None:
             kept = rows_of(keep4)
             kw["keep"] = kept if kend == tk or kept.shape[3] == 1 else kept[..., :kend]
+        if changes:
+            knobs["backward_options"] = {n: rows_of(x) if n == "bias" and x is not None else x
+                                         for n, x in changes.items()}
         with torch.set_grad_enabled(grads):
             qc = Q[..., r0:r1, :].detach().requires_grad_(grads) if grads else Q[..., r0:r1, :]
             out, lse = attention(qc, Kc, Vc, bias=piece, sinks=sinks, rows=(first + r0, total), keys=tk,

@@ -325,6 +325,7 @@ def _catalogue(rest, rows, ev):
         if "dk" in rest:
             hyps += _head_map(sub)
         hyps += _last_tile_only(sub, rest) + _backward_blocks(sub, rest)
+        hyps += mistakes.option_twins(_mistakes_context(sub), hyps) + _backward_products(sub, rest)
         hyps += [h for n in rest if n in INPUT_GRADS for h in _broadcast_sum(sub, n)]
     if "out" in rest and plain(["out"]):
         fitted = _keys_unseen(sub) + _sequence_offsets(sub) + _state_carried(sub) + _keys_weighted(sub) + \
@@ -378,6 +379,13 @@ def _catalogue_of(sub, twins=False):
     block of rows), each predicting the judged form (lse on the rows the reference judges);
     ``twins``: with the backward-only twins of its visibility mistakes (``backward_twins``),
     tried where the output is right."""
+    ctx = _mistakes_context(sub)
+    hyps = mistakes.catalogue(ctx)
+    return hyps + mistakes.backward_twins(ctx, hyps) if twins else hyps
+
+
+def _mistakes_context(sub):
+    """``mistakes.Context`` of the evidence ``sub``."""
     unjudged = ~np.isfinite(as_4d({"lse": sub.gold_raw["lse"]})["lse"]) if "lse" in sub.gold else None
 
     def judge(raw):
@@ -386,10 +394,8 @@ def _catalogue_of(sub, twins=False):
             out["lse"] = np.where(unjudged, 0.0, out["lse"])
         return out
     r = sub.rounded
-    ctx = mistakes.Context(sub.case, sub.align, (r["q"], r["k"], r["v"], r["dout"]), r.get("dlse"), sub.opts,
-                           sub.gold_raw, judge, sub.wanted, rows=sub.rows, arrays=r)
-    hyps = mistakes.catalogue(ctx)
-    return hyps + mistakes.backward_twins(ctx, hyps) if twins else hyps
+    return mistakes.Context(sub.case, sub.align, (r["q"], r["k"], r["v"], r["dout"]), r.get("dlse"), sub.opts,
+                            sub.gold_raw, judge, sub.wanted, rows=sub.rows, arrays=r)
 
 
 def _dq_to_fit(sub):
@@ -949,7 +955,7 @@ def _sequence_offsets(sub):
 
 
 def _backward_by_entry(sub, failing):
-    """(P, grad) for the readings of a backward that leaves some (query, key) entries out: P the
+    """(P, grad, block, factors) for the readings of a backward that leaves some (query, key) entries out: P the
     dense forward's weights (v the identity), and grad(n, keep) the gradient ``n`` (dq, dk or dv)
     from the entries where the (B, Hq, Tq, Tk)-broadcastable ``keep`` holds alone:
 
@@ -957,8 +963,9 @@ def _backward_by_entry(sub, failing):
 
     D = rowsum(dO ∘ O) − dlse (a kernel's D, computed apart, is whole); dk and dv summed onto the
     kv heads.  Held first to the reference's own dq (an option whose derivative dS lacks, a
-    softcap's, leaves it out).  None with dropout, per-sequence lengths, a block of rows, no
-    failing dq, dk or dv, or weights too large to hold."""
+    softcap's, leaves it out).  ``factors``: {name: array} of the products, per query head (dS
+    with its scale).  None with dropout, per-sequence lengths, a block of rows, no failing dq, dk
+    or dv, or weights too large to hold."""
     case, r = sub.case, sub.rounded
     wanted = any(n in failing for n in ("dq", "dk", "dv")) and _dq_to_fit(sub) is not None
     P = _dense_weights(sub) if wanted else None
@@ -984,7 +991,8 @@ def _backward_by_entry(sub, failing):
         """dk or dv of keys ``keys`` (a slice) from query rows ``rows`` (a slice) alone."""
         w, x = (dS, scale * r["q"]) if n == "dk" else (P, dout)
         return per_kv(np.swapaxes(w[..., rows, keys], -1, -2) @ x[..., rows, :])
-    return P, grad, block
+    factors = {"scale · dS": scale * dS, "P": P, "Q": r["q"], "K": k, "V": v, "dO": dout}
+    return P, grad, block, factors
 
 
 def _last_tile_only(sub, failing):
@@ -995,7 +1003,7 @@ def _last_tile_only(sub, failing):
     found = _backward_by_entry(sub, failing)
     if found is None:
         return []
-    P, grad, _ = found
+    P, grad, _, _ = found
     case = sub.case
     seen = P > 0
     rows, keys = np.arange(case.tq)[:, None], np.arange(case.tk)[None, :]
@@ -1032,6 +1040,62 @@ def _last_tile_only(sub, failing):
 
 
 # (query tile, key tile) blocks a backward leaves out (`_backward_blocks`): at most this many blocks
+# The right product of each gradient (`_backward_products`): (weights, transposed, operand).
+PRODUCTS = {"dq": ("scale · dS", False, "K"), "dk": ("scale · dS", True, "Q"), "dv": ("P", True, "dO")}
+
+
+def _tiles_transposed(m, t):
+    """``m`` (.., Tq, Tk) with each t x t tile transposed in place: (qi t + a, kj t + b) read
+    from (qi t + b, kj t + a)."""
+    *lead, rows, cols = m.shape
+    tiled = m.reshape(*lead, rows // t, t, cols // t, t)
+    return np.swapaxes(tiled, -3, -1).reshape(m.shape)
+
+
+def _backward_products(sub, failing):
+    """A gradient formed from the right factors in a wrong product: dk = scale · dS Q where
+    scale · dSᵀ Q is meant (a transpose left out), also tile by tile, as tl.dot(ds, q) for
+    tl.dot(tl.trans(ds), q) on square tiles of `mistakes.KEY_TILES` (each tile's own product
+    transposed); dv = Pᵀ V where Pᵀ dO is meant (one operand for another): each product of dS or
+    P, transposed or not, with Q, K, V or dO that gives the gradient's shape, the right one
+    (`PRODUCTS`) left out; dk and dv summed onto the kv heads.  Nothing is fitted: each is a
+    hypothesis on its gradient alone."""
+    found = _backward_by_entry(sub, failing)
+    if found is None:
+        return []
+    factors, case = found[3], sub.case
+    group = case.heads // case.hkv
+    per_kv = lambda a: a.reshape(case.batch, case.hkv, group, *a.shape[2:]).sum(2)
+    name = lambda w, flip, x: f"{w}{'ᵀ' if flip else ''} {x}".strip()
+    tiles = [t for t in mistakes.KEY_TILES if t < max(case.tq, case.tk) and case.tq % t == case.tk % t == 0]
+    out = []
+    for n, right in PRODUCTS.items():
+        if n not in failing or n not in sub.gold:
+            continue
+        tried = [(w, flip, x, None) for w, flip, x in itertools.product(("scale · dS", "P"), (False, True),
+                                                                         ("Q", "K", "V", "dO"))]
+        tried += [(*right, t) for t in tiles]
+        for w, flip, x, t in tried:
+            W = factors[w] if t is None else _tiles_transposed(factors[w], t)
+            W = np.swapaxes(W, -1, -2) if flip else W
+            X = factors[x]
+            if ((w, flip, x) == right and t is None) or W.shape[-1] != X.shape[-2]:
+                continue
+            pred = W @ X if n == "dq" else per_kv(W @ X)
+            if pred.shape != sub.gold[n].shape:
+                continue
+            own = name(w, not flip, x) if t is not None else name(w, flip, x)
+            on = f" on each {t} x {t} tile" if t is not None else ""
+            short = w.split()[-1]
+            wrong = ("" if (w == right[0]) + (x == right[2]) + (flip == right[1] and t is None) < 2 else
+                     f": {x} where {right[2]} is meant" if x != right[2] else f": {w} where {right[0]} is meant"
+                     if w != right[0] else f": the transpose of {short} left out" if right[1] else
+                     f": {short} transposed")
+            out.append(mistakes.Hypothesis("backward-product", f"{n} = {own}{on} instead of {name(*right)}{wrong}",
+                                           lambda grads=True, n=n, pred=pred: {**sub.gold, n: pred}, (n,)))
+    return out
+
+
 BLOCKS = 1024
 
 
@@ -1046,7 +1110,7 @@ def _backward_blocks(sub, failing):
     fit_to = next((n for n in ("dv", "dk") if n in failing and np.isfinite(sub.arrays.get(n, np.nan)).all()), None)
     if found is None or fit_to is None:
         return []
-    P, grad, block = found
+    P, grad, block, _ = found
     case = sub.case
     tq, tk = case.tq, case.tk
     got = sub.arrays[fit_to]

@@ -38,7 +38,8 @@ import torch
 from parity_tests.kernels import dense
 from parity_tests.kernels.features import INPUT_GRADS, REGISTRY
 
-__all__ = ["Hypothesis", "Context", "catalogue", "backward_twins", "whole_case", "padding_seen", "STALE_BLOCKS"]
+__all__ = ["Hypothesis", "Context", "catalogue", "backward_twins", "option_twins", "whole_case", "padding_seen",
+           "STALE_BLOCKS"]
 
 # Key-block sizes tried for the stale running maximum (a kernel's B_c is not known).
 STALE_BLOCKS = (16, 32, 64, 128, 256)
@@ -92,8 +93,10 @@ class Context:
         def predict(grads=True):
             return self.as_4d(self.dense(q, k, v, dout, opts, grads=grads, dlse=dlse, **knobs))
         seen = {**(changes or {}), **knobs}
-        if seen and not inputs and set(seen) <= set(dense.VISIBILITY):
-            predict.visible = seen            # it changes only which keys a query sees (`backward_twins`)
+        if seen and not inputs and set(seen) <= set(dense.SCORES):
+            predict.scores = seen             # it changes only the scores (`option_twins`) ...
+            if set(seen) <= set(dense.VISIBILITY):
+                predict.visible = seen        # ... or only which keys a query sees (`backward_twins`)
         return predict
 
     def changed(self, **arrays):
@@ -184,11 +187,11 @@ def chapter(ctx):
         grads = tuple(n for n in ctx.present if n != "out" and n != "lse")
         if case.causal:
             out.append(H("backward-unmasked", "a backward without the causal mask its forward applies (P = "
-                         "exp(S - lse) recomputed over every key)", fwd(backward_visible={"causal": False}), grads))
+                         "exp(S - lse) recomputed over every key)", fwd(backward_options={"causal": False}), grads))
         else:
             out.append(H("backward-masked", "a backward that applies a causal mask its forward does not (P = "
                          "exp(S - lse) recomputed under the causal mask: a backward written for causal "
-                         "attention only)", fwd(backward_visible={"causal": True}), grads))
+                         "attention only)", fwd(backward_options={"causal": True}), grads))
         other = "causal" if not case.causal else "non-causal"
         out.append(H("backward-other-mask", f"the gradients of the {other} attention (its own softmax and output) "
                      f"in place of this one's: a backward written for {other} attention only",
@@ -263,7 +266,7 @@ def _hidden_scored(ctx):
 def backward_twins(ctx, hyps):
     """For each of ``hyps`` that changes only which keys a query sees (a mask, a window edge, an
     alignment), its backward-only twin: the forward right, and the backward's P = exp(S − lse)
-    recomputed under that visibility (`dense._masked_backward`), as a fused backward that builds
+    recomputed under that visibility (`dense._recomputed_backward`), as a fused backward that builds
     its own mask gets it wrong.  Not with sinks (their column is not masked), nor with one key."""
     if "dq" not in ctx.present or ctx.case.tk <= 1 or ctx.opts.get("sinks") is not None:
         return []
@@ -276,8 +279,27 @@ def backward_twins(ctx, hyps):
             continue
         made.append(seen)
         out.append(ctx.H(f"backward-{h.id}", f"a backward that recomputes P = exp(S - lse) under {h.says}, its "
-                         "forward right", ctx.fwd(backward_visible=seen), grads))
+                         "forward right", ctx.fwd(backward_options=seen), grads))
     return out
+
+
+def option_twins(ctx, hyps):
+    """The backward-only twin of each of ``hyps`` that changes only the scores (an option's value,
+    the form of a formula: `dense.SCORES`), and of each option of the scores left out: the forward
+    right, the backward's P = exp(S' − lse) recomputed from those other scores S', then the right
+    backward of that P' (`dense._recomputed_backward`), as a fused backward that recomputes its
+    scores by its own code gets it wrong (ALiBi left out there, a sink scaled there).  Those of
+    `backward_twins` left out; with one key, none."""
+    if "dq" not in ctx.present or ctx.case.tk <= 1:
+        return []
+    grads = tuple(n for n in ctx.present if n not in ("out", "lse"))
+    tried = [(f"backward-{h.id}", h.predict.scores, f"with {h.says}") for h in hyps
+             if getattr(h.predict, "scores", None) is not None and getattr(h.predict, "visible", None) is None]
+    tried += [(f"backward-without-{n}", {n: None}, f"without the {n}") for n in dense.SCORES   # the terms a
+              if n not in ("causal", "scale") and ctx.opts.get(n) is not None              # backward can drop
+              and not isinstance(ctx.opts[n], (bool, str))]
+    return [ctx.H(hid, f"a backward that recomputes P = exp(S - lse) {says}, its forward right",
+                  ctx.fwd(backward_options=changes), grads) for hid, changes, says in tried]
 
 
 def whole_case(case):

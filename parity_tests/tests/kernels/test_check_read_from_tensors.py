@@ -363,3 +363,70 @@ def test_rows_left_blank_are_said_so_not_read_as_a_range_of_keys():
         {n: d.sentence for n, d in said.items()}
     assert "exactly 0 on query rows 32 .. 76 of 77 (the reference is not)" in said["out"].sentence, \
         said["out"].sentence
+
+
+def _recomputing(q, k, v, out, lse, own_scores):
+    """``out`` (the forward's) with the gradients of a backward that recomputes P' = exp(S' − lse)
+    from scores S' = own_scores(q, k) of its own (out + g − g.detach(), g = P' v − rowsum(P') O)."""
+    lse = lse.detach().double()
+    P = torch.exp(own_scores(q.double(), k.double()) - torch.where(torch.isfinite(lse), lse, 0.0)[..., None])
+    O = out.detach().double()
+    g = P @ v.double() - P.sum(-1, keepdim=True) * O
+    return (O + (g - g.detach())).to(q.dtype)
+
+
+def test_a_backward_recomputing_its_scores_without_an_option_is_named_with_the_option():
+    def backward_without_alibi(q, k, v, *, causal, scale, alibi_slopes):
+        out, lse = attend(q, k, v, causal=causal, scale=scale, alibi_slopes=alibi_slopes)
+        tq, tk = q.shape[2], k.shape[2]
+        hidden = torch.arange(tk)[None, :] > torch.arange(tq)[:, None]
+        return _recomputing(q, k, v, out, lse, lambda q, k: (q @ k.transpose(-1, -2) * scale).masked_fill(
+            hidden & causal, -math.inf))
+    rows = runner.run_case(targets.resolve(backward_without_alibi), Case(1, 6, 45, 77, 16, True, (("alibi", True),)),
+                           "float32", "cpu", wanted=("alibi",))
+    said = {r.tensor: r.diagnosis for r in rows if not r.passed}
+    assert set(said) == {"dq", "dk", "dv"}, {n: d.sentence for n, d in said.items()}
+    assert {d.id for d in said.values()} == {"backward-without-alibi_slopes"}, [d.sentence for d in said.values()]
+    assert "with a backward that recomputes P = exp(S - lse) without the alibi_slopes, its forward right" in \
+        said["dq"].sentence, said["dq"].sentence
+
+
+class _DkProduct(torch.autograd.Function):
+    """Attention with its backward written out; dk = scale dS Q (tile by tile with ``tile``) where
+    scale dSᵀ Q is meant."""
+    @staticmethod
+    def forward(ctx, q, k, v, scale, causal, tile):
+        S = q.double() @ k.double().transpose(-1, -2) * scale
+        if causal:
+            S = S.masked_fill(torch.ones_like(S, dtype=torch.bool).triu(1), -math.inf)
+        P = torch.softmax(S, -1)
+        ctx.save_for_backward(q, k, v, P)
+        ctx.scale, ctx.tile = scale, tile
+        return (P @ v.double()).to(q.dtype)
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, P = ctx.saved_tensors
+        q, k, v, dout = q.double(), k.double(), v.double(), dout.double()
+        dS = P * (dout @ v.transpose(-1, -2) - (dout * (P @ v)).sum(-1, keepdim=True))
+        t = ctx.tile or q.shape[2]
+        dk = torch.zeros_like(k)
+        for qs in range(0, q.shape[2], t):
+            for ks in range(0, k.shape[2], t):
+                dk[..., ks:ks + t, :] += dS[..., qs:qs + t, ks:ks + t] @ q[..., qs:qs + t, :] * ctx.scale
+        return ((dS @ k * ctx.scale).to(q.dtype), dk.to(q.dtype), (P.transpose(-1, -2) @ dout).to(q.dtype),
+                None, None, None)
+
+
+@pytest.mark.parametrize("tile, said", [(None, "dk = scale · dS Q instead of scale · dSᵀ Q: the transpose of dS "
+                                                "left out"),
+                                         (32, "dk = scale · dS Q on each 32 x 32 tile instead of scale · dSᵀ Q")])
+def test_a_gradient_formed_with_a_transpose_left_out_is_named_with_the_product(tile, said):
+    def dk_untransposed(q, k, v, *, causal, scale):
+        return _DkProduct.apply(q, k, v, scale, causal, tile)
+    rows = runner.run_case(targets.resolve(dk_untransposed), Case(1, 2, 64, 64, 16, True), "float32", "cpu",
+                           wanted=())
+    found = {r.tensor: r.diagnosis for r in rows if not r.passed}
+    assert set(found) == {"dk"} and found["dk"].id == "backward-product", \
+        {n: d.sentence for n, d in found.items()}
+    assert said in found["dk"].sentence, found["dk"].sentence

@@ -210,12 +210,40 @@ def _grads_by_hand(q, k, v, dout, fwd_causal, bwd_causal):
 def test_a_backward_masked_otherwise_than_its_forward(fwd_causal):
     q, k, v, dout = _inputs(9, 45, H, seed=7)
     want = _grads_by_hand(q, k, v, dout, fwd_causal, not fwd_causal)
-    got = dense.run(q, k, v, dout, {"scale": SCALE, "causal": fwd_causal}, backward_visible={"causal": not fwd_causal})
+    got = dense.run(q, k, v, dout, {"scale": SCALE, "causal": fwd_causal}, backward_options={"causal": not fwd_causal})
     right = dense.run(q, k, v, dout, {"scale": SCALE, "causal": fwd_causal}, autograd=True)
     for n, w in zip(("out", "dq", "dk", "dv"), want):
         np.testing.assert_allclose(got[n], w, rtol=1e-10, atol=1e-12, err_msg=n)
         if n != "out":                                   # the backward alone is wrong
             assert np.abs(got[n] - right[n]).max() > 1e-2, n
+    np.testing.assert_array_equal(got["out"], right["out"])
+
+
+def test_a_backward_recomputing_its_scores_with_other_options():
+    """Sinks scaled and the bias left out in the backward alone: P' = exp(S' − lse) of the
+    backward's own scores S', the forward's lse, D = rowsum(dO ∘ O) − dlse; dS = P' ∘ (dP − D)
+    carried to q and k by the scale, written as dbias, and −Σ_i p'_sink D_i as dsinks."""
+    q, k, v, dout = _inputs(9, 45, H, seed=3)
+    rng = np.random.default_rng(4)
+    bias, sinks, dlse = rng.standard_normal((9, 45)), rng.standard_normal(H) + 2.0, rng.standard_normal((B, H, 9))
+    opts = {"scale": SCALE, "causal": True, "bias": bias, "sinks": sinks}
+    got = dense.run(q, k, v, dout, opts, dlse=dlse, backward_options={"sinks": sinks * SCALE, "bias": None})
+    right = dense.run(q, k, v, dout, opts, dlse=dlse, autograd=True)
+    S = _scores(q, k, True) + bias
+    sink = np.broadcast_to(sinks[None, :, None, None], S.shape[:-1] + (1,))
+    full = np.concatenate([S, sink], -1)
+    lse = np.log(np.exp(full - full.max(-1, keepdims=True)).sum(-1, keepdims=True)) + full.max(-1, keepdims=True)
+    O = np.exp(S - lse) @ v
+    P_b = np.exp(_scores(q, k, True) - lse)
+    p_sink = np.exp(sinks[None, :, None, None] * SCALE - lse)[..., 0]
+    D = (dout * O).sum(-1) - dlse
+    dS = P_b * (dout @ v.swapaxes(-1, -2) - D[..., None])
+    want = {"out": O, "lse": lse[..., 0], "dq": SCALE * dS @ k, "dk": SCALE * dS.swapaxes(-1, -2) @ q,
+            "dv": P_b.swapaxes(-1, -2) @ dout, "dbias": dS.sum((0, 1)), "dsinks": -(p_sink * D).sum((0, 2))}
+    for n, w in want.items():
+        np.testing.assert_allclose(got[n], w, rtol=1e-10, atol=1e-12, err_msg=n)
+        if n not in ("out", "lse"):                      # the backward alone is wrong
+            assert np.abs(got[n] - right[n]).max() > 1e-3, n
     np.testing.assert_array_equal(got["out"], right["out"])
 
 
