@@ -64,7 +64,7 @@ import parity_tests.kernels.diagnosis.mistakes as mistakes
 from parity_tests.kernels import dense, targets
 from parity_tests.kernels.diagnosis import poisoned, row_block
 from parity_tests.kernels.diagnosis.location import locate, ranges
-from parity_tests.kernels.features import INPUT_GRADS, INPUTS, NO_GRAD, PER_HEAD
+from parity_tests.kernels.features import INPUT_GRADS, INPUTS, NO_GRAD, PER_HEAD, per_head, stored_inputs
 
 __all__ = ["Diagnosis", "Evidence", "diagnose", "slice_errors", "DENSE_LIMIT"]
 
@@ -84,7 +84,7 @@ FIT_SHARE = 0.1
 # explains as well wins over them, and among them the first that explains is named (a tensor off
 # by one factor is also each row off by its own).
 FITTED = ("constant-factor", "lse-max-factor", "axes-permuted", "state-carried", "keys-unseen", "last-tile-only",
-          "keys-weighted", "sequence-offsets", "head-map", "broadcast-sum", "backward-blocks", "key-tile-ranges",
+          "keys-weighted", "sequence-offsets", "slice-values", "head-map", "broadcast-sum", "backward-blocks", "key-tile-ranges",
           "key-spans", "denominator", "wrong-delta", "backward-p-scaled")
 
 # A catalogued mistake that leaves at most this share of the error against the
@@ -329,7 +329,7 @@ def _catalogue(rest, rows, ev):
         hyps += [h for n in rest if n in INPUT_GRADS for h in _broadcast_sum(sub, n)]
     if "out" in rest and plain(["out"]):
         fitted = _keys_unseen(sub) + _sequence_offsets(sub) + _state_carried(sub) + _keys_weighted(sub) + \
-            _key_tile_ranges(sub) + _key_spans(sub)
+            _key_tile_ranges(sub) + _key_spans(sub) + _values_from_other_slices(sub)
         hyps += [h for h in fitted if not _zeros_where_wrong(sub.arrays["out"], sub.gold["out"],   # rows left blank
                                                              _predict(h, cache, grads=False)["out"], sub.den["out"],
                                                              sub.bounds["out"])]
@@ -846,6 +846,56 @@ def _head_map(sub):
         return {**sub.gold, **{n: np.einsum("bhtd,hg->bgtd", wide[n], rounded) for n in ("dk", "dv")}}
     return [mistakes.Hypothesis("head-map", f"dk and dv summed over another map of query heads than the "
                                 f"forward's: {says}", predict, ("dk", "dv"), fitted=("dk",))]
+
+
+def _values_from_other_slices(sub):
+    """out right on some (batch, head) slices, and on each of the others as if a value given per
+    slice were read from another slice: a per-head option (ALiBi's slopes, the sinks) taken from
+    another head, an input's descale (FP8's, per batch entry and kv head) from another slice.  One
+    dense forward per source slice, its value put on every slice; each failing slice matched to
+    the nearest source (fewest indices apart: two slices' values may be alike) that reproduces it
+    within NAMED_WITHIN of the bound, or the reading is not made.  [] where out is not finite, on
+    a block of rows, or past UNSEEN_LIMIT."""
+    case, got, r = sub.case, sub.arrays.get("out"), sub.rounded
+    if got is None or not np.isfinite(got).all() or sub.rows is not None or \
+            case.batch * case.heads * case.tq * case.tk > UNSEEN_LIMIT:
+        return []
+    den, bound = sub.den["out"], sub.bounds["out"]
+    failing = slice_errors(got, sub.gold["out"], den) > bound                  # (B, Hq)
+    group = case.heads // case.hkv
+    families = []            # (name, the index of slice (b, h), words of an index, [(index, changes, inputs)])
+    for n in PER_HEAD:
+        a = sub.opts.get(n)
+        if a is not None and np.ndim(a) == 1 and len(a) > 1:
+            families.append((n, lambda b, h: (h,), lambda i: f"head {i[0]}",
+                             [((h,), {n: np.full_like(a, a[h])}, None) for h in range(len(a))]))
+    for n, given in stored_inputs(case).items():
+        x = r.get(given.scale) if given.scale else None
+        if x is not None and n in r and x.size > 1:
+            families.append((given.scale, lambda b, h: (b, h // group), lambda i: f"(batch {i[0]}, kv head {i[1]})",
+                             [((b, g), None, {n: r[n] * per_head(np.full_like(x, x[b, g]) / x, r[n].shape[1])})
+                              for b, g in np.ndindex(x.shape)]))
+    out = []
+    for name, index, words, sources in families:
+        found = [_dense_forward(sub, changes=c, inputs=i)[:2] for _, c, i in sources]
+        residual = np.stack([slice_errors(got, o, den) for o, _ in found]) / bound       # (sources, B, Hq)
+        apart = np.array([[[sum(a != b for a, b in zip(src, index(b, h))) for h in range(case.heads)]
+                           for b in range(case.batch)] for src, _, _ in sources])
+        best = np.where(residual <= NAMED_WITHIN, apart + residual, np.inf).argmin(0)
+        if not (np.take_along_axis(residual, best[None], 0)[0][failing] <= NAMED_WITHIN).all():
+            continue
+        pick = lambda k, ref: np.where(failing.reshape(failing.shape + (1,) * (ref.ndim - 2)), np.take_along_axis(
+            np.stack([f[k] for f in found]), best.reshape((1,) + best.shape + (1,) * (ref.ndim - 2)), 0)[0], ref)
+        pred = {"out": pick(0, sub.gold["out"])}
+        if "lse" in sub.gold:
+            pred["lse"] = _judged_lse(sub, pick(1, sub.gold["lse"]))
+        said = {}
+        for b, h in zip(*np.nonzero(failing)):
+            said.setdefault(words(index(b, h)), words(sources[best[b, h]][0]))
+        listed = "; ".join(f"{u} given {src}'s" for u, src in list(said.items())[:6]) + "; ..." * (len(said) > 6)
+        out.append(mistakes.Hypothesis("slice-values", f"{name} read from another slice: {listed} (the other slices "
+                                       "right)", lambda grads=True, pred=pred: {**sub.gold, **pred}, tuple(pred)))
+    return out
 
 
 def _broadcast_sum(sub, n):
@@ -1708,14 +1758,15 @@ def _dense_weights(sub, unmasked=False):
     return _dense_forward(sub, v=eye, unmasked=unmasked)[0]
 
 
-def _dense_forward(sub, v=None, extra_bias=None, unmasked=False):
+def _dense_forward(sub, v=None, extra_bias=None, unmasked=False, changes=None, inputs=None):
     """(out, lse, m): ``dense.attention`` in float64 on the evidence's rounded inputs (``v`` in
-    place of its v, ``extra_bias`` added to the scores), without dropout: m each row's maximum
-    score, −inf where the row sees no key.  NumPy arrays."""
-    r = sub.rounded
+    place of its v, ``extra_bias`` added to the scores; ``changes`` to its options, ``inputs``
+    in place of q, k or v), without dropout: m each row's maximum score, −inf where the row sees
+    no key.  NumPy arrays."""
+    r = {**sub.rounded, **(inputs or {})}
     t = lambda a: torch.tensor(np.asarray(a), dtype=torch.float64)              # a copy: some are read-only
     dropped = ("keep", "dropout_p") + (("causal", "window") if unmasked else ())
-    kw = dense.keywords({n: x for n, x in sub.opts.items() if n not in dropped})
+    kw = dense.keywords({n: x for n, x in {**sub.opts, **(changes or {})}.items() if n not in dropped})
     if extra_bias is not None:
         kw["bias"] = kw.get("bias", torch.zeros((), dtype=torch.float64)) + extra_bias
     with torch.no_grad():

@@ -430,3 +430,29 @@ def test_a_gradient_formed_with_a_transpose_left_out_is_named_with_the_product(t
     assert set(found) == {"dk"} and found["dk"].id == "backward-product", \
         {n: d.sentence for n, d in found.items()}
     assert said in found["dk"].sentence, found["dk"].sentence
+
+
+def test_a_descale_read_from_another_batch_entry_is_named_with_the_slices():
+    from parity_tests.kernels.planted import fp8 as planted
+
+    def batch_0s_k_descale(q, k, v, *, causal, scale, k_descale, v_descale):
+        return planted.kv_kernel()(q, k, v, causal=causal, scale=scale, k_descale=k_descale[:1].expand_as(k_descale),
+                                   v_descale=v_descale)
+    report = parity_tests.check(batch_0s_k_descale, features=["fp8_kv", "gqa"], tokens=["45x77"], causal="yes",
+                                dtypes=["bfloat16"], head_dims=[32], batch=[2])
+    found = _failing(report)
+    assert report.diagnosis == "slice-values" and {t for _, t in found} == {"out"}
+    wide = [d.sentence for (case, _), d in found.items() if case.endswith(" wide")]     # its slices 2^6 apart
+    assert len(wide) == 2 and all("k_descale read from another slice: (batch 1, kv head 0) given (batch 0, kv head "
+                                  "0)'s (the other slices right)" in s for s in wide), wide
+
+
+def test_a_slope_read_from_another_head_is_named_with_the_heads():
+    def heads_1_and_3_swapped(q, k, v, *, causal, scale, alibi_slopes):
+        return attend(q, k, v, causal=causal, scale=scale, alibi_slopes=alibi_slopes[[0, 3, 2, 1]])[0]
+    rows = runner.run_case(targets.resolve(heads_1_and_3_swapped), Case(1, 4, 45, 77, 16, True, (("alibi", True),)),
+                           "float32", "cpu", wanted=("alibi",))
+    said = {r.tensor: r.diagnosis for r in rows if not r.passed}
+    assert set(said) == {"out", "dq", "dk", "dv"}, {n: d.sentence for n, d in said.items()}
+    assert said["out"].id == "slice-values" and "alibi_slopes read from another slice: head 1 given head 3's; " \
+        "head 3 given head 1's (the other slices right)" in said["out"].sentence, said["out"].sentence
