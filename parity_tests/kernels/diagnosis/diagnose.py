@@ -12,10 +12,13 @@ For each failing tensor, in this order:
    the same inputs; if the tensor moves by more than its bound, no fixed
    formula can explain it, and that is the diagnosis.
 3. The catalogue (``mistakes``: the chapter's and the case's features'; where out is
-   right, with the backward-only twins of its visibility mistakes), plus the readings
+   right, with the backward-only twins of its visibility mistakes, and where those explain
+   nothing, of every mistake of the scores, `mistakes.option_twins`, and a gradient's
+   product formed otherwise, `_backward_products`), plus the readings
    fitted to the target's own tensors (`FITTED`, fewest fitted numbers first: one
    factor on a tensor, lse's maximum added back k times, the last keys no query sees,
-   each sequence's offset, another head map for dk and dv, a broadcast gradient summed
+   each sequence's offset, a per-slice value read from another slice, another head map
+   for dk and dv, a broadcast gradient summed
    over some slices, a *wrong softmax denominator* for out (each row the reference
    times its own factor c_i), a backward's D or P off row by row): each
    hypothesis's residual is the tensor's error measured
