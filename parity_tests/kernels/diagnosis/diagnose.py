@@ -616,6 +616,8 @@ def _poisoned_matches(n, ev):
         if not (np.all(bad[sure]) and not np.any(bad & ~maybe)):
             continue
         both = ~bad & ~sure
+        if both.any() and not np.any(ev.gold[n][both]):     # finite only where the reference is 0 (rows that
+            continue                                        # see no key): those rows tell nothing
         residual = float(np.abs(a[both] - pred[both]).max(initial=0.0)) / ev.den[n]
         error = float(np.abs(a[both] - ev.gold[n][both]).max(initial=0.0)) / ev.den[n]
         if explains(residual, error, ev.bounds[n]):
@@ -872,12 +874,16 @@ def _values_from_other_slices(sub):
         if a is not None and np.ndim(a) == 1 and len(a) > 1:
             families.append((n, lambda b, h: (h,), lambda i: f"head {i[0]}",
                              [((h,), {n: np.full_like(a, a[h])}, None) for h in range(len(a))]))
-    for n, given in stored_inputs(case).items():
-        x = r.get(given.scale) if given.scale else None
-        if x is not None and n in r and x.size > 1:
-            families.append((given.scale, lambda b, h: (b, h // group), lambda i: f"(batch {i[0]}, kv head {i[1]})",
-                             [((b, g), None, {n: r[n] * per_head(np.full_like(x, x[b, g]) / x, r[n].shape[1])})
-                              for b, g in np.ndindex(x.shape)]))
+    scaled = {n: r[i.scale] for n, i in stored_inputs(case).items() if i.scale and n in r and r.get(i.scale) is not None
+              and r[i.scale].size > 1}
+    # each descale alone, then all of them together (one slice's read for another's: a schedule's reordering)
+    for names in [(n,) for n in scaled] + ([tuple(scaled)] if len(scaled) > 1 else []):
+        x = scaled[names[0]]
+        moved = lambda b, g: {n: r[n] * per_head(np.full_like(scaled[n], scaled[n][b, g]) / scaled[n], r[n].shape[1])
+                              for n in names}
+        families.append((" and ".join(stored_inputs(case)[n].scale for n in names), lambda b, h: (b, h // group),
+                         lambda i: f"(batch {i[0]}, kv head {i[1]})", [((b, g), None, moved(b, g))
+                                                                       for b, g in np.ndindex(x.shape)]))
     out = []
     for name, index, words, sources in families:
         found = [_dense_forward(sub, changes=c, inputs=i)[:2] for _, c, i in sources]
@@ -887,14 +893,20 @@ def _values_from_other_slices(sub):
         best = np.where(residual <= NAMED_WITHIN, apart + residual, np.inf).argmin(0)
         if not (np.take_along_axis(residual, best[None], 0)[0][failing] <= NAMED_WITHIN).all():
             continue
-        pick = lambda k, ref: np.where(failing.reshape(failing.shape + (1,) * (ref.ndim - 2)), np.take_along_axis(
-            np.stack([f[k] for f in found]), best.reshape((1,) + best.shape + (1,) * (ref.ndim - 2)), 0)[0], ref)
+        def pick(k, ref):                    # each failing slice from its source's forward, the others ref's
+            stacked = np.stack([f[k].reshape(ref.shape) for f in found])      # (sources, B, Hq, ...)
+            ones = (1,) * (ref.ndim - 2)
+            chosen = np.take_along_axis(stacked, best.reshape((1,) + best.shape + ones), 0)[0]
+            return np.where(failing.reshape(failing.shape + ones), chosen, ref)
         pred = {"out": pick(0, sub.gold["out"])}
         if "lse" in sub.gold:
             pred["lse"] = _judged_lse(sub, pick(1, sub.gold["lse"]))
-        said = {}
-        for b, h in zip(*np.nonzero(failing)):
-            said.setdefault(words(index(b, h)), words(sources[best[b, h]][0]))
+        given = {(b, h): words(sources[best[b, h]][0]) for b, h in zip(*np.nonzero(failing))}
+        by_unit = {}                         # by kv head or head; by (batch, head) where batch entries differ
+        for (b, h), src in given.items():
+            by_unit.setdefault(words(index(b, h)), set()).add(src)
+        apart = any(len(v) > 1 for v in by_unit.values())
+        said = {(f"(batch {b}, head {h})" if apart else words(index(b, h))): src for (b, h), src in given.items()}
         listed = "; ".join(f"{u} given {src}'s" for u, src in list(said.items())[:6]) + "; ..." * (len(said) > 6)
         out.append(mistakes.Hypothesis("slice-values", f"{name} read from another slice: {listed} (the other slices "
                                        "right)", lambda grads=True, pred=pred: {**sub.gold, **pred}, tuple(pred)))

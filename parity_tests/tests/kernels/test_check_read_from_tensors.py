@@ -447,6 +447,22 @@ def test_a_descale_read_from_another_batch_entry_is_named_with_the_slices():
                                   "0)'s (the other slices right)" in s for s in wide), wide
 
 
+def test_descales_read_together_from_another_batch_entry_are_named_together():
+    from parity_tests.kernels.planted import fp8 as planted
+
+    def sequences_reordered(q, k, v, *, causal, scale, k_descale, v_descale):   # descales left in the old order
+        flip = lambda x: x.flip(0)
+        return planted.kv_kernel()(q, k, v, causal=causal, scale=scale, k_descale=flip(k_descale),
+                                   v_descale=flip(v_descale))
+    case = Case(2, 2, 45, 77, 32, True, (("gqa", 2), ("fp8_kv", ("wide", 1.0))))
+    rows = runner.run_case(targets.resolve(sequences_reordered), replace(case, heads=4), "bfloat16", "cpu",
+                           wanted=("fp8_kv",))
+    said = {r.tensor: r.diagnosis for r in rows if not r.passed}
+    assert set(said) == {"out"} and said["out"].id == "slice-values", {n: d.sentence for n, d in said.items()}
+    assert "k_descale and v_descale read from another slice: (batch 0, kv head 0) given (batch 1, kv head 0)'s" \
+        in said["out"].sentence, said["out"].sentence
+
+
 def test_a_slope_read_from_another_head_is_named_with_the_heads():
     def heads_1_and_3_swapped(q, k, v, *, causal, scale, alibi_slopes):
         return attend(q, k, v, causal=causal, scale=scale, alibi_slopes=alibi_slopes[[0, 3, 2, 1]])[0]
@@ -456,3 +472,19 @@ def test_a_slope_read_from_another_head_is_named_with_the_heads():
     assert set(said) == {"out", "dq", "dk", "dv"}, {n: d.sentence for n, d in said.items()}
     assert said["out"].id == "slice-values" and "alibi_slopes read from another slice: head 1 given head 3's; " \
         "head 3 given head 1's (the other slices right)" in said["out"].sentence, said["out"].sentence
+
+
+def test_slopes_read_by_a_grid_decoded_the_wrong_way_are_named_per_batch_entry_and_head():
+    def grid_over_batch(q, k, v, *, causal, scale, alibi_slopes):   # program b H + h reads slopes[(b H + h) // B]
+        b, h = q.shape[:2]
+        per = torch.stack([alibi_slopes[torch.arange(n * h, (n + 1) * h) // b] for n in range(b)])
+        outs = [attend(q[n:n + 1], k[n:n + 1], v[n:n + 1], causal=causal, scale=scale, alibi_slopes=per[n])
+                for n in range(b)]
+        return torch.cat([o for o, _ in outs]), torch.cat([lse for _, lse in outs])
+    rows = runner.run_case(targets.resolve(grid_over_batch), Case(2, 4, 45, 77, 16, True, (("alibi", True),)),
+                           "float32", "cpu", wanted=("alibi", "lse"))
+    said = {r.tensor: r.diagnosis for r in rows if not r.passed}
+    assert said["out"].id == said["lse"].id == "slice-values", {n: d.sentence for n, d in said.items()}
+    assert "alibi_slopes read from another slice: (batch 0, head 1) given head 0's; (batch 0, head 2) given head " \
+        "1's; (batch 0, head 3) given head 1's; (batch 1, head 0) given head 2's; (batch 1, head 1) given head 2's; " \
+        "(batch 1, head 2) given head 3's (the other slices right)" in said["out"].sentence, said["out"].sentence
