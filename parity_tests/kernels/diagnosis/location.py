@@ -11,7 +11,7 @@ import numpy as np
 
 from parity_tests.kernels.features import INPUT_GRADS
 
-__all__ = ["locate", "ranges", "exact_zeros", "TILES", "SPREAD_SHARE"]
+__all__ = ["locate", "ranges", "exact_zeros", "zero_channels", "TILES", "SPREAD_SHARE"]
 
 TILES = (16, 32, 64, 128, 256)
 # An error "spread" over a tensor: its median row holds at least this share of the worst
@@ -54,7 +54,8 @@ def locate(n, a, ref, den, bound):
     active = by_row[(np.abs(ref).max(axis=(0, 1, 3)) > 0) | (by_row > 0)]   # rows some query reads
     spread = bool(active.size and np.isfinite(active).all() and np.median(active) >= SPREAD_SHARE * active.max())
     parts = parts or [f"spread over every batch, head and {kind[:-1]}"]
-    return "; ".join(parts + [z for z in [exact_zeros(a, ref, kind)] if z]), spread, error_map
+    zeros = [exact_zeros(a, ref, kind)] + ([zero_channels(a, ref)] if n != "lse" and n not in INPUT_GRADS else [])
+    return "; ".join(parts + [z for z in zeros if z]), spread, error_map
 
 
 def exact_zeros(a, ref, kind):
@@ -68,6 +69,22 @@ def exact_zeros(a, ref, kind):
     width = len(rows)
     if rows == list(range(rows[0], rows[0] + width)) and width in TILES and rows[0] % width == 0:
         said += f": one tile of {width}"
+    return said
+
+
+def zero_channels(a, ref):
+    """"exactly 0 on head-dim channels 32 .. 39 of 40 (the reference is not): those past the
+    first 32" where some head-dim channels (not all) of ``a`` are exactly zero on every row of
+    a (batch, head) slice whose reference is not: a head-dim block never written, or rounded
+    down to a power of two; or ""."""
+    zero = ((a == 0).all(axis=2) & (np.abs(ref) > 0).any(axis=2)).any(axis=(0, 1))      # (C,)
+    channels = [int(c) for c in np.nonzero(zero)[0]]
+    if not channels or len(channels) == a.shape[3]:
+        return ""
+    said = f"exactly 0 on head-dim channels {ranges(channels)} of {a.shape[3]} (the reference is not)"
+    first = channels[0]
+    if channels == list(range(first, a.shape[3])) and first & (first - 1) == 0:
+        said += f": those past the first {first}"
     return said
 
 

@@ -83,3 +83,16 @@ def test_rows_left_exactly_zero_are_said_with_their_tile():
     a[:, :, 5] = 0.0
     assert exact_zeros(a, ref, "query rows") == "exactly 0 on query rows 5 of 100 (the reference is not)"
     assert exact_zeros(np.zeros_like(ref), ref, "query rows") == ""     # all of it: the zeros diagnosis's
+
+
+def test_head_dim_channels_left_exactly_zero_are_said_and_a_power_of_two_before_them():
+    from parity_tests.kernels.diagnosis.location import locate, zero_channels
+    ref = np.random.default_rng(0).standard_normal((1, 2, 9, 40))
+    a = ref.copy()
+    a[0, 1, :, 32:] = 0.0                                     # a head-dim block rounded down to 32 (one head)
+    assert zero_channels(a, ref) == "exactly 0 on head-dim channels 32 .. 39 of 40 (the reference is not): " \
+        "those past the first 32"
+    assert "exactly 0 on head-dim channels 32 .. 39" in locate("dq", a, ref, 1.0, 1e-6)[0]
+    a[0, 1, 0, 32] = 1.0                                      # one row written: not a channel left blank
+    assert zero_channels(a, ref) == "exactly 0 on head-dim channels 33 .. 39 of 40 (the reference is not)"
+    assert zero_channels(np.zeros_like(ref), ref) == ""       # all of it: the zeros diagnosis's
