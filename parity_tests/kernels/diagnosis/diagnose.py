@@ -1814,7 +1814,8 @@ def _summaries(result, rows, ev):
                 word = "sequence" if len(bad) == 1 else "sequences"
                 said = f"only {word} {', '.join(map(str, bad))} of the batch"
                 empty = [b for b in range(case.batch) if not all(lens[b] for lens in case.seqlens)]
-                if empty and all(b >= empty[0] for b in bad):
+                after = empty and [b for b in range(empty[0] + 1, case.batch) if b not in empty]
+                if after and set(bad) - set(empty) == set(after):          # every sequence after it, and only those
                     said += (f", none before the empty sequence {empty[0]} (what an empty sequence shifting the ones "
                              "after it gives)")
                 lead.append(said)

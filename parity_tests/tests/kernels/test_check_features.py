@@ -10,6 +10,8 @@ import torch
 import parity_tests
 from parity_tests import cli
 from parity_tests.kernels import features as feat
+from parity_tests.kernels import runner, targets
+from parity_tests.kernels.cases import Case
 from crashing_kernels import with_backward
 from parity_tests.kernels.planted.featured import FEATURE_GALLERY, attend, kernel, one_unit_off_every_other_call, varlen, wrong_kernel
 from needs import needs
@@ -341,6 +343,20 @@ def test_sequences_wrong_only_from_an_empty_one_on_are_said_so():
     assert said and any(", none before the empty sequence 2 (what an empty sequence shifting the ones after it "
                         "gives)" in s for s in said), said
     assert all("none before the empty sequence" in s for s in said if s.startswith("only sequence"))
+
+
+def test_one_sequence_wrong_after_an_empty_one_is_not_read_as_a_shift():
+    def third_sequence_off(q, k, v, *, causal, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+        out = varlen(q, k, v, causal=causal, scale=scale, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                     max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)[0]
+        if len(cu_seqlens_q) > 4:                       # sequence 3 alone, the last of its rows doubled
+            last = int(cu_seqlens_q[4]) - 1
+            out = torch.cat([out[:last], 2 * out[last:last + 1], out[last + 1:]])
+        return out
+    case = Case(5, 2, 129, 129, 16, True, (("varlen", ((37, 0, 1, 129, 65), (37, 0, 1, 129, 65))),))
+    rows = runner.run_case(targets.resolve(third_sequence_off), case, "float32", "cpu", wanted=("varlen",))
+    said = {r.tensor: r.diagnosis.sentence for r in rows if not r.passed}
+    assert said["out"].startswith("only sequence 3 of the batch: "), said["out"]
 
 
 def test_a_backward_reading_dout_with_the_query_head_dim_is_named():
