@@ -432,6 +432,7 @@ def test_a_gradient_formed_with_a_transpose_left_out_is_named_with_the_product(t
     assert said in found["dk"].sentence, found["dk"].sentence
 
 
+@pytest.mark.slow                     # every case of a run: 3 s (the one-case twin below stays)
 def test_a_descale_read_from_another_batch_entry_is_named_with_the_slices():
     from parity_tests.kernels.planted import fp8 as planted
 
