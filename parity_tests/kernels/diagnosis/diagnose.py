@@ -88,7 +88,7 @@ FIT_SHARE = 0.1
 # by one factor is also each row off by its own).
 FITTED = ("constant-factor", "lse-max-factor", "axes-permuted", "state-carried", "keys-unseen", "last-tile-only",
           "keys-weighted", "sequence-offsets", "slice-values", "head-map", "broadcast-sum", "backward-blocks", "key-tile-ranges",
-          "key-spans", "denominator", "wrong-delta", "backward-p-scaled")
+          "key-spans", "sink-counted", "denominator", "wrong-delta", "backward-p-scaled")
 
 # A catalogued mistake that leaves at most this share of the error against the
 # reference explains the tensor, even where its own rounding exceeds the bound
@@ -332,7 +332,7 @@ def _catalogue(rest, rows, ev):
         hyps += [h for n in rest if n in INPUT_GRADS for h in _broadcast_sum(sub, n)]
     if "out" in rest and plain(["out"]):
         fitted = _keys_unseen(sub) + _sequence_offsets(sub) + _state_carried(sub) + _keys_weighted(sub) + \
-            _key_tile_ranges(sub) + _key_spans(sub) + _values_from_other_slices(sub)
+            _key_tile_ranges(sub) + _key_spans(sub) + _values_from_other_slices(sub) + _sink_counted(sub)
         hyps += [h for h in fitted if not _zeros_where_wrong(sub.arrays["out"], sub.gold["out"],   # rows left blank
                                                              _predict(h, cache, grads=False)["out"], sub.den["out"],
                                                              sub.bounds["out"])]
@@ -911,6 +911,45 @@ def _values_from_other_slices(sub):
         out.append(mistakes.Hypothesis("slice-values", f"{name} read from another slice: {listed} (the other slices "
                                        "right)", lambda grads=True, pred=pred: {**sub.gold, **pred}, tuple(pred)))
     return out
+
+
+# A sink's weight counted k_i times in row i's denominator (`_sink_counted`): k_i read only where
+# the sink holds at least SINK_WEIGHT of the row's weight, and each within SINK_INTEGER of a whole number.
+SINK_WEIGHT = 1e-3
+SINK_INTEGER = 0.05
+
+
+def _sink_counted(sub):
+    """Each row's denominator holding the sink's weight another whole number of times than once:
+    a sink folded into every split's or tile's partial (counted once per split), or into the first
+    key tile only (not at all on the rows that skip it).  With p_i = exp(sink − lse_i), the sink's
+    share of row i, an out scaled by c_i gives 1/c_i = 1 + (k_i − 1) p_i: k_i read row by row,
+    rounded, and the prediction out_i / (1 + (k_i − 1) p_i), lse_i + log(1 + (k_i − 1) p_i)."""
+    got, sinks = sub.arrays.get("out"), sub.opts.get("sinks")
+    if sinks is None or got is None or not np.isfinite(got).all() or sub.rows is not None:
+        return []
+    lse = _dense_forward(sub)[1]                                              # (B, Hq, Tq)
+    p = np.exp(np.asarray(sinks, dtype=np.float64)[None, :, None] - np.where(np.isfinite(lse), lse, np.inf))
+    c = _row_scaled(got, sub.gold["out"])[0][..., 0]
+    told = (p >= SINK_WEIGHT) & (c > 0)
+    k = np.where(told, 1 + (1 / np.where(told, c, 1.0) - 1) / np.where(told, p, 1.0), 1.0)
+    whole = np.round(k)
+    if not told.any() or np.abs(k - whole)[told].max() > SINK_INTEGER or whole.min() < 0 or (whole == 1).all():
+        return []
+    extra = 1 + (whole - 1) * p
+    pred = {"out": sub.gold["out"] / extra[..., None]}
+    if "lse" in sub.gold:
+        pred["lse"] = _judged_lse(sub, sub.gold["lse"] + np.log(extra).reshape(sub.gold["lse"].shape))
+    times = lambda n: "not at all" if n == 0 else "twice" if n == 2 else f"{n} times"
+    counts = {n: sorted(set(np.nonzero(whole == n)[2].tolist())) for n in set(whole[whole != 1].astype(int).tolist())}
+    if len(counts) == 1 and len(next(iter(counts.values()))) == sub.case.tq:
+        said = f"counted {times(next(iter(counts)))} in every row's denominator instead of once"
+    else:
+        said = "counted " + "; ".join(f"{times(n)} on query rows {ranges(rows)}" for n, rows in sorted(counts.items())) \
+            + f" of {sub.case.tq} in their denominators, once on the other rows"
+    return [mistakes.Hypothesis("sink-counted", f"the sink's weight {said} (a sink folded into every partial of a "
+                                "split or tile loop, or into one tile only)", lambda grads=True: {**sub.gold, **pred},
+                                tuple(pred), fitted=("out",))]
 
 
 def _broadcast_sum(sub, n):

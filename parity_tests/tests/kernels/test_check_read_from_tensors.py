@@ -489,3 +489,24 @@ def test_slopes_read_by_a_grid_decoded_the_wrong_way_are_named_per_batch_entry_a
     assert "alibi_slopes read from another slice: (batch 0, head 1) given head 0's; (batch 0, head 2) given head " \
         "1's; (batch 0, head 3) given head 1's; (batch 1, head 0) given head 2's; (batch 1, head 1) given head 2's; " \
         "(batch 1, head 2) given head 3's (the other slices right)" in said["out"].sentence, said["out"].sentence
+
+
+def test_a_sink_counted_once_per_split_or_skipped_past_the_first_tile_is_named_with_the_count():
+    def sink_per_split(q, k, v, *, causal, scale, sinks):      # two splits, each starting from the sink
+        return attend(q, k, v, causal=causal, scale=scale, sinks=sinks + math.log(2))[0]
+
+    def sink_in_tile_0(q, k, v, *, causal, scale, sinks, window):   # rows whose window starts past key 32: none
+        first = torch.arange(q.shape[2]) - window[0]
+        with_sink = attend(q, k, v, causal=causal, scale=scale, sinks=sinks, window=window)[0]
+        without = attend(q, k, v, causal=causal, scale=scale, window=window)[0]
+        return torch.where((first >= 32)[:, None], without, with_sink)
+    said = {}
+    for fn, case in ((sink_per_split, Case(1, 4, 77, 77, 16, True, (("sinks", "large"),))),
+                     (sink_in_tile_0, Case(1, 4, 77, 77, 16, True, (("sinks", "large"), ("window", (17, 0)))))):
+        rows = runner.run_case(targets.resolve(fn), case, "float32", "cpu", wanted=("sinks", "window"))
+        said[fn.__name__] = next(r.diagnosis for r in rows if r.tensor == "out")
+    assert {d.id for d in said.values()} == {"sink-counted"}, {n: d.sentence for n, d in said.items()}
+    assert "the sink's weight counted twice in every row's denominator instead of once" in \
+        said["sink_per_split"].sentence
+    assert "the sink's weight counted not at all on query rows 49 .. 76 of 77 in their denominators, once on the " \
+        "other rows" in said["sink_in_tile_0"].sentence, said["sink_in_tile_0"].sentence
