@@ -510,3 +510,23 @@ def test_a_sink_counted_once_per_split_or_skipped_past_the_first_tile_is_named_w
         said["sink_per_split"].sentence
     assert "the sink's weight counted not at all on query rows 49 .. 76 of 77 in their denominators, once on the " \
         "other rows" in said["sink_in_tile_0"].sentence, said["sink_in_tile_0"].sentence
+
+
+def test_of_the_slices_whose_value_reproduces_a_slice_the_nearest_is_named(monkeypatch):
+    """Slice (batch 1, kv head 0) reproduced by the descales of (0, 0) and of (0, 1) alike (within
+    the bound, (0, 1) a little closer): the one fewer indices apart, (0, 0), is named."""
+    from types import SimpleNamespace
+    gold = np.zeros((2, 2, 3, 4))
+    got = gold.copy()
+    got[1, 0] = 1.0                                            # slice (1, 0) off
+    near, far = got.copy(), got.copy()
+    far[1, 0] += 1e-8                                          # (0, 0)'s value: a residual of 1e-8
+    preds = {(0, 0): far, (0, 1): near, (1, 0): gold, (1, 1): gold}     # (0, 1)'s: none
+    calls = iter(preds.values())
+    monkeypatch.setattr(diagnose, "_dense_forward", lambda sub, changes=None, inputs=None: (next(calls), None))
+    monkeypatch.setattr(diagnose, "stored_inputs", lambda case: {"k": SimpleNamespace(scale="k_descale")})
+    sub = SimpleNamespace(case=SimpleNamespace(batch=2, heads=2, hkv=2, tq=3, tk=3), arrays={"out": got},
+                          rounded={"k": np.ones((2, 2, 3, 4)), "k_descale": np.ones((2, 2))}, opts={}, rows=None,
+                          gold={"out": gold}, den={"out": 1.0}, bounds={"out": 1e-6})
+    (hyp,) = diagnose._values_from_other_slices(sub)
+    assert "k_descale read from another slice: (batch 1, kv head 0) given (batch 0, kv head 0)'s" in hyp.says, hyp.says
