@@ -449,9 +449,10 @@ def run(q, k, v, dout, opts, dtype=torch.float64, device="cpu", grads=True, dlse
     bias4 = None if bias is None else four(bias)
     sinks = None if opts.get("sinks") is None else t(opts["sinks"]).requires_grad_(grads)
     acc = torch.float32 if chunk < tq and dtype in (torch.float16, torch.bfloat16) else dtype
-    changes = knobs.pop("backward_options", None)               # its arrays as the options' own, below
-    changes = changes and {n: four(t(x)) if n == "bias" and x is not None else t(x) if n in ARRAY_OPTIONS
-                           and x is not None else x for n, x in changes.items()}
+    changes = dict(knobs.pop("backward_options", None) or {})     # its arrays made tensors as the options are
+    for n, x in changes.items():
+        if n in ARRAY_OPTIONS and x is not None:
+            changes[n] = four(t(x)) if n == "bias" else t(x)
     Q, K, V = t(q).requires_grad_(grads), t(k).requires_grad_(grads), t(v).requires_grad_(grads)
     parts, totals = {}, {}
     last_key = _last_keys(opts, total, tk, q.shape[0], first) if tk > LONG_FROM and bias4 is None and not knobs \

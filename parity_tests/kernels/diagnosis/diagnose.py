@@ -18,8 +18,8 @@ For each failing tensor, in this order:
    fitted to the target's own tensors (`FITTED`, fewest fitted numbers first: one
    factor on a tensor, lse's maximum added back k times, the last keys no query sees,
    each sequence's offset, a per-slice value read from another slice, another head map
-   for dk and dv, a broadcast gradient summed
-   over some slices, a *wrong softmax denominator* for out (each row the reference
+   for dk and dv, a broadcast gradient summed over some slices, a sink counted another
+   number of times, a *wrong softmax denominator* for out (each row the reference
    times its own factor c_i), a backward's D or P off row by row): each
    hypothesis's residual is the tensor's error measured
    against the hypothesis instead of the reference, with the same denominator;
@@ -87,8 +87,8 @@ FIT_SHARE = 0.1
 # explains as well wins over them, and among them the first that explains is named (a tensor off
 # by one factor is also each row off by its own).
 FITTED = ("constant-factor", "lse-max-factor", "axes-permuted", "state-carried", "keys-unseen", "last-tile-only",
-          "keys-weighted", "sequence-offsets", "slice-values", "head-map", "broadcast-sum", "backward-blocks", "key-tile-ranges",
-          "key-spans", "sink-counted", "denominator", "wrong-delta", "backward-p-scaled")
+          "keys-weighted", "sequence-offsets", "slice-values", "head-map", "broadcast-sum", "backward-blocks",
+          "key-tile-ranges", "key-spans", "sink-counted", "denominator", "wrong-delta", "backward-p-scaled")
 
 # A catalogued mistake that leaves at most this share of the error against the
 # reference explains the tensor, even where its own rounding exceeds the bound
@@ -878,12 +878,12 @@ def _values_from_other_slices(sub):
               and r[i.scale].size > 1}
     # each descale alone, then all of them together (one slice's read for another's: a schedule's reordering)
     for names in [(n,) for n in scaled] + ([tuple(scaled)] if len(scaled) > 1 else []):
-        x = scaled[names[0]]
+        shape = scaled[names[0]].shape                                      # (B, Hkv)
         moved = lambda b, g: {n: r[n] * per_head(np.full_like(scaled[n], scaled[n][b, g]) / scaled[n], r[n].shape[1])
                               for n in names}
         families.append((" and ".join(stored_inputs(case)[n].scale for n in names), lambda b, h: (b, h // group),
                          lambda i: f"(batch {i[0]}, kv head {i[1]})", [((b, g), None, moved(b, g))
-                                                                       for b, g in np.ndindex(x.shape)]))
+                                                                       for b, g in np.ndindex(shape)]))
     out = []
     for name, index, words, sources in families:
         found = [_dense_forward(sub, changes=c, inputs=i)[:2] for _, c, i in sources]
@@ -905,8 +905,8 @@ def _values_from_other_slices(sub):
         by_unit = {}                         # by kv head or head; by (batch, head) where batch entries differ
         for (b, h), src in given.items():
             by_unit.setdefault(words(index(b, h)), set()).add(src)
-        apart = any(len(v) > 1 for v in by_unit.values())
-        said = {(f"(batch {b}, head {h})" if apart else words(index(b, h))): src for (b, h), src in given.items()}
+        per_entry = any(len(v) > 1 for v in by_unit.values())
+        said = {(f"(batch {b}, head {h})" if per_entry else words(index(b, h))): src for (b, h), src in given.items()}
         listed = "; ".join(f"{u} given {src}'s" for u, src in list(said.items())[:6]) + "; ..." * (len(said) > 6)
         out.append(mistakes.Hypothesis("slice-values", f"{name} read from another slice: {listed} (the other slices "
                                        "right)", lambda grads=True, pred=pred: {**sub.gold, **pred}, tuple(pred)))
@@ -1143,7 +1143,6 @@ def _last_tile_only(sub, failing):
                                 predict, tuple(found), fitted=tuple(found))]
 
 
-# (query tile, key tile) blocks a backward leaves out (`_backward_blocks`): at most this many blocks
 # The right product of each gradient (`_backward_products`): (weights, transposed, operand).
 PRODUCTS = {"dq": ("scale · dS", False, "K"), "dk": ("scale · dS", True, "Q"), "dv": ("P", True, "dO")}
 
@@ -1200,6 +1199,7 @@ def _backward_products(sub, failing):
     return out
 
 
+# (query tile, key tile) blocks a backward leaves out (`_backward_blocks`): at most this many blocks
 BLOCKS = 1024
 
 
