@@ -267,7 +267,7 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
               no_delta=False, finite_mask=False, with_max=False, keys=None, online=None, backward_options=None,
               softcap_last=False, weights="softmax", keep=None, dropout_p=0.0, softcap_form="tanh",
               positions_dtype=None, backward_lse=None, unseen_from=None, key_range=None,
-              key_span=None, scores_only=False):
+              key_span=None, scores_only=False, fp8_prescale=None):
     """(out, lse): out (B, Hq, Tq, Dv), lse (B, Hq, Tq), in q's dtype; torch tensors,
     differentiable.  ``rows``: (first, total) when q holds query rows first .. of a case
     with ``total`` query rows (the baseline's chunks); the bias then holds those rows too.
@@ -280,7 +280,8 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
     (`fp8_weights`, the FP8 features' baseline).  ``keep``: a
     bool tensor broadcastable to (B, Hq, Tq, Tk) (these rows), the weights becoming
     ``P ∘ keep / (1 − dropout_p)``, the factor formed in the dtype as ``nn.Dropout`` does.
-    ``scores_only``: the scores the softmax takes alone (masked, the sinks' column last)."""
+    ``scores_only``: the scores the softmax takes alone (masked, the sinks' column last).
+    ``fp8_prescale``: `fp8_weights`'s ``prescale`` (a factor folded into P before its cast)."""
     given = dict(locals())                 # the call itself: `backward_options` recomputes its scores
     b, hq, tq, _ = q.shape
     hkv, tk = k.shape[1], k.shape[2]
@@ -370,7 +371,7 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
         L = torch.logsumexp(wide, dim=-1).masked_fill(~row_seen, 0.0)[..., None]
         P = (torch.exp(wide - L) * row_seen[..., None]).to(S.dtype)
     elif weights in ("fp8", "fp8-no-max"):      # FlashAttention-3's FP8 forward (`fp8_weights`)
-        P = fp8_weights(S_safe, row_seen[..., None], weights == "fp8").to(S.dtype)
+        P = fp8_weights(S_safe, row_seen[..., None], weights == "fp8", prescale=fp8_prescale).to(S.dtype)
     elif weights in P_ROUNDED:                 # E = exp(S − m) rounded for P V, l of the unrounded E
         P = fp8_weights(S_safe, row_seen[..., None], to=P_ROUNDED[weights]).to(S.dtype)
     else:
@@ -401,7 +402,7 @@ SCORES = VISIBILITY + ("scale", "softcap", "alibi_slopes", "bias", "sinks", "sof
 P_ROUNDED = {"p-bfloat16": torch.bfloat16, "p-float16": torch.float16}
 
 
-def fp8_weights(S, seen=None, subtract_max=True, to=torch.float8_e4m3fn):
+def fp8_weights(S, seen=None, subtract_max=True, to=torch.float8_e4m3fn, prescale=None):
     """FlashAttention-3's FP8 weights: E = exp(S − m) in float32 (m the row's maximum), rounded
     to float8_e4m3fn for the P V matmul, divided by l = Σ_j E_ij of the unrounded E (returned
     in float32, the 1/l applied as the kernel applies it to its accumulator: once per row).
@@ -409,14 +410,17 @@ def fp8_weights(S, seen=None, subtract_max=True, to=torch.float8_e4m3fn):
     subnormal 2^-9 are 0.  ``seen``: (.., rows, 1) False on rows that see no key (weights 0).
     ``subtract_max=False``: the mistake of casting exp(S) itself (past 448 it saturates; below
     2^-9 it vanishes; l overflows to inf past S = 88).  ``to``: another dtype E is rounded to
-    (FlashAttention-2's P in bfloat16 or float16 for its P V matmul, `P_ROUNDED`)."""
+    (FlashAttention-2's P in bfloat16 or float16 for its P V matmul, `P_ROUNDED`).  ``prescale``:
+    a factor E is multiplied by before its rounding and divided by after (a descale folded into
+    P, broadcastable to S), or "normalised": E / l rounded (P normalised before the cast)."""
     wide = S.to(torch.promote_types(S.dtype, torch.float32))
     m = wide.amax(-1, keepdim=True) if subtract_max else torch.zeros_like(wide[..., :1])
     E = torch.exp(wide - torch.where(torch.isfinite(m), m, 0.0))
     if seen is not None:
         E = E * seen
     l = E.sum(-1, keepdim=True)
-    return E.to(to).to(wide.dtype) / torch.where(l > 0, l, 1.0)
+    a = 1 / torch.where(l > 0, l, 1.0) if isinstance(prescale, str) else 1.0 if prescale is None else prescale
+    return (E * a).to(to).to(wide.dtype) / a / torch.where(l > 0, l, 1.0)
 
 
 def run(q, k, v, dout, opts, dtype=torch.float64, device="cpu", grads=True, dlse=None, rows=None,

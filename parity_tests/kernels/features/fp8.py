@@ -22,7 +22,8 @@ queries against Tk = 32769, 257 key tiles of 128: an accumulator in a reduced pr
 more the more tiles it sums).  q is drawn 4 times larger and k 4 times smaller than the
 scores need, so that q's descale is never k's.  Invited mistakes: a descale not applied, or
 applied twice (q, k or v); the descales indexed by query head (h % Hkv) under GQA; P cast to
-e4m3 without the row maximum subtracted; P V accumulated across key tiles in 8 significant
+e4m3 without the row maximum subtracted, normalised before the cast, or with a descale folded in
+before it; P V accumulated across key tiles in 8 significant
 bits (bfloat16's, or truncated as Hopper's FP8 tensor cores keep it: the long case shows it).
 An output in float8 or float32 FAILS on its dtype (``output-dtype``)."""
 
@@ -175,9 +176,19 @@ def mistakes(ctx, fp8):
 
 
 def weight_mistakes(ctx):
-    """P cast to e4m3 without the row maximum subtracted; P V accumulated in bfloat16 tile by tile."""
+    """P cast to e4m3 without the row maximum subtracted, normalised before the cast, or with a
+    descale folded in before it (its weights rounded on another part of e4m3's grid: toward its
+    subnormals); P V accumulated in bfloat16 tile by tile."""
     out = [ctx.H("fp8-p-without-max", "P cast to float8 e4m3 without the row maximum subtracted (exp(S) "
-                 "saturates at 448 and vanishes below 2^-9)", ctx.fwd(weights="fp8-no-max"), ("out",))]
+                 "saturates at 448 and vanishes below 2^-9)", ctx.fwd(weights="fp8-no-max"), ("out",)),
+           ctx.H("fp8-p-normalised", "P divided by its row sum l before its cast to float8 e4m3 instead of after P V "
+                 "(the weights rounded at their own scale, the small ones to e4m3's subnormals)",
+                 ctx.fwd(weights="fp8", fp8_prescale="normalised"), ("out",))]
+    for n in (n for n in ("q_descale", "k_descale", "v_descale") if n in ctx.arrays):
+        folded = torch.as_tensor(per_head(ctx.arrays[n], ctx.case.heads))          # (B, Hq, 1, 1)
+        hid = f"fp8-p-times-{n.replace('_', '-')}"
+        out.append(ctx.H(hid, f"{n} folded into P before its cast to float8 e4m3 (P x {n} rounded: the weights "
+                         "pushed toward e4m3's subnormals)", ctx.fwd(weights="fp8", fp8_prescale=folded), ("out",)))
     plain = all(ctx.opts.get(n) is None for n in ("softcap", "alibi_slopes", "bias", "sinks"))
     if plain and ctx.case.tk > min(TILES):
         out += [ctx.H("fp8-pv-narrow-accumulator", f"P V accumulated across key tiles of {b} in 8 significant bits "

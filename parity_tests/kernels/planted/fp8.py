@@ -14,10 +14,13 @@ def dequantised(x, descale, heads):
     return x.float() * descale.repeat_interleave(heads // descale.shape[1], 1)[:, :, None, None]
 
 
-def _attend(Q, K, V, causal, scale, p_fp8=True, subtract_max=True, narrow=None, out_dtype=torch.bfloat16):
+def _attend(Q, K, V, causal, scale, p_fp8=True, subtract_max=True, narrow=None, out_dtype=torch.bfloat16,
+            prescale=None):
     """Attention on float32 Q, K, V (K, V with their own heads), FlashAttention-3's way: E = exp(S − m),
     rounded to e4m3 before E V (``p_fp8``), divided by l = Σ E; ``narrow``: E V accumulated key tile by
-    key tile (that many keys) in 8 significant bits, truncated as a tensor core's narrow accumulator."""
+    key tile (that many keys) in 8 significant bits, truncated as a tensor core's narrow accumulator;
+    ``prescale``: a factor E is multiplied by before its cast (a descale folded into P), or
+    "normalised": E / l cast, and not divided by l after."""
     group = Q.shape[1] // K.shape[1]
     K, V = K.repeat_interleave(group, 1), V.repeat_interleave(group, 1)
     S = scale * Q @ K.transpose(-1, -2)
@@ -35,13 +38,18 @@ def _attend(Q, K, V, causal, scale, p_fp8=True, subtract_max=True, narrow=None, 
         return (acc / l).to(out_dtype)
     m = S.amax(-1, keepdim=True) if subtract_max else torch.zeros_like(S[..., :1])
     E = torch.exp(S - m)
+    l = E.sum(-1, keepdim=True)
+    if isinstance(prescale, str):
+        return ((E / l).to(torch.float8_e4m3fn).float() @ V).to(out_dtype)
+    E = E if prescale is None else E * prescale
     P = E.to(torch.float8_e4m3fn).float() if p_fp8 else E
-    return ((P @ V) / E.sum(-1, keepdim=True)).to(out_dtype)
+    return ((P @ V) / l).to(out_dtype)
 
 
-def fp8_kernel(missing=(), twice=(), by_query_head=False, **attend):
+def fp8_kernel(missing=(), twice=(), by_query_head=False, v_into_p=False, **attend):
     """A FlashAttention-3-convention kernel: ``missing`` descales not applied, ``twice`` applied
-    twice, q's descale read at query head h % Hkv (``by_query_head``)."""
+    twice, q's descale read at query head h % Hkv (``by_query_head``), v's folded into P before
+    its cast to e4m3 (``v_into_p``: the weights multiplied by ~1e-2 first)."""
     def kernel(q, k, v, *, causal, scale, q_descale, k_descale, v_descale):
         h = q.shape[1]
         group = h // k.shape[1]
@@ -49,9 +57,10 @@ def fp8_kernel(missing=(), twice=(), by_query_head=False, **attend):
               "k": k_descale, "v": v_descale}
         x = {n: t.float() for n, t in (("q", q), ("k", k), ("v", v))}
         for n in x:
-            times = (n not in missing) + (n in twice)
+            times = (n not in missing) + (n in twice) - (n == "v" and v_into_p)
             x[n] = x[n] * ds[n][:, :, None, None] ** times
-        return _attend(x["q"], x["k"], x["v"], causal, scale, **attend)
+        folded = {"prescale": v_descale.repeat_interleave(group, 1)[:, :, None, None]} if v_into_p else {}
+        return _attend(x["q"], x["k"], x["v"], causal, scale, **attend, **folded)
     return kernel
 
 
@@ -85,6 +94,8 @@ GALLERY = {
     **{f"fp8-{n}-descale-twice": fp8_kernel(twice=(n,)) for n in "qkv"},
     "fp8-descale-query-head": fp8_kernel(by_query_head=True),
     "fp8-p-without-max": fp8_kernel(subtract_max=False),
+    "fp8-p-normalised": fp8_kernel(prescale="normalised"),
+    "fp8-p-times-v-descale": fp8_kernel(v_into_p=True),
     "fp8-pv-narrow-accumulator": fp8_kernel(narrow=128),
     "output-dtype": fp8_kernel(out_dtype=torch.float32),
 }

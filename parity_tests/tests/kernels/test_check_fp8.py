@@ -57,7 +57,7 @@ def test_a_right_fp8_kv_kernel_passes_with_flashinfers_head_dims(dtype):
 
 FP8_SHOWN_ON = {"fp8-q-descale-missing": "fp8", "fp8-k-descale-missing": "fp8", "fp8-v-descale-missing": "fp8",
                 "fp8-q-descale-twice": "fp8", "fp8-k-descale-twice": "fp8", "fp8-v-descale-twice": "fp8",
-                "fp8-p-without-max": "fp8 logits x32", "output-dtype": "fp8"}
+                "fp8-p-without-max": "fp8 logits x32", "output-dtype": "fp8", "fp8-p-times-v-descale": "fp8"}
 
 
 @pytest.mark.parametrize("mistake", [pytest.param(m, marks=pytest.mark.slow) if "accumulator" in m else m
@@ -66,6 +66,9 @@ def test_each_fp8_mistake_fails_and_is_named(mistake):
     if mistake == "fp8-descale-query-head":
         cases = [Case(1, 6, 45, 77, 40, True, (("gqa", 2),))]          # widened: slices 2^6 apart
         features = ["fp8", "gqa"]
+    elif mistake == "fp8-p-normalised":                                # weights ~1/Tk: in e4m3's subnormals
+        cases = [Case(1, 2, 4, 2049, 64, False, (("fp8", ("amax", 1.0)),))]
+        features = ["fp8"]
     elif mistake == "fp8-pv-narrow-accumulator":                       # the long case: 257 key tiles
         cases = [c for c in REGISTRY["fp8"].cases(False, Plan()) if c.tk > 30000]
         features = ["fp8"]
