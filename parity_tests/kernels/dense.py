@@ -40,7 +40,8 @@ backward's own scores, `_recomputed_backward`: {option or knob: value} of `SCORE
 the forward's: another mask, an option left out or scaled),
 ``softcap_last`` (the cap applied after ALiBi and the bias: x-transformers' order),
 ``softcap_form`` ("positive": only the positive scores capped; "clamp": clipped at ±c
-instead of c·tanh), ``positions_dtype`` (ALiBi's positions and distances in a low dtype),
+instead of c·tanh), ``softcap_derivative`` (the backward's 1 − tanh²(S/c) taken as
+1 − tanh²(capped/c), "of-capped", or as 1 − capped², "capped-squared"), ``positions_dtype`` (ALiBi's positions and distances in a low dtype),
 ``backward_lse`` ((lse, first query row) -> the lse the backward recomputes P = exp(S − lse)
 from: another base, or each row's off by its own amount), ``unseen_from`` (per batch
 entry, the keys from that index on seen by no query: a split or tile size rounded down),
@@ -267,7 +268,7 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
               no_delta=False, finite_mask=False, with_max=False, keys=None, online=None, backward_options=None,
               softcap_last=False, weights="softmax", keep=None, dropout_p=0.0, softcap_form="tanh",
               positions_dtype=None, backward_lse=None, unseen_from=None, key_range=None,
-              key_span=None, scores_only=False, fp8_prescale=None):
+              key_span=None, scores_only=False, fp8_prescale=None, softcap_derivative=None):
     """(out, lse): out (B, Hq, Tq, Dv), lse (B, Hq, Tq), in q's dtype; torch tensors,
     differentiable.  ``rows``: (first, total) when q holds query rows first .. of a case
     with ``total`` query rows (the baseline's chunks); the bias then holds those rows too.
@@ -306,6 +307,9 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
                 capped = torch.where(S > 0, capped, S)
             elif softcap_form == "clamp":
                 capped = S.clamp(-softcap, softcap)
+            if softcap_derivative is not None:       # its derivative at the capped score, or without the /c
+                slope = 1 - torch.tanh(capped / softcap) ** 2 if softcap_derivative == "of-capped" else 1 - capped ** 2
+                capped = capped.detach() + (S - S.detach()) * slope.detach()
             S = S + (capped - S).detach() if softcap_no_grad else capped
     else:
         S = S * scale

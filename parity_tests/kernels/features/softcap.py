@@ -1,6 +1,7 @@
 """``softcap``: ``S ← c · tanh(S / c)`` on the scaled scores, before any bias: 50, and 1
 on scores of spread ~4 (q drawn 4× larger), where tanh saturates.  Invited mistakes:
-the cap applied before the scale, its derivative 1 − tanh² left out of the backward, the
+the cap applied before the scale, its derivative 1 − tanh² left out of the backward or taken
+at the capped score or without the /c inside the square, the
 positive scores alone capped, a clip at ±c for c·tanh; and the convention of applying it
 after ALiBi and the bias instead of before."""
 
@@ -24,6 +25,12 @@ def mistakes(ctx, cap):
                   f"c = {cap:g})", ctx.fwd(softcap_first=True)),
             ctx.H("softcap-no-derivative", "the softcap's derivative 1 - tanh^2 left out of the backward",
                   ctx.fwd(softcap_no_grad=True), grads),
+            ctx.H("softcap-derivative-of-capped", "the softcap's derivative taken at the capped score, "
+                  "1 - tanh^2(c tanh(S / c) / c) (tanh applied twice), instead of 1 - tanh^2(S / c)",
+                  ctx.fwd(softcap_derivative="of-capped"), grads),
+            ctx.H("softcap-derivative-capped-squared", "the softcap's derivative written 1 - (c tanh(S / c))^2, "
+                  "the / c inside the square left out, instead of 1 - tanh^2(S / c)",
+                  ctx.fwd(softcap_derivative="capped-squared"), grads),
             ctx.H("softcap-positive-only", f"the softcap applied to the positive scores only (c tanh(S / c) where "
                   f"S > 0, S itself below, c = {cap:g})", ctx.fwd(softcap_form="positive")),
             ctx.H("softcap-clamped", f"the scores clipped at ±c instead of capped by c tanh(S / c) (c = {cap:g})",

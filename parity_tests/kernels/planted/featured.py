@@ -48,6 +48,24 @@ class _CapWithoutDerivative(torch.autograd.Function):
         return g, None
 
 
+class _CapOtherDerivative(torch.autograd.Function):
+    """c · tanh(S / c) forward; the backward multiplies by 1 − tanh²(capped / c) ("of-capped": the
+    recomputed capped score fed to the derivative) or by 1 − capped² ("capped-squared")."""
+
+    @staticmethod
+    def forward(ctx, S, c, form):
+        capped = c * torch.tanh(S / c)
+        ctx.save_for_backward(capped)
+        ctx.c, ctx.form = c, form
+        return capped
+
+    @staticmethod
+    def backward(ctx, g):
+        capped, = ctx.saved_tensors
+        slope = 1 - torch.tanh(capped / ctx.c) ** 2 if ctx.form == "of-capped" else 1 - capped ** 2
+        return g * slope, None, None
+
+
 class _BackwardRedraws(torch.autograd.Function):
     """W = P ∘ keep / (1 − p) forward; the backward draws a fresh mask from torch's RNG
     instead of reusing the forward's."""
@@ -109,6 +127,8 @@ def attend(q, k, v, *, causal, scale, align="top-left", window=None, softcap=Non
             S = softcap * torch.tanh(S / softcap) * scale
         elif mistake == "softcap-no-derivative":
             S = _CapWithoutDerivative.apply(S * scale, softcap)
+        elif mistake in ("softcap-derivative-of-capped", "softcap-derivative-capped-squared"):
+            S = _CapOtherDerivative.apply(S * scale, softcap, mistake.split("derivative-")[1])
         elif mistake == "softcap-positive-only":
             S = S * scale
             S = torch.where(S > 0, softcap * torch.tanh(S / softcap), S)
@@ -262,6 +282,8 @@ FEATURE_GALLERY = {
     "window-other-alignment": ["window"],
     "softcap-before-scale": ["softcap"],
     "softcap-no-derivative": ["softcap"],
+    "softcap-derivative-of-capped": ["softcap"],
+    "softcap-derivative-capped-squared": ["softcap"],
     "softcap-after-bias": ["softcap", "alibi"],
     "softcap-positive-only": ["softcap"],
     "softcap-clamped": ["softcap"],

@@ -331,3 +331,26 @@ def test_an_option_the_dense_formula_does_not_know_is_refused_not_dropped():
     for call in (lambda o: dense.run(q, k, v, dout, o), lambda o: dense.keywords(o)):
         with pytest.raises(TypeError, match="no such option q_descale"):
             call({"scale": 0.5, "causal": True, "q_descale": np.ones(H)})
+
+
+@pytest.mark.parametrize("form", ["of-capped", "capped-squared"])
+def test_a_softcap_derivative_in_another_form(form):
+    """The forward capped as it should be; the backward's 1 − tanh²(S/c) replaced by
+    1 − tanh²(capped/c) or 1 − capped², by hand: dS_raw = P ∘ (dP − D) ∘ slope."""
+    q, k, v, dout = _inputs(9, 45, H, seed=5)
+    cap = 2.0
+    got = dense.run(q, k, v, dout, {"scale": SCALE, "causal": True, "softcap": cap}, softcap_derivative=form)
+    right = dense.run(q, k, v, dout, {"scale": SCALE, "causal": True, "softcap": cap}, autograd=True)
+    S = _scores(q, k, False)
+    capped = cap * np.tanh(S / cap)
+    capped = np.where(np.arange(45)[None, :] <= np.arange(9)[:, None], capped, -np.inf)
+    P = np.exp(capped - capped.max(-1, keepdims=True))
+    P /= P.sum(-1, keepdims=True)
+    O = P @ v
+    dS = P * (dout @ v.swapaxes(-1, -2) - (dout * O).sum(-1, keepdims=True))
+    c = cap * np.tanh(S / cap)
+    dS = dS * (1 - np.tanh(c / cap) ** 2 if form == "of-capped" else 1 - c ** 2)
+    np.testing.assert_allclose(got["out"], O, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(got["dq"], SCALE * dS @ k, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(got["dk"], SCALE * dS.swapaxes(-1, -2) @ q, rtol=1e-10, atol=1e-12)
+    assert np.abs(got["dq"] - right["dq"]).max() > 1e-2
