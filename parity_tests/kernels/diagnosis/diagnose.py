@@ -298,6 +298,8 @@ def diagnose(failing, rows, ev):
     for n, d in result.items():
         if d.id == "none" and n in ("out", "dq") and n in ev.arrays:
             d.sentence += _only_rows_without_keys(n, ev)
+        if d.id == "none" and n in ("dq", "dk") and n in ev.arrays:
+            d.sentence += _only_where_zero(n, ev)
     _lower_precision(result, rows, ev)
     _summaries(result, rows, ev)
     for n, d in result.items():
@@ -1694,6 +1696,32 @@ def _only_rows_without_keys(n, ev):
     return (f"; only on the {int(bad.any(axis=(0, 1)).sum())} of {blind.shape[-1]} query rows that see no key, "
             f"where the check expects 0 (as SDPA and FlashAttention give) and the kernel returns values up to "
             f"{size:.3g}")
+
+
+def _only_where_zero(n, ev):
+    """"; only where the reference is exactly 0 ..." when every entry of gradient ``n`` past its
+    bound is one the reference gives as exactly 0; with why, where those are the rows that see a
+    single key (dq), or keys only such rows read (dk): P = 1 there, so dS = P (dP − D) = 0
+    whatever dO, unless dP and D = rowsum(dO ∘ O) are formed in precisions that do not cancel;
+    else ""."""
+    a, ref = ev.arrays[n], ev.gold[n]
+    bad = np.abs(a - ref) / ev.den[n] > ev.bounds[n]
+    if not bad.any() or np.any(ref[bad]) or not np.isfinite(a).all():
+        return ""
+    said = f"; only where the reference is exactly 0 ({int(bad.sum())} entries)"
+    P = _dense_weights(ev) if ev.rows is None and fits_densely(ev.case) else None
+    if P is None:
+        return said
+    one = (P > 0).sum(-1) == 1                                                  # (B, Hq, Tq)
+    if n == "dq":
+        single = not (bad.any(-1) & ~one).any()
+    else:                                                                       # keys read by such rows alone
+        alone = ~((P > 0) & ~one[..., None]).any(-2)                            # (B, Hq, Tk)
+        group = ev.case.heads // ev.case.hkv
+        alone = alone.reshape(alone.shape[0], ev.case.hkv, group, -1).all(2)
+        single = not (bad.any(-1) & ~alone).any()
+    return said + (", on rows that see a single key: dS = P (dP - D) is 0 there (P = 1, dP = D) unless dP and "
+                   "D = rowsum(dO ∘ O) are formed in precisions that do not cancel" if single else "")
 
 
 def _lower_precision(result, rows, ev):

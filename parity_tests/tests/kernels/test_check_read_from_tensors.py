@@ -530,3 +530,16 @@ def test_of_the_slices_whose_value_reproduces_a_slice_the_nearest_is_named(monke
                           gold={"out": gold}, den={"out": 1.0}, bounds={"out": 1e-6})
     (hyp,) = diagnose._values_from_other_slices(sub)
     assert "k_descale read from another slice: (batch 1, kv head 0) given (batch 0, kv head 0)'s" in hyp.says, hyp.says
+
+
+def test_a_gradient_off_only_where_the_reference_is_exactly_zero_is_said_so_with_why():
+    def delta_not_cancelling(q, k, v, *, causal, scale):      # dS = dP - D off by D's rounding on one-key rows
+        return sdpa(with_backward(q, lambda g: g + 1e-3 * k.detach().sum(-2, keepdim=True)), k, v,
+                    causal=causal, scale=scale)
+    rows = runner.run_case(targets.resolve(delta_not_cancelling), Case(1, 2, 1, 1, 16, True), "float32", "cpu",
+                           wanted=())
+    said = {r.tensor: r.diagnosis for r in rows if not r.passed}
+    assert set(said) == {"dq"} and said["dq"].id == "none", {n: d.sentence for n, d in said.items()}
+    assert "only where the reference is exactly 0 (32 entries), on rows that see a single key: dS = P (dP - D) " \
+        "is 0 there (P = 1, dP = D) unless dP and D = rowsum(dO ∘ O) are formed in precisions that do not cancel" \
+        in said["dq"].sentence, said["dq"].sentence
