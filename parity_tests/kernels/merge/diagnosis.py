@@ -25,6 +25,7 @@ For each failing tensor of a case (out, lse, dout_parts, dlse_parts), in order:
 import math
 
 import numpy as np
+import torch
 
 from numpy_ref import merge as ref
 from parity_tests.kernels.diagnosis.diagnose import Diagnosis, MATCH_SHARE
@@ -55,6 +56,25 @@ def base2_prediction(states, dout, dlse, order):
     grads = ref.merge_many_backward(dout, dlse / LN2, scaled, order)
     return {"out": out, "lse": lse / LN2, "dout_parts": np.stack([g[0] for g in grads]),
             "dlse_parts": np.stack([g[1] * LN2 for g in grads])}
+
+
+def detached_prediction(states, dout, dlse, order):
+    """dlse_parts of a merge whose weights exp(lse_x − lse) hold the merged lse constant (detached
+    as the stabilising maximum may be): each partial lse's gradient w_x (<dO, out_x − out> + dlse)
+    loses its −<dO, out> term; None where the fold gives no gradient."""
+    from parity_tests.kernels import merge                  # (that module imports this one)
+
+    def detached(out_a, lse_a, out_b, lse_b):
+        both = torch.isneginf(lse_a) & torch.isneginf(lse_b)
+        zero = lambda l: torch.where(both, torch.zeros_like(l), l)
+        lse = torch.logaddexp(zero(lse_a), zero(lse_b))
+        w_a, w_b = (torch.exp(zero(l) - lse.detach()) for l in (lse_a, lse_b))
+        out = sum(w[..., None] * torch.where(torch.isneginf(l)[..., None], 0, o)
+                  for w, o, l in ((w_a, out_a, lse_a), (w_b, out_b, lse_b)))
+        return out, torch.where(both, torch.full_like(lse, -math.inf), lse)
+    t = lambda a: torch.as_tensor(a, dtype=torch.float64)
+    _, grads, _ = merge.run_merge(detached, [(t(o), t(l)) for o, l in states], t(dout), t(dlse), order, "cpu")
+    return None if grads is None else grads[1]
 
 
 def _unnormalised_pair(out_a, lse_a, out_b, lse_b):
@@ -140,6 +160,8 @@ def diagnose_case(rows, got, gold, denoms, states, dout, dlse, order, dtype):
     lse_dtype = np.float64 if dtype == "float64" else np.float32
     base2 = base2_prediction(states, dout, dlse, order)
     base2["unnormalised"] = unnormalised_prediction(states, order)
+    if any(r.failed and r.tensor == "dlse_parts" for r in rows):
+        base2["detached"] = detached_prediction(states, dout, dlse, order)
     named_out = None
     forward_ok = not any(r.failed for r in rows if r.tensor in ("out", "lse"))
     for row in rows:
@@ -165,7 +187,14 @@ def _catalogue(t, got, gold, denom, error, bound, base2):
         fitted, c = _row_scaled(got, gold)
         tried += [("weights-not-normalised", _residual(got, fitted, denom)),
                   ("weights-not-normalised", _residual(got, base2["unnormalised"], denom))]
+    if t == "dlse_parts" and base2.get("detached") is not None:
+        tried.append(("normaliser-detached", _residual(got, base2["detached"], denom)))
     name, res = min(tried, key=lambda p: p[1])
+    if explains(res) and name == "normaliser-detached":
+        return Diagnosis(name, f"{t} matches the reference with the merged lse held constant in the weights "
+                         f"w_x = exp(lse_x - lse) (detached, as the stabilising maximum may be) to {fmt(res)} "
+                         f"(bound {fmt(bound)}): each partial lse's gradient w_x (<dO, out_x - out> + dlse) "
+                         "loses its -<dO, out> term: let the gradient flow through lse", res, bound)
     if explains(res):
         if name == "lse-base-2":
             return Diagnosis(name, f"{t} matches the reference with lse in base 2 (exp2 and log2 in place of "
@@ -178,4 +207,5 @@ def _catalogue(t, got, gold, denom, error, bound, base2):
                          "w_a = exp(lse_a - lse) and w_b = exp(lse_b - lse) sum to 1", res, bound)
     closest = f"; closest: {name} at {fmt(res)}" if res < error else ""
     return Diagnosis("none", f"{t} matches none of the merge mistakes (lse in base 2, weights not "
-                     f"normalised, no running maximum, empty partial to NaN){closest}", res, bound)
+                     f"normalised, the merged lse detached in the weights, no running maximum, empty partial to "
+                     f"NaN){closest}", res, bound)

@@ -61,3 +61,14 @@ def merge_not_normalised(out_a, lse_a, out_b, lse_b):
     out = alpha_a[..., None] * _empty_to_zero(out_a, lse_a) + alpha_b[..., None] * _empty_to_zero(out_b, lse_b)
     lse = torch.where(total == 0, torch.full_like(total, -math.inf), m + torch.log(safe))
     return out.to(out_a.dtype), lse
+
+
+def merge_lse_detached(out_a, lse_a, out_b, lse_b):
+    """The weights exp(lse_x - lse) with the merged lse detached, as the maximum may be: the
+    forward right, each partial lse's gradient short of its -<dO, out> term."""
+    both = torch.isneginf(lse_a) & torch.isneginf(lse_b)
+    zero = lambda l: torch.where(both, torch.zeros_like(l), l)
+    lse = torch.logaddexp(zero(lse_a), zero(lse_b))
+    w_a, w_b = torch.exp(zero(lse_a) - lse.detach()), torch.exp(zero(lse_b) - lse.detach())
+    out = w_a[..., None] * _empty_to_zero(out_a, lse_a) + w_b[..., None] * _empty_to_zero(out_b, lse_b)
+    return out.to(out_a.dtype), torch.where(both, torch.full_like(lse, -math.inf), lse)

@@ -70,6 +70,13 @@ def test_weights_not_normalised_are_named_on_out():
     assert all(r.passed for r in report.rows if r.tensor == "lse")
 
 
+def test_the_merged_lse_detached_in_the_weights_is_named_on_dlse_parts():
+    report = merge_check.check_merge(ex.merge_lse_detached, dtypes=["float32"])
+    assert not report.passed and ids(report) == {"normaliser-detached"}, str(report)
+    assert {r.tensor for r in report.failures} == {"dlse_parts"}
+    assert "loses its -<dO, out> term" in report.failures[0].diagnosis.sentence
+
+
 def _raises(out_a, lse_a, out_b, lse_b):
     raise RuntimeError("no kernel for D = 16")
 
