@@ -25,7 +25,6 @@ For each failing tensor of a case (out, lse, dout_parts, dlse_parts), in order:
 import math
 
 import numpy as np
-import torch
 
 from numpy_ref import merge as ref
 from parity_tests.kernels.diagnosis.diagnose import Diagnosis, MATCH_SHARE
@@ -61,20 +60,24 @@ def base2_prediction(states, dout, dlse, order):
 def detached_prediction(states, dout, dlse, order):
     """dlse_parts of a merge whose weights exp(lse_x − lse) hold the merged lse constant (detached
     as the stabilising maximum may be): each partial lse's gradient w_x (<dO, out_x − out> + dlse)
-    loses its −<dO, out> term; None where the fold gives no gradient."""
-    from parity_tests.kernels import merge                  # (that module imports this one)
-
-    def detached(out_a, lse_a, out_b, lse_b):
-        both = torch.isneginf(lse_a) & torch.isneginf(lse_b)
-        zero = lambda l: torch.where(both, torch.zeros_like(l), l)
-        lse = torch.logaddexp(zero(lse_a), zero(lse_b))
-        w_a, w_b = (torch.exp(zero(l) - lse.detach()) for l in (lse_a, lse_b))
-        out = sum(w[..., None] * torch.where(torch.isneginf(l)[..., None], 0, o)
-                  for w, o, l in ((w_a, out_a, lse_a), (w_b, out_b, lse_b)))
-        return out, torch.where(both, torch.full_like(lse, -math.inf), lse)
-    t = lambda a: torch.as_tensor(a, dtype=torch.float64)
-    _, grads, _ = merge.run_merge(detached, [(t(o), t(l)) for o, l in states], t(dout), t(dlse), order, "cpu")
-    return None if grads is None else grads[1]
+    loses its −<dO, out> term.  The fold replayed forward, then each merge's backward so written."""
+    work, tape = list(states), []
+    for i, j in ref.merge_plan(len(states), order):
+        tape.append((i, j, work[i], work[j]))
+        work[i] = ref.merge_states(*work[i], *work[j])
+    grads = [None] * len(states)
+    grads[0] = (dout, dlse)
+    for i, j, (out_a, lse_a), (out_b, lse_b) in reversed(tape):
+        g_out, g_lse = grads[i]
+        lse = np.logaddexp(lse_a, lse_b)
+        pair = []
+        for out_x, lse_x in ((out_a, lse_a), (out_b, lse_b)):
+            empty = np.isneginf(lse_x)
+            w = np.where(empty, 0.0, np.exp(np.where(empty, 0.0, lse_x) - np.where(np.isneginf(lse), 0.0, lse)))
+            held = np.einsum("...d,...d->...", g_out, np.where(empty[..., None], 0.0, out_x))    # <dO, out_x>
+            pair.append((w[..., None] * g_out, np.where(empty, 0.0, w * (held + g_lse))))
+        grads[i], grads[j] = pair
+    return np.stack([g[1] for g in grads])
 
 
 def _unnormalised_pair(out_a, lse_a, out_b, lse_b):
