@@ -34,8 +34,8 @@ def _named_first(mistake, **options):
 # One mistake of each feature (and the GQA x ALiBi pair) in the default run; every
 # mistake of the gallery, in both dtypes, under ``slow`` below.
 ONE_PER_FEATURE = ["gqa-repeat", "window-right-narrower", "softcap-no-derivative", "alibi-no-offset",
-                   "alibi-per-kv-head", "bias-no-grad", "sink-ignored", "varlen-neighbours", "lse-base-2",
-                   "decode-top-left", "lse-grad-dropped"]
+                   "alibi-per-kv-head", "bias-no-grad", "sink-ignored", "lse-base-2", "decode-top-left",
+                   "lse-grad-dropped"]            # varlen's: a wrong offset per sequence, in test_check_read_from_tensors
 
 
 @pytest.mark.parametrize("mistake", ONE_PER_FEATURE)

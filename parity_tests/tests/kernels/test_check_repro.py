@@ -119,6 +119,7 @@ def _one_case_report(spec, case, dtype="float32"):
                                               "wanted": (), "timeout": None})
 
 
+@pytest.mark.slow                     # 2 s; the command's own shrink-and-write stays in the default run
 def test_no_scale_is_shrunk_written_fails_alone_and_passes_once_fixed(tmp_path):
     report = _one_case_report("parity_tests.kernels.planted.chapter:no_scale", Case(2, 2, 113, 203, 40, True))
     written = report.repro(tmp_path / "repro")
