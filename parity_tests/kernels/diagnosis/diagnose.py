@@ -1716,7 +1716,7 @@ def _only_where_zero(n, ev):
     if n == "dq":
         single = not (bad.any(-1) & ~one).any()
     else:                                                                       # keys read by such rows alone
-        alone = ~((P > 0) & ~one[..., None]).any(-2)                            # (B, Hq, Tk)
+        alone = ~((P > 0) & ~one[..., None]).any(-2) & (P > 0).any(-2)         # (B, Hq, Tk), read by some row
         group = ev.case.heads // ev.case.hkv
         alone = alone.reshape(alone.shape[0], ev.case.hkv, group, -1).all(2)
         single = not (bad.any(-1) & ~alone).any()

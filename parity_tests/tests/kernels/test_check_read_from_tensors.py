@@ -543,3 +543,19 @@ def test_a_gradient_off_only_where_the_reference_is_exactly_zero_is_said_so_with
     assert "only where the reference is exactly 0 (32 entries), on rows that see a single key: dS = P (dP - D) " \
         "is 0 there (P = 1, dP = D) unless dP and D = rowsum(dO ∘ O) are formed in precisions that do not cancel" \
         in said["dq"].sentence, said["dq"].sentence
+
+    def unseen_keys_written(q, k, v, *, causal, scale):        # keys 17 .. 44 no query sees: dk 0 there
+        return sdpa(q, with_backward(k, lambda g: g + 1e-3 * (torch.arange(k.shape[2]) >= 17)[:, None]), v,
+                    causal=causal, scale=scale)
+    rows = runner.run_case(targets.resolve(unseen_keys_written), Case(1, 2, 17, 45, 16, True), "float32", "cpu",
+                           wanted=())
+    said = {r.tensor: r.diagnosis.sentence for r in rows if not r.passed}
+    assert set(said) == {"dk"} and "only where the reference is exactly 0 (896 entries);" in said["dk"], said
+
+    def keyless_rows_written(q, k, v, *, causal, scale, align):   # rows 0 .. 31 see no key: dq 0 there
+        q = with_backward(q, lambda g: g + 1e-3 * (torch.arange(q.shape[2]) < 32)[:, None])
+        return attend(q, k, v, causal=causal, scale=scale, align=align)[0]
+    rows = runner.run_case(targets.resolve(keyless_rows_written), Case(1, 2, 77, 45, 16, True, (), "bottom-right"),
+                           "float32", "cpu", wanted=())
+    said = {r.tensor: r.diagnosis.sentence for r in rows if not r.passed}
+    assert set(said) == {"dq"} and "only where the reference is exactly 0 (1024 entries);" in said["dq"], said
