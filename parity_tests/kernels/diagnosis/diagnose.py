@@ -589,9 +589,11 @@ def name_non_finite(n, ev):
     if n not in ("out", "lse") or n not in ev.arrays:
         return None
     matches = list(_poisoned_matches(n, ev))
-    if not matches:
+    # several mistakes making the same rows non-finite, the finite rows all zero as the reference's
+    # (rows that see no key): nothing tells them apart, and none is named
+    if not matches or (len(matches) > 1 and all(blank for _, _, blank in matches)):
         return None
-    (hyp, residual), others = matches[0], [h.says for h, _ in matches[1:]]
+    (hyp, residual, _), others = matches[0], [h.says for h, _, _ in matches[1:]]
     plain = _non_finite(n, ev.arrays[n], ev.case, ev.align)
     also = f" (the same rows as: {'; '.join(others)})" if others else ""
     bad = poisoned.rows_non_finite(ev.arrays[n])
@@ -602,7 +604,8 @@ def name_non_finite(n, ev):
 
 
 def _poisoned_matches(n, ev):
-    """(hypothesis, residual) of each poisoned hypothesis that explains tensor ``n``."""
+    """(hypothesis, residual, blank) of each poisoned hypothesis that explains tensor ``n``; blank:
+    its finite rows are all zero in the reference (rows that see no key), so they tell nothing."""
     a = ev.arrays[n]
     bad = poisoned.rows_non_finite(a)
     for hyp in mistakes.catalogue(_context(ev)):
@@ -618,12 +621,10 @@ def _poisoned_matches(n, ev):
         if not (np.all(bad[sure]) and not np.any(bad & ~maybe)):
             continue
         both = ~bad & ~sure
-        if both.any() and not np.any(ev.gold[n][both]):     # finite only where the reference is 0 (rows that
-            continue                                        # see no key): those rows tell nothing
         residual = float(np.abs(a[both] - pred[both]).max(initial=0.0)) / ev.den[n]
         error = float(np.abs(a[both] - ev.gold[n][both]).max(initial=0.0)) / ev.den[n]
         if explains(residual, error, ev.bounds[n]):
-            yield hyp, residual
+            yield hyp, residual, both.any() and not np.any(ev.gold[n][both])
 
 
 def _out_fits(hyps, cache, got, golden_out, denom, bound):

@@ -364,20 +364,26 @@ def test_a_backward_whose_p_is_off_by_a_factor_per_row_is_said_so():
     assert {r.tensor for r, d in report.diagnoses if d.id == "backward-p-scaled"} >= {"dq", "dk", "dv"}
 
 
-def test_a_read_of_poisoned_memory_is_named_only_where_a_finite_row_has_something_to_match(monkeypatch):
-    """The same rows NaN, and the rows left finite all zero as the reference's (rows that see no
-    key): nothing tells a mistake apart there, so none is named; one finite row that sees a key
-    and matches, and it is."""
+def test_reads_of_poisoned_memory_told_apart_by_no_finite_row_are_not_named(monkeypatch):
+    """Two mistakes making the same rows NaN, and the rows left finite all zero as the reference's
+    (rows that see no key): nothing tells them apart, so neither is named; one finite row that
+    sees a key and matches, and the first is."""
     from types import SimpleNamespace
     from parity_tests.kernels.diagnosis import mistakes, poisoned
     gold = np.zeros((1, 1, 4, 2))
     got = gold.copy()
     got[0, 0, 2:] = np.nan                                     # rows 2, 3 read a NaN slot
     pred = got.copy()
-    hyp = poisoned.Poisoned("page-off", "a page off", lambda grads=True: {"out": pred}, ("out",))
-    monkeypatch.setattr(mistakes, "catalogue", lambda ctx: [hyp])
+    hyps = [poisoned.Poisoned(f"page-{h}", f"a page {h}", lambda grads=True: {"out": pred}, ("out",))
+            for h in ("off", "size")]
+    monkeypatch.setattr(mistakes, "catalogue", lambda ctx: hyps)
     monkeypatch.setattr(diagnose, "_context", lambda ev: None)
-    ev = SimpleNamespace(arrays={"out": got}, gold={"out": gold}, den={"out": 1.0}, bounds={"out": 1e-6})
-    assert list(diagnose._poisoned_matches("out", ev)) == []
-    gold[0, 0, 1] = got[0, 0, 1] = pred[0, 0, 1] = 0.5         # row 1 sees a key, and the mistake gives it
-    assert [h.id for h, _ in diagnose._poisoned_matches("out", ev)] == ["page-off"]
+    monkeypatch.setattr(diagnose, "_non_finite", lambda *a: SimpleNamespace(sentence="NaN"))
+    ev = SimpleNamespace(arrays={"out": got}, gold={"out": gold}, den={"out": 1.0}, bounds={"out": 1e-6},
+                         case=None, align=None)
+    assert diagnose.name_non_finite("out", ev) is None
+    monkeypatch.setattr(mistakes, "catalogue", lambda ctx: hyps[:1])
+    assert diagnose.name_non_finite("out", ev).id == "page-off"      # alone, its NaN rows are the evidence
+    monkeypatch.setattr(mistakes, "catalogue", lambda ctx: hyps)
+    gold[0, 0, 1] = got[0, 0, 1] = pred[0, 0, 1] = 0.5         # row 1 sees a key, and the mistakes give it
+    assert diagnose.name_non_finite("out", ev).id == "page-off"
