@@ -1710,7 +1710,7 @@ def _only_where_zero(n, ev):
     if not bad.any() or np.any(ref[bad]) or not np.isfinite(a).all():
         return ""
     said = f"; only where the reference is exactly 0 ({int(bad.sum())} entries)"
-    P = _dense_weights(ev) if ev.rows is None and fits_densely(ev.case) else None
+    P = _dense_weights(ev)                         # None on a block of rows, with dropout, or too large
     if P is None:
         return said
     one = (P > 0).sum(-1) == 1                                                  # (B, Hq, Tq)

@@ -69,11 +69,10 @@ def detached_prediction(states, dout, dlse, order):
     grads[0] = (dout, dlse)
     for i, j, (out_a, lse_a), (out_b, lse_b) in reversed(tape):
         g_out, g_lse = grads[i]
-        lse = np.logaddexp(lse_a, lse_b)
+        w_a, w_b, _ = ref._weights(lse_a, lse_b)                  # the merge's own two-way softmax
         pair = []
-        for out_x, lse_x in ((out_a, lse_a), (out_b, lse_b)):
+        for w, out_x, lse_x in ((w_a, out_a, lse_a), (w_b, out_b, lse_b)):
             empty = np.isneginf(lse_x)
-            w = np.where(empty, 0.0, np.exp(np.where(empty, 0.0, lse_x) - np.where(np.isneginf(lse), 0.0, lse)))
             held = np.einsum("...d,...d->...", g_out, np.where(empty[..., None], 0.0, out_x))    # <dO, out_x>
             pair.append((w[..., None] * g_out, np.where(empty, 0.0, w * (held + g_lse))))
         grads[i], grads[j] = pair
@@ -161,10 +160,10 @@ def _row_scaled(got, gold):
 def diagnose_case(rows, got, gold, denoms, states, dout, dlse, order, dtype):
     """Set ``.diagnosis`` on each failing row of one case that has a result."""
     lse_dtype = np.float64 if dtype == "float64" else np.float32
-    base2 = base2_prediction(states, dout, dlse, order)
-    base2["unnormalised"] = unnormalised_prediction(states, order)
+    predicted = {"base-2": base2_prediction(states, dout, dlse, order),       # {tensor: array}
+                 "unnormalised": unnormalised_prediction(states, order)}     # out
     if any(r.failed and r.tensor == "dlse_parts" for r in rows):
-        base2["detached"] = detached_prediction(states, dout, dlse, order)
+        predicted["detached"] = detached_prediction(states, dout, dlse, order)
     named_out = None
     forward_ok = not any(r.failed for r in rows if r.tensor in ("out", "lse"))
     for row in rows:
@@ -173,7 +172,7 @@ def diagnose_case(rows, got, gold, denoms, states, dout, dlse, order, dtype):
             continue
         found = _non_finite(t, got[t], gold[t], states, order, lse_dtype, forward_ok)
         if found is None:
-            found = _catalogue(t, got[t], gold[t], denoms[t], row.error, row.bound, base2)
+            found = _catalogue(t, got[t], gold[t], denoms[t], row.error, row.bound, predicted)
         if t == "out" and found.id != "none":
             named_out = found.id
         elif found.id == "none" and named_out:
@@ -181,17 +180,18 @@ def diagnose_case(rows, got, gold, denoms, states, dout, dlse, order, dtype):
         row.diagnosis = found
 
 
-def _catalogue(t, got, gold, denom, error, bound, base2):
+def _catalogue(t, got, gold, denom, error, bound, predicted):
+    """The merge mistake whose prediction (``predicted``: by mistake) explains tensor ``t``."""
     fmt = lambda x: f"{x:.1e}"
     explains = lambda r: r <= bound or r <= MATCH_SHARE * error
-    tried = [("lse-base-2", _residual(got, base2[t], denom))]
+    tried = [("lse-base-2", _residual(got, predicted["base-2"][t], denom))]
     c = None
     if t == "out":
         fitted, c = _row_scaled(got, gold)
         tried += [("weights-not-normalised", _residual(got, fitted, denom)),
-                  ("weights-not-normalised", _residual(got, base2["unnormalised"], denom))]
-    if t == "dlse_parts" and base2.get("detached") is not None:
-        tried.append(("normaliser-detached", _residual(got, base2["detached"], denom)))
+                  ("weights-not-normalised", _residual(got, predicted["unnormalised"], denom))]
+    if t == "dlse_parts" and predicted.get("detached") is not None:
+        tried.append(("normaliser-detached", _residual(got, predicted["detached"], denom)))
     name, res = min(tried, key=lambda p: p[1])
     if explains(res) and name == "normaliser-detached":
         return Diagnosis(name, f"{t} matches the reference with the merged lse held constant in the weights "
