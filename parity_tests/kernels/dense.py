@@ -47,7 +47,8 @@ from: another base, or each row's off by its own amount), ``unseen_from`` (per b
 entry, the keys from that index on seen by no query: a split or tile size rounded down),
 ``key_range`` ((first, end) integer arrays (B, Hq, Tq): each query row sees only keys first ..
 end − 1 of those it would: a tile loop's bounds off), ``key_span`` (the same, whatever the
-causal mask and window say: a mask applied on some tiles only).
+causal mask and window say: a mask applied on some tiles only), ``channels`` (q, k and v
+read on their first channels alone: a head-dim block smaller than D).
 """
 
 import functools
@@ -268,7 +269,7 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
               no_delta=False, finite_mask=False, with_max=False, keys=None, online=None, backward_options=None,
               softcap_last=False, weights="softmax", keep=None, dropout_p=0.0, softcap_form="tanh",
               positions_dtype=None, backward_lse=None, unseen_from=None, key_range=None,
-              key_span=None, scores_only=False, fp8_prescale=None, softcap_derivative=None):
+              key_span=None, scores_only=False, fp8_prescale=None, softcap_derivative=None, channels=None):
     """(out, lse): out (B, Hq, Tq, Dv), lse (B, Hq, Tq), in q's dtype; torch tensors,
     differentiable.  ``rows``: (first, total) when q holds query rows first .. of a case
     with ``total`` query rows (the baseline's chunks); the bias then holds those rows too.
@@ -282,8 +283,12 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
     bool tensor broadcastable to (B, Hq, Tq, Tk) (these rows), the weights becoming
     ``P ∘ keep / (1 − dropout_p)``, the factor formed in the dtype as ``nn.Dropout`` does.
     ``scores_only``: the scores the softmax takes alone (masked, the sinks' column last).
-    ``fp8_prescale``: `fp8_weights`'s ``prescale`` (a factor folded into P before its cast)."""
+    ``fp8_prescale``: `fp8_weights`'s ``prescale`` (a factor folded into P before its cast).
+    ``channels``: q, k and v read on their first ``channels`` head-dim channels alone, the rest
+    as 0 (a head-dim block smaller than D); in ``backward_options``, the backward's S' and dP' so."""
     given = dict(locals())                 # the call itself: `backward_options` recomputes its scores
+    if channels is not None:
+        q, k, v = (x * (torch.arange(x.shape[-1], device=x.device) < channels).to(x.dtype) for x in (q, k, v))
     b, hq, tq, _ = q.shape
     hkv, tk = k.shape[1], k.shape[2]
     tk_case = keys or tk
@@ -389,7 +394,9 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
         S_b, extra = (S, None) if backward_options is None else _own_scores(given, backward_options, S)
         lse_b = lse if backward_lse is None else backward_lse(lse, first)
         drop = None if keep is None else keep.to(S.dtype) / (1 - dropout_p)
-        out, lse = _recomputed_backward(out, lse, S_b, lse_b, v, drop, extra)
+        cut = (backward_options or {}).get("channels")
+        v_b = v if cut is None else v * (torch.arange(v.shape[-1], device=v.device) < cut).to(v.dtype)
+        out, lse = _recomputed_backward(out, lse, S_b, lse_b, v_b, drop, extra)
     if with_max:
         return out, lse, S.detach().amax(-1)
     return out, lse

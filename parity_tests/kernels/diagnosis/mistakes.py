@@ -45,6 +45,8 @@ __all__ = ["Hypothesis", "Context", "catalogue", "backward_twins", "option_twins
 STALE_BLOCKS = (16, 32, 64, 128, 256)
 # Key-tile sizes tried for the slips of a kernel's last partial tile (dropped, padded, its diagonal)
 KEY_TILES = (16, 32, 64, 128)
+# head-dim blocks a kernel may load in place of all D channels (D above the block)
+HEAD_DIM_BLOCKS = (32, 64, 128)
 
 
 @dataclass
@@ -298,6 +300,10 @@ def option_twins(ctx, hyps):
     tried += [(f"backward-without-{n}", {n: None}, f"without the {n}") for n in dense.SCORES   # the terms a
               if n not in ("causal", "scale") and ctx.opts.get(n) is not None              # backward can drop
               and not isinstance(ctx.opts[n], (bool, str))]
+    d = ctx.case.head_dim
+    tried += [("backward-head-dim-block", {"channels": cut}, f"and dP = dO V^T from the first {cut} of {d} head-dim "
+               f"channels alone (a head-dim block of {cut}; the gradient's channels {cut} .. {d - 1} never written)")
+              for cut in HEAD_DIM_BLOCKS if d > cut]
     return [ctx.H(hid, f"a backward that recomputes P = exp(S - lse) {says}, its forward right",
                   ctx.fwd(backward_options=changes), grads) for hid, changes, says in tried]
 
@@ -329,7 +335,7 @@ def _kernel_bugs(ctx):
                      "stride left out)", _reshaped(fwd(inputs={"k": np.repeat(k[:1], case.batch, 0),
                                                                 "v": np.repeat(v[:1], case.batch, 0)}),
                                                    _onto_batch_0)))
-    for cut in (32, 64, 128):
+    for cut in HEAD_DIM_BLOCKS:
         if case.head_dim > cut:
             trunc = {"q": q[..., :cut], "k": k[..., :cut], "v": np.where(np.arange(v.shape[-1]) < cut, v, 0.0)}
             pad = lambda g, d=case.head_dim: np.concatenate([g, np.zeros(g.shape[:-1] + (d - g.shape[-1],))], -1)

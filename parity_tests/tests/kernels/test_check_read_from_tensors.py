@@ -391,6 +391,22 @@ def test_a_backward_recomputing_its_scores_without_an_option_is_named_with_the_o
         said["dq"].sentence, said["dq"].sentence
 
 
+def test_a_backward_reading_a_head_dim_block_smaller_than_d_is_named_with_the_block():
+    def backward_of_32_channels(q, k, v, *, causal, scale):        # D = 40, the backward's block 32
+        out, lse = attend(q, k, v, causal=causal, scale=scale)
+        cut = (torch.arange(q.shape[-1]) < 32).to(q.dtype)
+        hidden = torch.arange(k.shape[2])[None, :] > torch.arange(q.shape[2])[:, None]
+        return _recomputing(q * cut, k * cut, v * cut, out, lse, lambda q, k: (q @ k.transpose(-1, -2) * scale)
+                            .masked_fill(hidden & causal, -math.inf))
+    rows = runner.run_case(targets.resolve(backward_of_32_channels), Case(1, 2, 45, 77, 40, True, ()), "float32",
+                           "cpu")
+    said = {r.tensor: r.diagnosis for r in rows if not r.passed}
+    assert set(said) == {"dq", "dk", "dv"}, {n: d.sentence for n, d in said.items()}
+    assert {d.id for d in said.values()} == {"backward-head-dim-block"}, [d.sentence for d in said.values()]
+    assert "from the first 32 of 40 head-dim channels alone (a head-dim block of 32; the gradient's channels " \
+           "32 .. 39 never written), its forward right" in said["dq"].sentence, said["dq"].sentence
+
+
 class _DkProduct(torch.autograd.Function):
     """Attention with its backward written out; dk = scale dS Q (tile by tile with ``tile``) where
     scale dSᵀ Q is meant."""
