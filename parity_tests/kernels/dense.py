@@ -183,6 +183,9 @@ def _online(S, v, block, slip):
              out = Σ_j e^{S_j-M_j} v_j / Σ_j e^{S_j-M_j}, M_j = m_s of j's split;
     "stale": neither acc nor l rescaled: the same with M_j = the
              running maximum when j's block was read;
+    "acc-late": acc multiplied by a_b = e^{m_{b-1}-m_b} after block b's terms are added instead
+             of before, l right: key j's term weighs a_b times too little (m_0 = −inf: the
+             first block holding a visible key weighs 0):  out = Σ_j a_b(j) e^{S_j-m} v_j / Σ_j e^{S_j-m};
     "own-max": the maximum not carried into the weights: each block's e^{S_j-m_b'} taken
              against that block's own maximum m_b', while acc and l are rescaled by the
              running one as they should: M_j = m_b' − m_b + m (m_b the running maximum
@@ -206,6 +209,13 @@ def _online(S, v, block, slip):
         extra = torch.where(torch.isfinite(m1), torch.exp(finite0(m1) - finite0(m)), torch.ones_like(m))
         return (e @ v) / (extra + e.sum(-1))[..., None]
     running = torch.cummax(own, dim=-1).values
+    if slip == "acc-late":
+        before = torch.cat([torch.full_like(running[..., :1], -torch.inf), running[..., :-1]], dim=-1)
+        late = torch.where(torch.isfinite(running), torch.exp(before - finite0(running)), torch.ones_like(running))
+        e = torch.exp(S - finite0(m)[..., None])
+        l = e.sum(-1)
+        w = e * late.repeat_interleave(block, dim=-1)[..., :tk]
+        return (w @ v) / torch.where(l > 0, l, torch.ones_like(l))[..., None]
     if slip == "own-max":
         M = finite0(own) - finite0(running) + finite0(m)[..., None]      # per block
     else:

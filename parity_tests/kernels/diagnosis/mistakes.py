@@ -176,6 +176,10 @@ def chapter(ctx):
         out += [H("acc-not-rescaled", f"the output accumulator not rescaled by exp(m_old - m_new) when the "
                   f"maximum moves while the running sum l is (key blocks of {block})", fwd(online=("acc", block)))
                 for block in blocks]
+        out += [H("acc-rescaled-late", "the output accumulator rescaled by exp(m_old - m_new) after each key "
+                  "block's P V is added instead of before (the first block a row reads lost, each later one shrunk "
+                  f"where the maximum moves; key blocks of {block})", fwd(online=("acc-late", block)))
+                for block in blocks]
         out += [H("max-not-carried", f"each key block's weights exp(S - m_block) taken against that block's own "
                   f"maximum, not the running one (l and acc rescaled as they should; key blocks of {block})",
                   fwd(online=("own-max", block))) for block in blocks]

@@ -35,9 +35,11 @@ def _scores(q, k, *, causal, scale):
     return S
 
 
-def _online(q, k, v, *, causal, scale, block, acc_rescaled=True, l_rescaled=True, l_start=0.0):
+def _online(q, k, v, *, causal, scale, block, acc_rescaled=True, l_rescaled=True, l_start=0.0, acc_late=False):
     """FlashAttention's loop over key blocks, with m starting at -inf and the rescale
-    exp(m_old - m_new) taken as 1 while m_old is still -inf (nothing to rescale yet)."""
+    exp(m_old - m_new) taken as 1 while m_old is still -inf (nothing to rescale yet);
+    ``acc_late``: the accumulator rescaled after the block's P V is added, by exp(m_old - m_new)
+    taken as 1 only while m_new is -inf (a block the row does not see)."""
     dt = q.dtype
     q, k, v = (t.double() for t in (q, k, v))
     S = _scores(q, k, causal=causal, scale=scale)
@@ -50,7 +52,10 @@ def _online(q, k, v, *, causal, scale, block, acc_rescaled=True, l_rescaled=True
         alpha = torch.where(torch.isfinite(m), torch.exp(m - m_new), 1.0)
         p = torch.exp(Sb - torch.where(torch.isfinite(m_new), m_new, 0.0)[..., None])
         l = (l * alpha if l_rescaled else l) + p.sum(-1)
-        acc = (acc * alpha[..., None] if acc_rescaled else acc) + p @ vb
+        if acc_late:
+            acc = (acc + p @ vb) * torch.where(torch.isfinite(m_new), torch.exp(m - m_new), 1.0)[..., None]
+        else:
+            acc = (acc * alpha[..., None] if acc_rescaled else acc) + p @ vb
         m = m_new
     return (acc / torch.where(l > 0, l, 1.0)[..., None]).to(dt)
 
@@ -221,6 +226,11 @@ def acc_not_rescaled(q, k, v, *, causal, scale):
     return _online(q, k, v, causal=causal, scale=scale, block=32, acc_rescaled=False)
 
 
+def acc_rescaled_late(q, k, v, *, causal, scale):
+    """Blocks of 32 keys, acc = (acc + P V) * exp(m_old - m_new): the rescale after the add."""
+    return _online(q, k, v, causal=causal, scale=scale, block=32, acc_late=True)
+
+
 def l_starts_at_one(q, k, v, *, causal, scale):
     """Blocks of 32 keys, the running sum l started at 1 instead of 0."""
     return _online(q, k, v, causal=causal, scale=scale, block=32, l_start=1.0)
@@ -261,6 +271,7 @@ GALLERY = {
     "backward_masked": (backward_masked, "backward-masked"),
     "backward_unmasked": (backward_unmasked, "backward-unmasked"),
     "acc_not_rescaled": (acc_not_rescaled, "acc-not-rescaled"),
+    "acc_rescaled_late": (acc_rescaled_late, "acc-rescaled-late"),
     "l_starts_at_one": (l_starts_at_one, "l-starts-at-one"),
     "split_merge_no_rescale": (split_merge_no_rescale, "split-no-rescale"),
 }
