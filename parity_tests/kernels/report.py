@@ -39,6 +39,10 @@ GENERIC = ("zeros", "non-finite", "lower-precision", "wrong-direction", "grows-w
 # keeps its reading, but does not name the run: there a forward's slip passes and leaves its gradients
 # looking like a backward's (an accumulator rescaled in the wrong order read as "D dropped").
 LOOSE_BOUND = 0.25
+# A cause heads the run when the rows no name covers are at most this many times its own: one
+# slice of one row named among 25 unnamed rows is not the run's cause; a mistake named on a third
+# of its rows, the rest too close to their bound to name, is.
+HEADLINE_SHARE = 3
 
 # Where the diagnoses a report leaves out are: the command's, and Python's
 CLI_MORE = "--json"
@@ -212,13 +216,14 @@ class Report:
         NaN on some cases is named by the mistake), or None when no failing row is named
         (each row's own ``.diagnosis`` says why).  A description heads the run only when it covers
         at least as many failing rows as no name covers (one row read as a lower precision
-        among three unnamed is not the run's cause).  Rows judged to a bound of `LOOSE_BOUND` or more
-        are not counted."""
+        among three unnamed is not the run's cause), a catalogued mistake when it covers at least
+        1/`HEADLINE_SHARE` of as many.  Rows judged to a bound of `LOOSE_BOUND` or more are not counted."""
         ids = Counter(d.id for r, d in self.diagnoses if d.id not in UNNAMED and not (r.bound or 0.0) >= LOOSE_BOUND)
         specific = Counter({i: c for i, c in ids.items() if i not in GENERIC})
-        if specific:
-            return specific.most_common(1)[0][0]
         unnamed = sum(1 for _, d in self.diagnoses if d.id in UNNAMED)
+        if specific:
+            best, count = specific.most_common(1)[0]
+            return best if count * HEADLINE_SHARE >= unnamed else None
         best = ids.most_common(1)[0] if ids else None
         return best[0] if best and best[1] >= unnamed else None
 

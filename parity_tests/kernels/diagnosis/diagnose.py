@@ -326,7 +326,7 @@ def _catalogue(rest, rows, ev):
     plain = lambda names: not all(_explained(n, hyps, cache, sub, out_right) for n in names if n in sub.arrays)
     if out_right and plain(rest):                          # readings of a backward alone
         if "dq" in rest:
-            hyps += _wrong_delta(sub) + _backward_p_scaled(sub)
+            hyps += _wrong_delta(sub) + _backward_p_scaled(sub) + _delta_per_tile(sub, rest)
         if "dk" in rest:
             hyps += _head_map(sub)
         hyps += _last_tile_only(sub, rest) + _backward_blocks(sub, rest)
@@ -445,6 +445,36 @@ def _wrong_delta(sub):
         return as_4d(dense.run(q, k, v, dout, sub.opts, grads=grads, dlse=dlse))
     return [mistakes.Hypothesis("wrong-delta", "the backward's D = rowsum(dO ∘ O) off by each row's own amount"
                                 + ratio, predict, ("dq", "dk"), fitted=("dq",))]
+
+
+def _delta_per_tile(sub, failing):
+    """The backward's D computed within each key tile of `mistakes.KEY_TILES` alone, as a key-major
+    kernel that forms it in its tile loop does: D_it = Σ_{j in tile t} P_ij dP_ij (− dlse_i)
+    where rowsum(dO ∘ O) − dlse_i is meant, dS_ij = P_ij (dP_ij − D_it(j)); right where a row's
+    keys fit one tile.  dq = scale dS K and dk = scale dSᵀ Q, each tile size a hypothesis; nothing
+    fitted (`_backward_by_entry`)."""
+    found = _backward_by_entry(sub, failing)
+    if found is None or not {"dq", "dk"} & set(failing):
+        return []
+    P, _, _, f = found
+    case, r = sub.case, sub.rounded
+    dP = f["dO"] @ np.swapaxes(f["V"], -1, -2)
+    dlse = r["dlse"][..., None] if r.get("dlse") is not None else 0.0
+    group = case.heads // case.hkv
+    per_kv = lambda a: a.reshape(case.batch, case.hkv, group, *a.shape[2:]).sum(2)
+    scale = sub.opts["scale"]
+    out = []
+    for t in (t for t in mistakes.KEY_TILES if t < case.tk):
+        pad = -case.tk % t
+        tiled = np.pad(P * dP, [(0, 0)] * 3 + [(0, pad)]).reshape(*P.shape[:-1], -1, t).sum(-1)
+        D = np.repeat(tiled, t, axis=-1)[..., :case.tk] - dlse
+        dS = P * (dP - D)
+        preds = {"dq": scale * dS @ f["K"], "dk": per_kv(scale * np.swapaxes(dS, -1, -2) @ f["Q"])}
+        out.append(mistakes.Hypothesis(
+            "delta-per-tile", f"the backward's D = rowsum(dO ∘ O) summed over each key tile of {t} alone (D = "
+            f"rowsum(P ∘ dP) within the tile, in the tile loop) instead of over the whole row",
+            lambda grads=True, preds=preds: {**sub.gold, **preds}, ("dq", "dk")))
+    return out
 
 
 def _backward_p_scaled(sub):
@@ -588,6 +618,9 @@ def name_non_finite(n, ev):
     """A `Diagnosis` naming the poisoned mistake behind tensor ``n``'s NaN, or None."""
     if n not in ("out", "lse") or n not in ev.arrays:
         return None
+    bad = poisoned.rows_non_finite(ev.arrays[n])
+    if bad.all():                          # no finite row confirms one read of NaN memory over another
+        return None
     matches = list(_poisoned_matches(n, ev))
     # several mistakes making the same rows non-finite, the finite rows all zero as the reference's
     # (rows that see no key): nothing tells them apart, and none is named
@@ -596,11 +629,9 @@ def name_non_finite(n, ev):
     (hyp, residual, _), others = matches[0], [h.says for h, _, _ in matches[1:]]
     plain = _non_finite(n, ev.arrays[n], ev.case, ev.align)
     also = f" (the same rows as: {'; '.join(others)})" if others else ""
-    bad = poisoned.rows_non_finite(ev.arrays[n])
-    rest = f", the other rows within {residual:.1e} (bound {ev.bounds[n]:.1e})" if not bad.all() else ""
     return Diagnosis(hyp.id, f"{n} matches the reference with {hyp.says}{also}: non-finite in the "
-                               f"{int(bad.sum())} rows that mistake makes non-finite{rest}; {plain.sentence}",
-                               residual, ev.bounds[n])
+                               f"{int(bad.sum())} rows that mistake makes non-finite, the other rows within "
+                               f"{residual:.1e} (bound {ev.bounds[n]:.1e}); {plain.sentence}", residual, ev.bounds[n])
 
 
 def _poisoned_matches(n, ev):

@@ -367,7 +367,7 @@ def test_a_backward_whose_p_is_off_by_a_factor_per_row_is_said_so():
 def test_reads_of_poisoned_memory_told_apart_by_no_finite_row_are_not_named(monkeypatch):
     """Two mistakes making the same rows NaN, and the rows left finite all zero as the reference's
     (rows that see no key): nothing tells them apart, so neither is named; one finite row that
-    sees a key and matches, and the first is."""
+    sees a key and matches, and the first is.  Every row NaN: not even one alone is."""
     from types import SimpleNamespace
     from parity_tests.kernels.diagnosis import mistakes, poisoned
     gold = np.zeros((1, 1, 4, 2))
@@ -387,3 +387,6 @@ def test_reads_of_poisoned_memory_told_apart_by_no_finite_row_are_not_named(monk
     monkeypatch.setattr(mistakes, "catalogue", lambda ctx: hyps)
     gold[0, 0, 1] = got[0, 0, 1] = pred[0, 0, 1] = 0.5         # row 1 sees a key, and the mistakes give it
     assert diagnose.name_non_finite("out", ev).id == "page-off"
+    got[:] = pred[:] = np.nan                                  # every row NaN: nothing finite confirms it
+    monkeypatch.setattr(mistakes, "catalogue", lambda ctx: hyps[:1])
+    assert diagnose.name_non_finite("out", ev) is None

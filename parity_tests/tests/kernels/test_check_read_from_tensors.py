@@ -407,6 +407,42 @@ def test_a_backward_reading_a_head_dim_block_smaller_than_d_is_named_with_the_bl
            "32 .. 39 never written), its forward right" in said["dq"].sentence, said["dq"].sentence
 
 
+class _DeltaPerTile(torch.autograd.Function):
+    """Attention with its backward written out, D = rowsum(P ∘ dP) summed within each key tile
+    of 32 alone (in a key-major tile loop) where rowsum(dO ∘ O) over the whole row is meant."""
+    @staticmethod
+    def forward(ctx, q, k, v, scale, causal):
+        S = q.double() @ k.double().transpose(-1, -2) * scale
+        if causal:
+            S = S.masked_fill(torch.ones_like(S, dtype=torch.bool).triu(1), -math.inf)
+        P = torch.softmax(S, -1)
+        ctx.save_for_backward(q, k, v, P)
+        ctx.scale = scale
+        return (P @ v.double()).to(q.dtype)
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, P = ctx.saved_tensors
+        q, k, v, dout = q.double(), k.double(), v.double(), dout.double()
+        dP = dout @ v.transpose(-1, -2)
+        dS = torch.zeros_like(P)
+        for ks in range(0, k.shape[2], 32):
+            Pt, dPt = P[..., ks:ks + 32], dP[..., ks:ks + 32]
+            dS[..., ks:ks + 32] = Pt * (dPt - (Pt * dPt).sum(-1, keepdim=True))
+        return ((dS @ k * ctx.scale).to(q.dtype), (dS.transpose(-1, -2) @ q * ctx.scale).to(q.dtype),
+                (P.transpose(-1, -2) @ dout).to(q.dtype), None, None)
+
+
+def test_a_backward_whose_row_term_is_summed_per_key_tile_is_named_with_the_tile():
+    rows = runner.run_case(targets.resolve(lambda q, k, v, *, causal, scale: _DeltaPerTile.apply(q, k, v, scale,
+                                                                                                  causal)),
+                           Case(1, 2, 45, 77, 16, False, ()), "float32", "cpu")
+    said = {r.tensor: r.diagnosis for r in rows if not r.passed}
+    assert set(said) == {"dq", "dk"}, {n: d.sentence for n, d in said.items()}
+    assert {d.id for d in said.values()} == {"delta-per-tile"}, [d.sentence for d in said.values()]
+    assert "summed over each key tile of 32 alone" in said["dq"].sentence, said["dq"].sentence
+
+
 class _DkProduct(torch.autograd.Function):
     """Attention with its backward written out; dk = scale dS Q (tile by tile with ``tile``) where
     scale dSᵀ Q is meant."""
