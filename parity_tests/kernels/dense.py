@@ -52,6 +52,7 @@ read on their first channels alone: a head-dim block smaller than D).
 """
 
 import functools
+import math
 
 import torch
 
@@ -164,6 +165,10 @@ def visible(rows, tk, *, causal=False, offset=0, window=None, nq=None, nk=None, 
         sees(i, j, window=(window[0], -1 if causal else window[1]), offset=window_offset)
 
 
+# `_online`'s slips of a rescale taken in the other base: the power its factor is raised to
+RESCALE_POWER = {"rescale-exp": 1 / math.log(2), "rescale-exp2": math.log(2)}
+
+
 def _online(S, v, block, slip):
     """An online softmax over key blocks of ``block`` (from key 0) with one slip, in closed
     form.  Right: per block b, m_b = max(m_{b-1}, max_j∈b S_j), l_b = l_{b-1} e^{m_{b-1}-m_b}
@@ -186,6 +191,11 @@ def _online(S, v, block, slip):
     "acc-late": acc multiplied by a_b = e^{m_{b-1}-m_b} after block b's terms are added instead
              of before, l right: key j's term weighs a_b times too little (m_0 = −inf: the
              first block holding a visible key weighs 0):  out = Σ_j a_b(j) e^{S_j-m} v_j / Σ_j e^{S_j-m};
+    "rescale-exp": a base-2 kernel's rescale exp2(m_old − m_new) taken with exp (its maxima in log2
+             units): each factor a^γ, γ = log2(e), where a is meant, for l and acc alike; the
+             factors of the blocks after j's telescope to e^{γ(m_b − m)}: M_j = γ m + (1 − γ) m_b,
+             m_b the running maximum when j's block was read ("rescale-exp2": a base-e kernel's
+             taken with exp2, γ = ln 2; γ = 0 is "stale");
     "own-max": the maximum not carried into the weights: each block's e^{S_j-m_b'} taken
              against that block's own maximum m_b', while acc and l are rescaled by the
              running one as they should: M_j = m_b' − m_b + m (m_b the running maximum
@@ -216,7 +226,10 @@ def _online(S, v, block, slip):
         l = e.sum(-1)
         w = e * late.repeat_interleave(block, dim=-1)[..., :tk]
         return (w @ v) / torch.where(l > 0, l, torch.ones_like(l))[..., None]
-    if slip == "own-max":
+    if slip in RESCALE_POWER:
+        gamma = RESCALE_POWER[slip]
+        M = gamma * finite0(m)[..., None] + (1 - gamma) * finite0(running)
+    elif slip == "own-max":
         M = finite0(own) - finite0(running) + finite0(m)[..., None]      # per block
     else:
         M = finite0(own if slip == "split" else running)

@@ -88,7 +88,8 @@ FIT_SHARE = 0.1
 # by one factor is also each row off by its own).
 FITTED = ("constant-factor", "lse-max-factor", "axes-permuted", "state-carried", "keys-unseen", "last-tile-only",
           "keys-weighted", "sequence-offsets", "slice-values", "head-map", "broadcast-sum", "backward-blocks",
-          "key-tile-ranges", "key-spans", "sink-counted", "denominator", "wrong-delta", "backward-p-scaled")
+          "key-tile-ranges", "key-spans", "sink-counted", "rows-moved", "denominator", "wrong-delta",
+          "backward-p-scaled")
 
 # A catalogued mistake that leaves at most this share of the error against the
 # reference explains the tensor, even where its own rounding exceeds the bound
@@ -334,7 +335,8 @@ def _catalogue(rest, rows, ev):
         hyps += [h for n in rest if n in INPUT_GRADS for h in _broadcast_sum(sub, n)]
     if "out" in rest and plain(["out"]):
         fitted = _keys_unseen(sub) + _sequence_offsets(sub) + _state_carried(sub) + _keys_weighted(sub) + \
-            _key_tile_ranges(sub) + _key_spans(sub) + _values_from_other_slices(sub) + _sink_counted(sub)
+            _key_tile_ranges(sub) + _key_spans(sub) + _values_from_other_slices(sub) + _sink_counted(sub) + \
+            _rows_moved(sub)
         hyps += [h for h in fitted if not _zeros_where_wrong(sub.arrays["out"], sub.gold["out"],   # rows left blank
                                                              _predict(h, cache, grads=False)["out"], sub.den["out"],
                                                              sub.bounds["out"])]
@@ -1533,6 +1535,53 @@ def _axes_permuted(sub, failing):
                 f"{best[1]}: a reshape where a transpose is meant, or the reverse",
                 lambda grads=True, n=n, pred=best[2]: {**sub.gold, n: pred}, (n,), fitted=(n,)))
     return found
+
+
+# (failing row, reference row) pairs `_rows_moved` compares at most
+MOVED_PAIRS = 2 ** 22
+
+
+def _rows_moved(sub):
+    """out right on some rows, and each of the others equal to another row of the reference: an
+    index map wrong (a reshape where a transpose is meant inside a group of heads, a head order, a
+    packed offset).  Each failing row is matched to the reference rows within its bound (the max
+    norm, over its slice's scale), the nearest in index among them (rows alike in the reference:
+    one seeing the same single key); none matched, a row left 0, or past MOVED_PAIRS: [].  The
+    map is said by what it moves: heads, query rows, batch entries."""
+    got, ref = sub.arrays.get("out"), sub.gold["out"]
+    if got is None or not np.isfinite(got).all() or sub.rows is not None or got.shape[-1] < 4:
+        return []
+    b, h, t, d = got.shape
+    den = np.broadcast_to(np.asarray(sub.den["out"], dtype=np.float64), (b, h))
+    bound = sub.bounds["out"]
+    wrong = np.abs(got - ref).max(-1) / den[..., None] > bound                  # (B, H, Tq)
+    rows = np.argwhere(wrong)
+    if not len(rows) or len(rows) * b * h * t > MOVED_PAIRS or not got[wrong].any(-1).all():
+        return []
+    flat = ref.reshape(-1, d)
+    where = np.stack(np.unravel_index(np.arange(b * h * t), (b, h, t)), -1)     # (N, 3)
+    moved = {}
+    for start in range(0, len(rows), 16):
+        chunk = rows[start:start + 16]
+        g = got[tuple(chunk.T)]                                                  # (c, D)
+        apart = np.abs(g[:, None, :] - flat[None]).max(-1) / den[chunk[:, 0], chunk[:, 1]][:, None]
+        for i, (row, dist) in enumerate(zip(chunk, apart)):
+            near = np.nonzero(dist <= bound)[0]
+            if not len(near):
+                return []
+            moved[tuple(row)] = tuple(where[near[np.argmin(np.abs(where[near] - row).sum(-1))]])
+    pred = ref.copy()
+    for dst, src in moved.items():
+        pred[dst] = ref[src]
+    pairs = sorted(moved.items())
+    kinds = [name for axis, name in enumerate(("batch entries", "heads", "query rows"))
+             if any(dst[axis] != src[axis] for dst, src in pairs)]
+    shown = "; ".join(f"(batch {a[0]}, head {a[1]}, row {a[2]}) holds (batch {c[0]}, head {c[1]}, row {c[2]})'s"
+                      for a, c in pairs[:3]) + ("; ..." if len(pairs) > 3 else "")
+    return [mistakes.Hypothesis("rows-moved", f"out's rows in other places: each of the {len(pairs)} failing rows is "
+                                f"the reference's row of other {' and '.join(kinds)} ({shown}): an index map "
+                                "wrong (a reshape where a transpose is meant, a head order, a packed offset)",
+                                lambda grads=True: {**sub.gold, "out": pred}, ("out",), fitted=("out",))]
 
 
 def _merged_along(out, lse, order):

@@ -180,6 +180,12 @@ def chapter(ctx):
                   "block's P V is added instead of before (the first block a row reads lost, each later one shrunk "
                   f"where the maximum moves; key blocks of {block})", fwd(online=("acc-late", block)))
                 for block in blocks]
+        out += [H(f"rescale-{wrong}-for-{right}", f"the running rescale {right}(m_old - m_new) of a {base} kernel "
+                  f"taken with {wrong} (each factor raised to the power {power}: key blocks read before the maximum "
+                  f"moves weigh too {less}; key blocks of {block})", fwd(online=(f"rescale-{wrong}", block)))
+                for right, wrong, base, power, less in (("exp2", "exp", "base-2", "log2(e)", "little"),
+                                                        ("exp", "exp2", "base-e", "ln 2", "much"))
+                for block in blocks]
         out += [H("max-not-carried", f"each key block's weights exp(S - m_block) taken against that block's own "
                   f"maximum, not the running one (l and acc rescaled as they should; key blocks of {block})",
                   fwd(online=("own-max", block))) for block in blocks]

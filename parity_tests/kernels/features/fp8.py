@@ -101,16 +101,21 @@ def widen(case):
 # The catalogue's FP8 mistakes
 
 def descale_mistakes(ctx, names):
-    """A descale not applied, applied twice, or taken by query head (h % Hkv) under GQA."""
+    """A descale not applied, applied twice, another input's of its shape applied instead (a line
+    copied from the one before), or taken by query head (h % Hkv) under GQA."""
     q, k, v, _ = ctx.inputs
     x = {"q": q, "k": k, "v": v}
-    scale = {n: per_head(ctx.arrays[n + "_descale"], x[n].shape[1]) for n in names}
+    given = {n: ctx.arrays[n + "_descale"] for n in names}
+    scale = {n: per_head(given[n], x[n].shape[1]) for n in names}
     out = []
     for n in names:
         out += [ctx.H(f"fp8-{n}-descale-missing", f"{n}_descale not applied (the stored float8 {n} read as its "
                       "real value)", ctx.fwd(inputs={n: x[n] / scale[n]}), ("out",)),
                 ctx.H(f"fp8-{n}-descale-twice", f"{n}_descale applied twice", ctx.fwd(inputs={n: x[n] * scale[n]}),
                       ("out",))]
+        out += [ctx.H(f"fp8-{n}-descale-from-{m}", f"{n} dequantised with {m}_descale instead of {n}_descale (its "
+                      f"line copied from {m}'s)", ctx.fwd(inputs={n: x[n] / scale[n] * scale[m]}), ("out",))
+                for m in names if m != n and given[m].shape == given[n].shape]
     group = ctx.case.heads // ctx.case.hkv
     if group > 1:                            # (B, Hkv) read at query head h: h % Hkv, as a repeat would
         heads = ctx.case.heads

@@ -73,11 +73,12 @@ def in_bfloat16(q, k, v, *, causal, scale, q_descale, k_descale, v_descale):
                                           is_causal=causal, scale=scale)
 
 
-def kv_kernel(missing=(), twice=(), **attend):
-    """An FP8-KV-cache kernel: q and out in q's dtype, k and v dequantised from float8."""
+def kv_kernel(missing=(), twice=(), v_with_k=False, **attend):
+    """An FP8-KV-cache kernel: q and out in q's dtype, k and v dequantised from float8 (v with
+    k's descale: ``v_with_k``)."""
     def kernel(q, k, v, *, causal, scale, k_descale, v_descale):
         x = {"k": k.float(), "v": v.float()}
-        ds = {"k": k_descale, "v": v_descale}
+        ds = {"k": k_descale, "v": k_descale if v_with_k else v_descale}
         for n in x:
             x[n] = x[n] * ds[n][:, :, None, None] ** ((n not in missing) + (n in twice))
         return _attend(q.float(), x["k"], x["v"], causal, scale, out_dtype=q.dtype, **attend)
@@ -102,5 +103,6 @@ GALLERY = {
 GALLERY_KV = {
     **{f"fp8-{n}-descale-missing": kv_kernel(missing=(n,)) for n in "kv"},
     **{f"fp8-{n}-descale-twice": kv_kernel(twice=(n,)) for n in "kv"},
+    "fp8-v-descale-from-k": kv_kernel(v_with_k=True),
     "fp8-pv-narrow-accumulator": kv_kernel(narrow=128),
 }

@@ -443,6 +443,47 @@ def test_a_backward_whose_row_term_is_summed_per_key_tile_is_named_with_the_tile
     assert "summed over each key tile of 32 alone" in said["dq"].sentence, said["dq"].sentence
 
 
+def test_rows_put_in_other_places_are_named_with_where_they_come_from():
+    def heads_in_group_order(q, k, v, *, causal, scale):        # (B, G, Hkv) read as (B, Hkv, G)
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+        b, h, t, d = out.shape
+        return out.reshape(b, 2, h // 2, t, d).transpose(1, 2).reshape(b, h, t, d)
+    rows = runner.run_case(targets.resolve(heads_in_group_order), Case(1, 4, 45, 77, 16, True, ()), "float32", "cpu")
+    said = {r.tensor: r.diagnosis for r in rows if not r.passed}
+    assert said["out"].id == "rows-moved", said["out"].sentence
+    assert "each of the 90 failing rows is the reference's row of other heads ((batch 0, head 1, row 0) holds " \
+           "(batch 0, head 2, row 0)'s" in said["out"].sentence, said["out"].sentence
+
+
+def _base_2_online(q, k, v, *, causal, scale, rescale):
+    """A base-2 online softmax over key blocks of 32, its maxima in log2 units, rescaled by ``rescale``."""
+    dt, q, k, v = q.dtype, q.double(), k.double(), v.double()
+    S = q @ k.transpose(-1, -2) * (scale / math.log(2))
+    if causal:
+        S = S.masked_fill(torch.ones_like(S, dtype=torch.bool).triu(1), -math.inf)
+    m = torch.full(S.shape[:-1], -math.inf, dtype=S.dtype)
+    l, acc = torch.zeros_like(m), torch.zeros(S.shape[:-1] + (v.shape[-1],), dtype=S.dtype)
+    for j in range(0, S.shape[-1], 32):
+        m_new = torch.maximum(m, S[..., j:j + 32].amax(-1))
+        alpha = torch.where(torch.isfinite(m), rescale(m - m_new), 1.0)
+        p = torch.exp2(S[..., j:j + 32] - m_new[..., None])
+        l, acc, m = l * alpha + p.sum(-1), acc * alpha[..., None] + p @ v[..., j:j + 32, :], m_new
+    return (acc / l[..., None]).to(dt)
+
+
+@pytest.mark.parametrize("rescale", [torch.exp, torch.exp2], ids=["exp", "exp2-right"])
+def test_an_online_rescale_taken_in_the_other_base_is_named_with_the_base(rescale):
+    kernel = lambda q, k, v, *, causal, scale: _base_2_online(q, k, v, causal=causal, scale=scale, rescale=rescale)
+    rows = runner.run_case(targets.resolve(kernel), Case(1, 2, 45, 77, 16, True, ()), "float32", "cpu")
+    said = {r.tensor: r.diagnosis for r in rows if not r.passed}
+    if rescale is torch.exp2:                                  # the kernel as it should be
+        assert not said, {n: d.sentence for n, d in said.items()}
+        return
+    assert said["out"].id == "rescale-exp-for-exp2", said["out"].sentence
+    assert "the running rescale exp2(m_old - m_new) of a base-2 kernel taken with exp (each factor raised to the " \
+           "power log2(e)" in said["out"].sentence, said["out"].sentence
+
+
 class _DkProduct(torch.autograd.Function):
     """Attention with its backward written out; dk = scale dS Q (tile by tile with ``tile``) where
     scale dSᵀ Q is meant."""
