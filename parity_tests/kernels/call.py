@@ -13,6 +13,7 @@ its forward.  Each call has a time limit (`time_limit`).
 """
 
 import contextlib
+import math
 import signal
 import threading
 import time
@@ -142,6 +143,7 @@ class Caller:
         self.stored = stored_inputs(case)                     # q, k, v in another dtype (FP8's)
         self.extras = differentiated_inputs(case, rounded)
         self.seconds, self.forward_seconds, self.rng_moved = None, None, False
+        self.unread = math.nan            # what memory no one should read holds (`features.HOOKS`)
 
     def grad_names(self):
         return ["dq", "dk", "dv"] + ["d" + n for n in self.extras]
@@ -212,7 +214,8 @@ class Caller:
                 if n in self.extras:
                     leaves["d" + n] = tensors[n].requires_grad_(grad)
         kw = {"causal": c.causal, "scale": c.scale}
-        offered = dict(case=c, inputs=r, device=self.device, dtype=self.dtype_name, align=self.align)
+        offered = dict(case=c, inputs=r, device=self.device, dtype=self.dtype_name, align=self.align,
+                       unread=self.unread)
         for name, value in c.features:
             if name in REGISTRY:
                 kw.update(REGISTRY[name].calling.arguments(value=value, tensors=tensors, **offered))

@@ -621,9 +621,11 @@ def name_non_finite(n, ev):
     if n not in ("out", "lse") or n not in ev.arrays:
         return None
     bad = poisoned.rows_non_finite(ev.arrays[n])
-    if bad.all():                          # no finite row confirms one read of NaN memory over another
-        return None
     matches = list(_poisoned_matches(n, ev))
+    if bad.all() and any(m[0].zeroed for m in matches):   # no finite row: the call again, unread memory 0
+        again = _unread_zero(ev).get(n)
+        matches = [m for m in matches if m[0].zeroed is not None and again is not None and np.isfinite(again).all()
+                   and slice_errors(again, m[0].zeroed()[n], ev.den[n]).max() <= ev.bounds[n]]
     # several mistakes making the same rows non-finite, the finite rows all zero as the reference's
     # (rows that see no key): nothing tells them apart, and none is named
     if not matches or (len(matches) > 1 and all(blank for _, _, blank in matches)):
@@ -634,6 +636,20 @@ def name_non_finite(n, ev):
     return Diagnosis(hyp.id, f"{n} matches the reference with {hyp.says}{also}: non-finite in the "
                                f"{int(bad.sum())} rows that mistake makes non-finite, the other rows within "
                                f"{residual:.1e} (bound {ev.bounds[n]:.1e}); {plain.sentence}", residual, ev.bounds[n])
+
+
+def _unread_zero(ev):
+    """The target's judged out and lse on the case again, forward only, with the memory no one should
+    read holding 0 instead of NaN (`features.HOOKS`, unread); {} where the call fails."""
+    caller = copy.copy(ev.caller)
+    caller.unread, caller.grads = 0.0, False
+    got = caller()
+    if not isinstance(got, dict):
+        return {}
+    arrays = as_4d({n: a for n, a in got.items() if n in ("out", "lse") and isinstance(a, np.ndarray)})
+    if "lse" in arrays and "lse" in ev.gold:
+        arrays["lse"] = _judged_lse(ev, arrays["lse"])
+    return arrays
 
 
 def _poisoned_matches(n, ev):
@@ -1546,8 +1562,8 @@ def _rows_moved(sub):
     index map wrong (a reshape where a transpose is meant inside a group of heads, a head order, a
     packed offset).  Each failing row is matched to the reference rows within its bound (the max
     norm, over its slice's scale), the nearest in index among them (rows alike in the reference:
-    one seeing the same single key); none matched, a row left 0, or past MOVED_PAIRS: [].  The
-    map is said by what it moves: heads, query rows, batch entries."""
+    one seeing the same single key); none matched, a row left 0 or one that sees no key, or past
+    MOVED_PAIRS: [].  The map is said by what it moves: heads, query rows, batch entries."""
     got, ref = sub.arrays.get("out"), sub.gold["out"]
     if got is None or not np.isfinite(got).all() or sub.rows is not None or got.shape[-1] < 4:
         return []
@@ -1556,7 +1572,8 @@ def _rows_moved(sub):
     bound = sub.bounds["out"]
     wrong = np.abs(got - ref).max(-1) / den[..., None] > bound                  # (B, H, Tq)
     rows = np.argwhere(wrong)
-    if not len(rows) or len(rows) * b * h * t > MOVED_PAIRS or not got[wrong].any(-1).all():
+    if not len(rows) or len(rows) * b * h * t > MOVED_PAIRS or not got[wrong].any(-1).all() or \
+            not ref[wrong].any(-1).all():                     # a row that sees no key: another reading's
         return []
     flat = ref.reshape(-1, d)
     where = np.stack(np.unravel_index(np.arange(b * h * t), (b, h, t)), -1)     # (N, 3)

@@ -179,7 +179,7 @@ def chapter(ctx):
         out += [H("acc-rescaled-late", "the output accumulator rescaled by exp(m_old - m_new) after each key "
                   "block's P V is added instead of before (the first block a row reads lost, each later one shrunk "
                   f"where the maximum moves; key blocks of {block})", fwd(online=("acc-late", block)))
-                for block in blocks]
+                for block in blocks + [case.tk]]                 # one block: the whole output lost
         out += [H(f"rescale-{wrong}-for-{right}", f"the running rescale {right}(m_old - m_new) of a {base} kernel "
                   f"taken with {wrong} (each factor raised to the power {power}: key blocks read before the maximum "
                   f"moves weigh too {less}; key blocks of {block})", fwd(online=(f"rescale-{wrong}", block)))

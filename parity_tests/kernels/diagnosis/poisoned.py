@@ -13,8 +13,9 @@ a weight of 0).  It matches a tensor when::
 
 and the tensor's finite rows sit within their bound of the prediction's.  The first
 match in the catalogue's order is the diagnosis (``diagnosis.name_non_finite``); others
-that match as well are named beside it (a kernel whose every row is NaN leaves several
-readings open).
+that match as well are named beside it.  Where every row is NaN, nothing finite tells the
+readings apart: the target is called again with that memory holding 0 (``Caller.unread``),
+and only the readings whose ``zeroed`` prediction that call gives remain.
 """
 
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ class Poisoned:
     predict: object          # (grads=True) -> {tensor: array}, NaN in the rows that surely read one
     tensors: tuple = ("out", "lse")
     maybe: object = None     # () -> (B, H, Tq) bool: rows that may be non-finite besides the sure ones
+    zeroed: object = None    # () -> {tensor: array}: its prediction where that memory holds 0 instead
 
 
 def rows_non_finite(a):

@@ -61,7 +61,8 @@ HOOKS = {
     "draw": ("case", "value", "inputs", "rng", "seed"),               # -> {name: array} drawn or changed
     "reference": ("case", "value", "inputs", "align"),                # -> the reference's options
     "arguments": ("case", "value", "tensors", "inputs", "device", "dtype", "align"),   # -> the keywords
-    "hand": ("case", "value", "args", "kw", "inputs", "device", "dtype", "align"),     # -> (args, kw)
+    # -> (args, kw); unread: what memory no one should read holds (NaN; 0 where the diagnosis asks)
+    "hand": ("case", "value", "args", "kw", "inputs", "device", "dtype", "align", "unread"),
     "recover": ("case", "value", "inputs", "opts", "caller", "seed", "device", "dtype", "align"),
     "lse_form": ("case", "value", "inputs", "align", "lse"),
     "reduced": ("case", "value", "inputs", "golden", "align"),        # -> {tensor: the sizes its sum adds}

@@ -114,7 +114,7 @@ def descale_mistakes(ctx, names):
                 ctx.H(f"fp8-{n}-descale-twice", f"{n}_descale applied twice", ctx.fwd(inputs={n: x[n] * scale[n]}),
                       ("out",))]
         out += [ctx.H(f"fp8-{n}-descale-from-{m}", f"{n} dequantised with {m}_descale instead of {n}_descale (its "
-                      f"line copied from {m}'s)", ctx.fwd(inputs={n: x[n] / scale[n] * scale[m]}), ("out",))
+                      f"line copied from {m}'s)", ctx.fwd(inputs={n: x[n] / scale[n] * per_head(given[m], x[n].shape[1])}), ("out",))
                 for m in names if m != n and given[m].shape == given[n].shape]
     group = ctx.case.heads // ctx.case.hkv
     if group > 1:                            # (B, Hkv) read at query head h: h % Hkv, as a repeat would

@@ -91,23 +91,23 @@ def slots(table, size, b, length, column=0, step=None, stride=None):
     return table[b, pos // step + column] * size + pos % step
 
 
-def cache(x, table, size, num, lengths):
-    """x (B, T, H, D) -> (num, size, H, D): each sequence's keys in its pages, NaN elsewhere."""
-    flat = torch.full((num * size,) + tuple(x.shape[2:]), math.nan, dtype=x.dtype, device=x.device)
+def cache(x, table, size, num, lengths, unread=math.nan):
+    """x (B, T, H, D) -> (num, size, H, D): each sequence's keys in its pages, ``unread`` elsewhere."""
+    flat = torch.full((num * size,) + tuple(x.shape[2:]), unread, dtype=x.dtype, device=x.device)
     for b, n in enumerate(lengths):
         if n:
             flat[torch.as_tensor(slots(table, size, b, n), device=x.device)] = x[b, :n]
     return flat.view((num, size) + tuple(x.shape[2:]))
 
 
-def hand(case, paged, args, kw, device):
+def hand(case, paged, args, kw, device, unread):
     size, lengths = paged
     table, num = pages(case, paged)
     k, v = args["k"].detach(), args["v"].detach()                      # (B, Tk, Hkv, D): bthd
     kw = {**kw, "block_table": torch.tensor(table, dtype=torch.int32, device=device),
           "cache_seqlens": torch.tensor(lengths, dtype=torch.int32, device=device)}
-    return {"q": args["q"], "k_cache": cache(k, table, size, num, lengths),
-            "v_cache": cache(v, table, size, num, lengths)}, kw
+    return {"q": args["q"], "k_cache": cache(k, table, size, num, lengths, unread),
+            "v_cache": cache(v, table, size, num, lengths, unread)}, kw
 
 
 def draw(paged, inputs):
@@ -152,17 +152,18 @@ def _read(ctx, value, hid, says, positions):
                       & nan_key[b][None, :]).any(-1) for b in range(ctx.case.batch)])        # (B, rows)
     shape = (ctx.case.batch, ctx.case.heads, len(query))
 
-    def predict(grads=True):
+    def predict(grads=True, unread=np.nan):    # unread: what the slots no one should read hold
         r = ctx.dense(q, np.nan_to_num(got["k"]), np.nan_to_num(got["v"]), None, opts, grads=False)
-        rows = np.broadcast_to(sure[:, None, :], shape)
-        r["out"][rows] = np.nan
-        r["lse"][rows] = np.nan
+        if np.isnan(unread):
+            rows = np.broadcast_to(sure[:, None, :], shape)
+            r["out"][rows] = np.nan
+            r["lse"][rows] = np.nan
         return ctx.as_4d({n: r[n] for n in ("out", "lse")})
 
     def maybe():
         return np.broadcast_to(nan_key.any(-1)[:, None, None], shape)
     tensors = tuple(n for n in ("out", "lse") if n in ctx.present)
-    return Poisoned(hid, says, predict, tensors, maybe)
+    return Poisoned(hid, says, predict, tensors, maybe, zeroed=lambda: predict(unread=0.0))
 
 
 def _everywhere(ctx):
@@ -177,7 +178,8 @@ def mistakes(ctx, value):
     # first: where every row is NaN nothing tells the readings apart, and this one claims the least
     out = [Poisoned("paged-masked-nan", "every slot of the cache multiplied in with weight 0 (a masked slot's "
                     "weight is 0, but 0 × NaN = NaN: the unused slots' values reach every row)",
-                    _everywhere(ctx), tuple(n for n in ("out", "lse") if n in ctx.present))]
+                    _everywhere(ctx), tuple(n for n in ("out", "lse") if n in ctx.present),
+                    zeroed=lambda: ctx.as_4d(ctx.golden_raw))]
     out += [_read(ctx, value, "paged-past-seqlens", "cache_seqlens ignored: every slot of the block table's "
                   f"{widest} pages read as keys, the NaN slots past cache_seqlens included",
                   lambda t, b: slots(t, size, b, widest * size)),

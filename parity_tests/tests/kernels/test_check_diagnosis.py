@@ -367,7 +367,8 @@ def test_a_backward_whose_p_is_off_by_a_factor_per_row_is_said_so():
 def test_reads_of_poisoned_memory_told_apart_by_no_finite_row_are_not_named(monkeypatch):
     """Two mistakes making the same rows NaN, and the rows left finite all zero as the reference's
     (rows that see no key): nothing tells them apart, so neither is named; one finite row that
-    sees a key and matches, and the first is.  Every row NaN: not even one alone is."""
+    sees a key and matches, and the first is.  Every row NaN: the one whose prediction with that
+    memory holding 0 the target gives when called so."""
     from types import SimpleNamespace
     from parity_tests.kernels.diagnosis import mistakes, poisoned
     gold = np.zeros((1, 1, 4, 2))
@@ -387,6 +388,9 @@ def test_reads_of_poisoned_memory_told_apart_by_no_finite_row_are_not_named(monk
     monkeypatch.setattr(mistakes, "catalogue", lambda ctx: hyps)
     gold[0, 0, 1] = got[0, 0, 1] = pred[0, 0, 1] = 0.5         # row 1 sees a key, and the mistakes give it
     assert diagnose.name_non_finite("out", ev).id == "page-off"
-    got[:] = pred[:] = np.nan                                  # every row NaN: nothing finite confirms it
-    monkeypatch.setattr(mistakes, "catalogue", lambda ctx: hyps[:1])
+    got[:] = pred[:] = np.nan                       # every row NaN: the call again with that memory 0 tells
+    hyps[0].zeroed, hyps[1].zeroed = (lambda: {"out": gold}), (lambda: {"out": gold + 1.0})
+    monkeypatch.setattr(diagnose, "_unread_zero", lambda ev: {"out": gold + 1.0})
+    assert diagnose.name_non_finite("out", ev).id == "page-size"
+    monkeypatch.setattr(diagnose, "_unread_zero", lambda ev: {"out": gold + 2.0})    # neither
     assert diagnose.name_non_finite("out", ev) is None

@@ -25,6 +25,9 @@ def test_each_wrong_kernel_fails_and_is_named(name):
     assert report.diagnosis == expected, [d.sentence for _, d in report.diagnoses]
     out_rows = [r for r in report.failures if r.tensor == "out" and not r.note.startswith("raised")]
     for row in out_rows:            # every failing output it returned is diagnosed as the same mistake
+        if row.diagnosis.id == "zeros":          # or, zero where it makes it so (one key tile), listed among those
+            assert expected in row.diagnosis.also, row.diagnosis.sentence
+            continue
         assert row.diagnosis.id == expected, row.diagnosis.sentence
         assert row.diagnosis.residual <= row.diagnosis.bound or expected == "dropout"
 
