@@ -43,8 +43,8 @@ def test_a_right_fp8_kernel_passes_every_case_with_gqa():
     assert max(r.inputs_error for r in rows) > max(r.error for r in rows)
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16",
-                                   pytest.param("float16", marks=[needs_dtype("float16"), pytest.mark.slow])])
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["bfloat16", pytest.param("float16", marks=needs_dtype("float16"))])
 def test_a_right_fp8_kv_kernel_passes_with_flashinfers_head_dims(dtype):
     report = parity_tests.check(fp8_gallery.RIGHT_KV["fa3"], features=["fp8_kv", "value_dim"], dtypes=[dtype],
                                 causal="no")
