@@ -484,6 +484,18 @@ def test_an_online_rescale_taken_in_the_other_base_is_named_with_the_base(rescal
            "power log2(e)" in said["out"].sentence, said["out"].sentence
 
 
+def test_the_lse_gradient_left_out_of_one_gradient_alone_is_named_on_it():
+    def dsinks_without_dlse(q, k, v, *, causal, scale, sinks=None):
+        out, _ = attend(q, k, v, causal=causal, scale=scale, sinks=sinks)
+        held = None if sinks is None else sinks.detach()                 # lse's path misses the sinks
+        _, lse = attend(q, k, v, causal=causal, scale=scale, sinks=held)
+        return out, lse
+    report = parity_tests.check(dsinks_without_dlse, features=["sinks", "lse_grad"], tokens=["45x77"], **ONE)
+    said = {d.id for r, d in report.diagnoses if r.tensor == "dsinks"}
+    assert {r.tensor for r in report.failures} == {"dsinks"}, str(report)
+    assert said == {"lse-grad-dropped"}, [d.sentence for _, d in report.diagnoses]
+
+
 class _DkProduct(torch.autograd.Function):
     """Attention with its backward written out; dk = scale dS Q (tile by tile with ``tile``) where
     scale dSᵀ Q is meant."""
