@@ -224,6 +224,10 @@ def mistakes(ctx, p):
                   ctx.fwd({"dropout_p": 0.0})),
             ctx.H("dropout-rescaled-twice", f"the survivors rescaled by 1/(1 - p) twice (p = {p:g})",
                   ctx.fwd({"dropout_p": 1.0 - (1.0 - p) ** 2})),
+            ctx.H("dropout-rescaled-by-1/p", f"the survivors rescaled by 1/p instead of 1/(1 - p) (the keep and "
+                  f"drop probabilities swapped, p = {p:g})", ctx.fwd({"dropout_p": 1.0 - p})),
+            ctx.H("dropout-times-keep", f"the survivors multiplied by 1 - p instead of divided by it (p = {p:g})",
+                  ctx.fwd({"dropout_p": -p / (1.0 - p)})),
             ctx.H("dropout-before-softmax", "the scores dropped before the softmax (dropped keys masked out, "
                   "the survivors renormalised, as DropKey) instead of the weights after it",
                   ctx.fwd({"keep": None, "dropout_p": 0.0, "bias": bias}))]

@@ -93,7 +93,8 @@ def _dropout(P, S, dropout_p, mistake):
         return None, S.masked_fill(~keep, -math.inf)
     if mistake == "dropout-backward-mask":
         return _BackwardRedraws.apply(P, keep, p), S
-    scale = {"dropout-no-rescale": 1.0, "dropout-rescaled-twice": (1 - p) ** 2}.get(mistake, 1 - p)
+    scale = {"dropout-no-rescale": 1.0, "dropout-rescaled-twice": (1 - p) ** 2, "dropout-rescaled-by-1/p": p,
+             "dropout-times-keep": 1 / (1 - p)}.get(mistake, 1 - p)
     return P * keep / scale, S
 
 
@@ -302,6 +303,8 @@ FEATURE_GALLERY = {
     "lse-grad-dropped": ["lse_grad"],
     "dropout-no-rescale": ["dropout"],
     "dropout-rescaled-twice": ["dropout"],
+    "dropout-rescaled-by-1/p": ["dropout"],
+    "dropout-times-keep": ["dropout"],
     "dropout-before-softmax": ["dropout"],
     "dropout-backward-mask": ["dropout"],
     "dropout-at-zero": ["dropout"],
