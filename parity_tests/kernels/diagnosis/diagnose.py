@@ -594,9 +594,12 @@ def _non_finite(t, a, case, align):
     b, h, i = (int(x[0]) for x in np.nonzero(bad)[:3])
     sentence = (f"{t} has {nan} NaN and {inf} infinite entries of {a.size}, in {kind} rows "
                 f"{ranges(rows)} (first at (b, h, row) = ({b}, {h}, {i}))")
-    if case.seqlens is not None:
+    if case.seqlens is not None and nan:
         sentence += ("; the packed buffers hold NaN past the last sequence's end and nowhere else: the kernel "
                      "read past a sequence's end (cu_seqlens)")
+    elif t == "lse" and not nan and (a[bad] < 0).all():
+        sentence += ("; -inf where the reference's row sees a key: the kernel gave those rows none (rows taken "
+                     "for padding, or for another sequence's)")
     offset = case.offset(align)
     blind = -offset if case.causal and offset < 0 else 0       # query rows 0 .. blind-1 see no key
     if blind:

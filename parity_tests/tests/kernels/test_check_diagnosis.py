@@ -394,3 +394,13 @@ def test_reads_of_poisoned_memory_told_apart_by_no_finite_row_are_not_named(monk
     assert diagnose.name_non_finite("out", ev).id == "page-size"
     monkeypatch.setattr(diagnose, "_unread_zero", lambda ev: {"out": gold + 2.0})    # neither
     assert diagnose.name_non_finite("out", ev) is None
+
+
+def test_an_lse_of_minus_infinity_where_a_key_is_seen_is_said_to_be_given_none_not_read_past_memory():
+    lse = np.zeros((1, 1, 4, 1))
+    lse[0, 0, 2:] = -np.inf
+    said = diagnose._non_finite("lse", lse, cases.Case(1, 1, 4, 4, 16, False, ()), "top-left").sentence
+    assert "-inf where the reference's row sees a key: the kernel gave those rows none" in said, said
+    assert "read past" not in said
+    lse[0, 0, 3] = np.nan
+    assert "-inf where" not in diagnose._non_finite("lse", lse, cases.Case(1, 1, 4, 4, 16, False, ()), "top-left").sentence
