@@ -18,7 +18,10 @@ For each failing tensor of a case (out, lse, dout_parts, dlse_parts), in order:
    ``out = α_a out_a + α_b out_b`` (``α = exp(lse − m)`` never divided by its
    sum), or each output row the reference's times a factor of its own, fitted
    per row (any other ``w_a + w_b ≠ 1``).
-4. Otherwise "matches none of the merge mistakes", with the closest one when it
+4. *lse off by the difference* (out, lse): the fold replayed with each merge's lse off by
+   ±(lse_a − lse_b), what the sigmoid form ``lse_a − logsigmoid(lse_a − lse_b)`` gives with
+   its argument negated; its out right per pair, the later merges weighing that lse.
+5. Otherwise "matches none of the merge mistakes", with the closest one when it
    comes closer than the reference.
 """
 
@@ -29,7 +32,7 @@ import numpy as np
 from numpy_ref import merge as ref
 from parity_tests.kernels.diagnosis.diagnose import Diagnosis, MATCH_SHARE
 
-__all__ = ["diagnose_case", "bad_entries", "base2_prediction", "unnormalised_prediction",
+__all__ = ["diagnose_case", "bad_entries", "base2_prediction", "unnormalised_prediction", "lse_off_prediction",
            "naive_bad_rows"]
 
 LN2 = math.log(2.0)
@@ -77,6 +80,20 @@ def detached_prediction(states, dout, dlse, order):
             pair.append((w[..., None] * g_out, np.where(empty, 0.0, w * (held + g_lse))))
         grads[i], grads[j] = pair
     return np.stack([g[1] for g in grads])
+
+
+def lse_off_prediction(states, order, sign):
+    """(out, lse) of a fold whose pair merge gives lse off by ``sign`` (lse_a − lse_b): the sigmoid
+    form lse = lse_a − logsigmoid(lse_a − lse_b) with the argument's sign flipped is logaddexp(lse_a,
+    lse_b) + (lse_a − lse_b).  Each out is the pair's own (its weights from the lse it is given),
+    so the fold's later merges weigh the wrong lse; a pair with an empty partial is right."""
+    work = list(states)
+    for i, j in ref.merge_plan(len(work), order):
+        (out_a, lse_a), (out_b, lse_b) = work[i], work[j]
+        out, lse = ref.merge_states(out_a, lse_a, out_b, lse_b)
+        both = np.isfinite(lse_a) & np.isfinite(lse_b)
+        work[i] = (out, np.where(both, lse + sign * (np.where(both, lse_a, 0.0) - np.where(both, lse_b, 0.0)), lse))
+    return work[0]
 
 
 def _unnormalised_pair(out_a, lse_a, out_b, lse_b):
@@ -162,6 +179,8 @@ def diagnose_case(rows, got, gold, denoms, states, dout, dlse, order, dtype):
     lse_dtype = np.float64 if dtype == "float64" else np.float32
     predicted = {"base-2": base2_prediction(states, dout, dlse, order),       # {tensor: array}
                  "unnormalised": unnormalised_prediction(states, order)}     # out
+    for sign in (1, -1):                                                     # out and lse
+        predicted[sign] = dict(zip(("out", "lse"), lse_off_prediction(states, order, sign)))
     if any(r.failed and r.tensor == "dlse_parts" for r in rows):
         predicted["detached"] = detached_prediction(states, dout, dlse, order)
     named_out = None
@@ -192,7 +211,16 @@ def _catalogue(t, got, gold, denom, error, bound, predicted):
                   ("weights-not-normalised", _residual(got, predicted["unnormalised"], denom))]
     if t == "dlse_parts" and predicted.get("detached") is not None:
         tried.append(("normaliser-detached", _residual(got, predicted["detached"], denom)))
+    if t in ("out", "lse"):
+        tried += [(f"lse-off-by-difference{'' if sign > 0 else '-negated'}", _residual(got, predicted[sign][t], denom))
+                  for sign in (1, -1)]
     name, res = min(tried, key=lambda p: p[1])
+    if explains(res) and name.startswith("lse-off-by-difference"):
+        said = "lse_a - lse_b" if name == "lse-off-by-difference" else "lse_b - lse_a"
+        return Diagnosis("lse-off-by-difference", f"{t} matches the reference with each merge's lse off by {said} "
+                         f"to {fmt(res)} (bound {fmt(bound)}): the sigmoid form's argument sign flipped (lse_a - "
+                         "logsigmoid(lse_b - lse_a) is logaddexp(lse_a, lse_b) + (lse_a - lse_b)); the later merges "
+                         "weigh that lse", res, bound)
     if explains(res) and name == "normaliser-detached":
         return Diagnosis(name, f"{t} matches the reference with the merged lse held constant in the weights "
                          f"w_x = exp(lse_x - lse) (detached, as the stabilising maximum may be) to {fmt(res)} "

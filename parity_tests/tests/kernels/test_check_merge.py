@@ -77,6 +77,22 @@ def test_the_merged_lse_detached_in_the_weights_is_named_on_dlse_parts():
     assert "loses its -<dO, out> term" in report.failures[0].diagnosis.sentence
 
 
+def _lse_sign_flipped(out_a, lse_a, out_b, lse_b):
+    """ring-flash-attention's sigmoid form, its lse line's logsigmoid argument negated."""
+    out, lse = ex.merge(out_a, lse_a, out_b, lse_b)
+    both = torch.isfinite(lse_a) & torch.isfinite(lse_b)
+    flipped = lse_a - torch.nn.functional.logsigmoid(torch.where(both, lse_b - lse_a, 0.0))
+    return out, torch.where(both, flipped, lse)
+
+
+def test_a_merged_lse_off_by_the_difference_of_the_two_is_named_on_out_and_lse():
+    report = merge_check.check_merge(_lse_sign_flipped, dtypes=["float32"])
+    assert not report.passed and report.diagnosis == "lse-off-by-difference", str(report)
+    named = {r.tensor for r in report.failures if r.diagnosis.id == "lse-off-by-difference"}
+    assert named == {"out", "lse"}, str(report)
+    assert "each merge's lse off by lse_a - lse_b" in next(r for r in report.failures if r.tensor == "lse").diagnosis.sentence
+
+
 def _raises(out_a, lse_a, out_b, lse_b):
     raise RuntimeError("no kernel for D = 16")
 
