@@ -48,7 +48,8 @@ entry, the keys from that index on seen by no query: a split or tile size rounde
 ``key_range`` ((first, end) integer arrays (B, Hq, Tq): each query row sees only keys first ..
 end − 1 of those it would: a tile loop's bounds off), ``key_span`` (the same, whatever the
 causal mask and window say: a mask applied on some tiles only), ``channels`` (q, k and v
-read on their first channels alone: a head-dim block smaller than D).
+read on their first channels alone: a head-dim block smaller than D), ``mask_positions_dtype``
+(the positions the mask compares formed in a low dtype).
 """
 
 import functools
@@ -154,11 +155,15 @@ def mask_mod(*, causal=False, window=None, offset=0, nq=None, nk=None):
 
 
 def visible(rows, tk, *, causal=False, offset=0, window=None, nq=None, nk=None, window_offset=None,
-            device="cpu"):
+            device="cpu", positions_dtype=None):
     """(len(rows), Tk) bool: True where query ``rows[i]`` sees key j (`sees`).  ``window_offset``:
-    the window placed on another diagonal than the causal mask (a catalogued mistake)."""
+    the window placed on another diagonal than the causal mask; ``positions_dtype``: the positions
+    the mask compares, arange(Tq) + offset and arange(Tk), formed in that dtype (catalogued mistakes)."""
     i = torch.as_tensor(rows, device=device)[:, None]
     j = torch.arange(tk, device=device)[None, :]
+    if positions_dtype is not None:          # rounded past 256 in bfloat16: rows see keys after them
+        ip, jp = (i.to(positions_dtype) + offset).double(), j.to(positions_dtype).double()
+        return sees(ip, jp, causal=causal, window=window) & sees(i, j, nq=nq, nk=nk)
     if window_offset is None or window_offset == offset or window is None:
         return sees(i, j, causal=causal, window=window, offset=offset, nq=nq, nk=nk)
     return sees(i, j, causal=causal, offset=offset, nq=nq, nk=nk) & \
@@ -292,7 +297,8 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
               no_delta=False, finite_mask=False, with_max=False, keys=None, online=None, backward_options=None,
               softcap_last=False, weights="softmax", keep=None, dropout_p=0.0, softcap_form="tanh",
               positions_dtype=None, backward_lse=None, unseen_from=None, key_range=None,
-              key_span=None, scores_only=False, fp8_prescale=None, softcap_derivative=None, channels=None):
+              key_span=None, scores_only=False, fp8_prescale=None, softcap_derivative=None, channels=None,
+              mask_positions_dtype=None):
     """(out, lse): out (B, Hq, Tq, Dv), lse (B, Hq, Tq), in q's dtype; torch tensors,
     differentiable.  ``rows``: (first, total) when q holds query rows first .. of a case
     with ``total`` query rows (the baseline's chunks); the bias then holds those rows too.
@@ -368,7 +374,8 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
         o = _shifted(offsets(total, tk_case, seqlens_q, seqlens_k, align, b), shift)
         w_o = o if window_align is None else offsets(total, tk_case, seqlens_q, seqlens_k, window_align, b)
         return torch.stack([visible(i, tk, causal=causal, offset=o[n], window=window, nq=lq[n], nk=lk[n],
-                                    window_offset=w_o[n], device=q.device) for n in range(b)])[:, None]
+                                    window_offset=w_o[n], device=q.device, positions_dtype=mask_positions_dtype)
+                            for n in range(b)])[:, None]
     seen = mask()
     if unseen_from is not None:            # the keys from there on (per batch entry) seen by no query
         firsts = torch.tensor(unseen_from, device=q.device).reshape(-1, 1, 1, 1)
@@ -426,7 +433,7 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
 
 
 # The options and knobs of `attention` that change only which keys a query sees.
-VISIBILITY = ("causal", "window", "align", "shift", "window_align")
+VISIBILITY = ("causal", "window", "align", "shift", "window_align", "mask_positions_dtype")
 # ... and those that change only the scores the softmax takes (`backward_options`).
 SCORES = VISIBILITY + ("scale", "softcap", "alibi_slopes", "bias", "sinks", "softcap_first", "softcap_form",
                        "softcap_last", "alibi_no_offset", "alibi_offset_sign", "positions_dtype", "finite_mask")

@@ -496,6 +496,18 @@ def test_the_lse_gradient_left_out_of_one_gradient_alone_is_named_on_it():
     assert said == {"lse-grad-dropped"}, [d.sentence for _, d in report.diagnoses]
 
 
+def test_a_causal_mask_of_positions_in_bfloat16_is_named_so():
+    def positions_in_bfloat16(q, k, v, *, causal, scale):
+        i, j = torch.arange(q.shape[2], dtype=torch.bfloat16), torch.arange(k.shape[2], dtype=torch.bfloat16)
+        seen = (j[None, :] <= i[:, None]) if causal else None
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=seen, scale=scale)
+    rows = runner.run_case(targets.resolve(positions_in_bfloat16), Case(1, 2, 300, 300, 16, True, ()), "float32",
+                           "cpu")
+    said = {r.tensor: r.diagnosis for r in rows if not r.passed}
+    assert said and {d.id for d in said.values()} == {"mask-positions-bfloat16"}, \
+        {n: d.sentence for n, d in said.items()}
+
+
 class _DkProduct(torch.autograd.Function):
     """Attention with its backward written out; dk = scale dS Q (tile by tile with ``tile``) where
     scale dSᵀ Q is meant."""
