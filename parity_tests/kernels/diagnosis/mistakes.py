@@ -143,8 +143,7 @@ def chapter(ctx):
                   "the next key)", fwd(shift=1)),
                 H("mask-one-past", "the causal mask shifted one diagonal the other way (each "
                   "query misses its own key)", fwd(shift=-1))]
-    if (case.causal or ctx.opts.get("window") is not None) and \
-            max(case.tq + max(abs(o) for o in ctx.offsets), case.tk) > 256:     # bfloat16's integers end at 256
+    if max(case.tq + max(abs(o) for o in ctx.offsets), case.tk) > 256:     # bfloat16's integers end at 256
         out.append(H("mask-positions-bfloat16", "the positions the mask compares (arange(Tq) + offset, "
                      "arange(Tk)) formed in bfloat16: past 256 they round, and rows see keys after them or "
                      "miss their own", fwd(mask_positions_dtype=torch.bfloat16)))
