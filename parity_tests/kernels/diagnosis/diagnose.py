@@ -1596,8 +1596,17 @@ def _rows_moved(sub):
     pairs = sorted(moved.items())
     kinds = [name for axis, name in enumerate(("batch entries", "heads", "query rows"))
              if any(dst[axis] != src[axis] for dst, src in pairs)]
-    shown = "; ".join(f"(batch {a[0]}, head {a[1]}, row {a[2]}) holds (batch {c[0]}, head {c[1]}, row {c[2]})'s"
-                      for a, c in pairs[:3]) + ("; ..." if len(pairs) > 3 else "")
+    by_slice = {}                          # (b, h) -> {(b', h', rows later)}: one source, or several
+    for (db, dh, dt), (sb, sh, st) in pairs:
+        by_slice.setdefault((db, dh), set()).add((sb, sh, st - dt))
+
+    def source(srcs):
+        if len(srcs) > 1:
+            return "rows of several places"
+        (sb, sh, later), = srcs
+        return f"(batch {sb}, head {sh})'s rows" + (f", {later} later" if later else "")
+    said = [f"(batch {db}, head {dh}) holds {source(srcs)}" for (db, dh), srcs in sorted(by_slice.items())]
+    shown = "; ".join(said[:4]) + ("; ..." if len(said) > 4 else "")
     return [mistakes.Hypothesis("rows-moved", f"out's rows in other places: each of the {len(pairs)} failing rows is "
                                 f"the reference's row of other {' and '.join(kinds)} ({shown}): an index map "
                                 "wrong (a reshape where a transpose is meant, a head order, a packed offset)",
