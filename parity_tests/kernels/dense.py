@@ -49,7 +49,8 @@ entry, the keys from that index on seen by no query: a split or tile size rounde
 end − 1 of those it would: a tile loop's bounds off), ``key_span`` (the same, whatever the
 causal mask and window say: a mask applied on some tiles only), ``channels`` (q, k and v
 read on their first channels alone: a head-dim block smaller than D), ``mask_positions_dtype``
-(the positions the mask compares formed in a low dtype).
+(the positions the mask compares formed in a low dtype), ``dp_factor`` (the backward's dP =
+dO Vᵀ multiplied by it, D = rowsum(dO ∘ O) and dv right: dS = P ∘ (c dP − D)).
 """
 
 import functools
@@ -298,7 +299,7 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
               softcap_last=False, weights="softmax", keep=None, dropout_p=0.0, softcap_form="tanh",
               positions_dtype=None, backward_lse=None, unseen_from=None, key_range=None,
               key_span=None, scores_only=False, fp8_prescale=None, softcap_derivative=None, channels=None,
-              mask_positions_dtype=None):
+              mask_positions_dtype=None, dp_factor=None):
     """(out, lse): out (B, Hq, Tq, Dv), lse (B, Hq, Tq), in q's dtype; torch tensors,
     differentiable.  ``rows``: (first, total) when q holds query rows first .. of a case
     with ``total`` query rows (the baseline's chunks); the bias then holds those rows too.
@@ -417,13 +418,20 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
         P = torch.softmax(S_safe, dim=axis) * seen_along
     if sinks is not None:
         P = P[..., :-1]
+    drop = None if keep is None else keep.to(P.dtype) / (1 - dropout_p)
+    weights_before_drop = P
     if keep is not None:
-        P = P * (keep.to(P.dtype) / (1 - dropout_p))
+        P = P * drop
     out = P @ v.to(P.dtype)
+    if dp_factor is not None:              # dS = P ∘ (c dP − D): the dP term alone scaled, dv right
+        C = S_safe[..., :P.shape[-1]]
+        C = torch.where(torch.isfinite(C), C, 0.0)
+        Pg = weights_before_drop.detach() * torch.exp(C - C.detach())        # its value P, ∂Pg/∂S = P
+        w = (Pg if drop is None else Pg * drop) @ v.detach().to(Pg.dtype)
+        out = out + (dp_factor - 1) * (w - w.detach())
     if backward_options is not None or backward_lse is not None:
         S_b, extra = (S, None) if backward_options is None else _own_scores(given, backward_options, S)
         lse_b = lse if backward_lse is None else backward_lse(lse, first)
-        drop = None if keep is None else keep.to(S.dtype) / (1 - dropout_p)
         cut = (backward_options or {}).get("channels")
         v_b = v if cut is None else v * (torch.arange(v.shape[-1], device=v.device) < cut).to(v.dtype)
         out, lse = _recomputed_backward(out, lse, S_b, lse_b, v_b, drop, extra)

@@ -88,7 +88,7 @@ FIT_SHARE = 0.1
 # by one factor is also each row off by its own).
 FITTED = ("constant-factor", "lse-max-factor", "axes-permuted", "state-carried", "keys-unseen", "last-tile-only",
           "keys-weighted", "sequence-offsets", "slice-values", "head-map", "broadcast-sum", "backward-blocks",
-          "key-tile-ranges", "key-spans", "sink-counted", "rows-moved", "denominator", "wrong-delta",
+          "key-tile-ranges", "key-spans", "sink-counted", "rows-moved", "denominator", "wrong-delta", "dp-scaled",
           "backward-p-scaled")
 
 # A catalogued mistake that leaves at most this share of the error against the
@@ -327,7 +327,7 @@ def _catalogue(rest, rows, ev):
     plain = lambda names: not all(_explained(n, hyps, cache, sub, out_right) for n in names if n in sub.arrays)
     if out_right and plain(rest):                          # readings of a backward alone
         if "dq" in rest:
-            hyps += _wrong_delta(sub) + _backward_p_scaled(sub) + _delta_per_tile(sub, rest)
+            hyps += _wrong_delta(sub) + _backward_p_scaled(sub) + _delta_per_tile(sub, rest) + _dp_scaled(sub)
         if "dk" in rest:
             hyps += _head_map(sub)
         hyps += _last_tile_only(sub, rest) + _backward_blocks(sub, rest)
@@ -447,6 +447,30 @@ def _wrong_delta(sub):
         return as_4d(dense.run(q, k, v, dout, sub.opts, grads=grads, dlse=dlse))
     return [mistakes.Hypothesis("wrong-delta", "the backward's D = rowsum(dO ∘ O) off by each row's own amount"
                                 + ratio, predict, ("dq", "dk"), fitted=("dq",))]
+
+
+def _dp_scaled(sub):
+    """The backward right but for its dP = dO Vᵀ, off by one factor c (a dropout rescale written
+    otherwise there, a scale applied to it), D = rowsum(dO ∘ O) and dv right: dS = P ∘ (c dP − D),
+    so dq(c) = dq + (c − 1) A with A = scale (P ∘ dP) K, read as dq(2) − dq from one dense backward
+    (`dense.attention`'s ``dp_factor``); c fitted to dq by least squares, then held to dk.  [] where
+    dq cannot be fitted (`_dq_to_fit`) or c is 1."""
+    got = _dq_to_fit(sub)
+    if got is None:
+        return []
+    r = sub.rounded
+    run = lambda c, grads=True: as_4d(dense.run(r["q"], r["k"], r["v"], r["dout"], sub.opts, grads=grads,
+                                                dlse=r.get("dlse"), dp_factor=c))
+    A = run(2.0)["dq"] - sub.gold["dq"]
+    if not np.any(A):
+        return []
+    c = 1 + float(((got - sub.gold["dq"]) * A).sum() / (A * A).sum())
+    if abs(c - 1) <= CONSTANT_WITHIN:
+        return []
+    named = _named_constant(c, _constants(sub))
+    return [mistakes.Hypothesis("dp-scaled", f"the backward's dP = dO V^T multiplied by {c:.6g}"
+                                + (f" ({named})" if named else "") + " where its D = rowsum(dO ∘ O) and dv are right",
+                                lambda grads=True: run(c, grads), ("dq", "dk"), fitted=("dq",))]
 
 
 def _delta_per_tile(sub, failing):
@@ -807,14 +831,15 @@ GENERIC_CONSTANTS = ((-1.0, "-1: its sign flipped"), (2.0, "2"), (0.5, "1/2"), (
 def _constants(sub):
     """(value, words) of the constants a tensor off by one factor is most often off by, the case's
     own first: those of its numeric options (the scale, a softcap, a dropout probability: v, 1/v,
-    1 − v, 1/(1 − v)), the group of query heads per kv head, its sizes (a mean where a sum is
+    1 − v, 1/(1 − v) and the last two squared), the group of query heads per kv head, its sizes (a mean where a sum is
     meant: 1/B, 1/H, 1/Tq, 1/Tk, or a sum where a mean is), then a few of any formula."""
     case = sub.case
     out = []
     for name, v in sub.opts.items():
         if isinstance(v, (int, float)) and not isinstance(v, bool) and v not in (0, 1):
             out += [(v, f"{name} = {v:.6g}"), (1 / v, f"1/{name}"), (1 - v, f"1 - {name}"),
-                    (1 / (1 - v), f"1/(1 - {name})")]
+                    (1 / (1 - v), f"1/(1 - {name})"), ((1 - v) ** 2, f"(1 - {name})^2: applied twice"),
+                    (1 / (1 - v) ** 2, f"1/(1 - {name})^2: applied twice")]
     group = case.heads // case.hkv
     if group > 1:
         out += [(group, f"the group size Hq/Hkv = {group}"),

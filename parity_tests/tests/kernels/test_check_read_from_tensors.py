@@ -508,6 +508,34 @@ def test_a_causal_mask_of_positions_in_bfloat16_is_named_so():
         {n: d.sentence for n, d in said.items()}
 
 
+class _DpHalved(torch.autograd.Function):
+    """Attention with its backward written out, dS = P ∘ (dP / 2 − D): the dP term alone halved."""
+    @staticmethod
+    def forward(ctx, q, k, v, scale):
+        P = torch.softmax(q.double() @ k.double().transpose(-1, -2) * scale, -1)
+        ctx.save_for_backward(q, k, v, P)
+        ctx.scale = scale
+        return (P @ v.double()).to(q.dtype)
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, P = ctx.saved_tensors
+        q, k, v, dout = q.double(), k.double(), v.double(), dout.double()
+        dS = P * (dout @ v.transpose(-1, -2) / 2 - (dout * (P @ v)).sum(-1, keepdim=True))
+        return ((dS @ k * ctx.scale).to(q.dtype), (dS.transpose(-1, -2) @ q * ctx.scale).to(q.dtype),
+                (P.transpose(-1, -2) @ dout).to(q.dtype), None)
+
+
+def test_a_backward_whose_dp_alone_is_off_by_one_factor_is_named_with_the_factor():
+    rows = runner.run_case(targets.resolve(lambda q, k, v, *, causal, scale: _DpHalved.apply(q, k, v, scale)),
+                           Case(1, 3, 45, 77, 16, False, ()), "float32", "cpu")      # 3 heads: 1/2 is no mean
+    said = {r.tensor: r.diagnosis for r in rows if not r.passed}
+    assert set(said) == {"dq", "dk"}, {n: d.sentence for n, d in said.items()}
+    assert {d.id for d in said.values()} == {"dp-scaled"}, [d.sentence for d in said.values()]
+    assert "dP = dO V^T multiplied by 0.5 (1/2) where its D = rowsum(dO ∘ O) and dv are right" in \
+        said["dq"].sentence, said["dq"].sentence
+
+
 class _DkProduct(torch.autograd.Function):
     """Attention with its backward written out; dk = scale dS Q (tile by tile with ``tile``) where
     scale dSᵀ Q is meant."""

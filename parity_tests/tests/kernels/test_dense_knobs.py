@@ -27,7 +27,9 @@ def _inputs(tq, tk, hkv, seed=0, batch=B):
 def _online_row(s, V, block, slip):
     """One row of FlashAttention's forward over key blocks (``s``: its visible scores, -inf
     elsewhere) with ``slip`` planted: "stale" (neither l nor acc rescaled), "acc" (acc alone
-    not), "l-one" (l started at 1), "split" (partials merged without exp(m_s - m))."""
+    not), "l-one" (l started at 1), "split" (partials merged without exp(m_s - m)), "acc-late" (acc
+    rescaled after the block's p V is added, by exp(m - m_new) unguarded: 0 on the first block
+    seen), "rescale-exp" and "rescale-exp2" (both rescaled by alpha ** (log2 e) or ** (ln 2))."""
     if slip == "split":                              # partials on their own, then merged
         acc, l = np.zeros(V.shape[-1]), 0.0
         for j0 in range(0, len(s), block):
@@ -43,9 +45,13 @@ def _online_row(s, V, block, slip):
         if not np.isfinite(m_new):
             continue
         alpha = np.exp(m - m_new) if np.isfinite(m) else 1.0
+        alpha = alpha ** {"rescale-exp": 1 / math.log(2), "rescale-exp2": math.log(2)}.get(slip, 1.0)
         p = np.exp(t - m_new)
         l = (l if slip == "stale" else l * alpha) + p.sum()
-        acc = (acc if slip in ("stale", "acc") else acc * alpha) + p @ V[j0:j0 + block]
+        if slip == "acc-late":
+            acc = (acc + p @ V[j0:j0 + block]) * np.exp(m - m_new)
+        else:
+            acc = (acc if slip in ("stale", "acc") else acc * alpha) + p @ V[j0:j0 + block]
         m = m_new
     return acc / l if l else 0.0
 
@@ -131,6 +137,7 @@ def dense_run(q, k, v, dout, *, slopes=None, **kw):
 
 
 SLOPES = [0.5, 0.25, 0.125, 0.0625]
+SLIPS = ("stale", "acc", "l-one", "split", "acc-late", "rescale-exp", "rescale-exp2")
 
 # knob: (Tq, Tk, kv heads, the options both take, the knob for dense, the witness's words for it,
 #        the tensors the knob changes)
@@ -153,9 +160,9 @@ KNOBS = {
     "finite_mask": (9, 5, 4, dict(causal=True, align="bottom-right"), dict(finite_mask=True),
                     dict(finite_mask=True), ("out",)),
     **{f"online {slip}": (6, 9, 4, dict(window=(4, -1)), dict(online=(slip, 3)), dict(online=(slip, 3)), ("out",))
-       for slip in ("stale", "acc", "l-one", "split")},
+       for slip in SLIPS},
     **{f"online {slip} causal": (9, 9, 4, dict(causal=True), dict(online=(slip, 4)), dict(online=(slip, 4)),
-                                 ("out",)) for slip in ("stale", "acc", "l-one", "split")},
+                                 ("out",)) for slip in SLIPS},
     "online l-one one pass": (6, 9, 4, dict(), dict(online=("l-one", 9)), dict(online=("l-one", 9)), ("out",)),
     "no_delta": (6, 9, 4, dict(causal=True, align="bottom-right"), dict(no_delta=True), dict(delta=False),
                  ("dq", "dk")),
@@ -354,3 +361,36 @@ def test_a_softcap_derivative_in_another_form(form):
     np.testing.assert_allclose(got["dq"], SCALE * dS @ k, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(got["dk"], SCALE * dS.swapaxes(-1, -2) @ q, rtol=1e-10, atol=1e-12)
     assert np.abs(got["dq"] - right["dq"]).max() > 1e-2
+
+
+def test_a_backward_whose_dp_alone_is_scaled():
+    """dp_factor c: dS = P (c dP - D), D = rowsum(dO O); dv as the right backward's."""
+    q, k, v, dout = _inputs(6, 9, 4)
+    P = np.exp(_scores(q, k, False) - _scores(q, k, False).max(-1, keepdims=True))
+    P /= P.sum(-1, keepdims=True)
+    dP, D = dout @ v.swapaxes(-1, -2), (dout * (P @ v)).sum(-1, keepdims=True)
+    for c in (1.0, 0.25):
+        got = dense_run(q, k, v, dout, scale=SCALE, dp_factor=c)
+        dS = P * (c * dP - D)
+        assert _close(got["dq"], SCALE * dS @ k) and _close(got["dk"], SCALE * dS.swapaxes(-1, -2) @ q)
+        assert _close(got["dv"], P.swapaxes(-1, -2) @ dout) and _close(got["out"], P @ v)
+
+
+def test_mask_positions_formed_in_bfloat16():
+    """Past 256, positions round in bfloat16 (spacing 2 to 512): row i sees key j when j's rounded
+    position is at most i's."""
+    rows = torch.arange(250, 300)
+    got = dense.visible(rows, 300, causal=True, positions_dtype=torch.bfloat16)
+    r = lambda x: np.asarray(torch.tensor(x, dtype=torch.float32).to(torch.bfloat16).double())
+    want = r(np.arange(300))[None, :] <= r(np.arange(250, 300))[:, None]
+    assert np.array_equal(got.numpy(), want) and not np.array_equal(want, np.tril(np.ones((300, 300)))[250:])
+
+
+def test_a_head_dim_block_reads_the_first_channels_alone():
+    q, k, v, dout = _inputs(5, 7, 4)
+    got = dense_run(q, k, v, dout, scale=SCALE, channels=2)
+    cut = lambda x: np.where(np.arange(D) < 2, x, 0.0)
+    S = SCALE * np.einsum("bhid,bhjd->bhij", cut(q), cut(k))
+    P = np.exp(S - S.max(-1, keepdims=True))
+    P /= P.sum(-1, keepdims=True)
+    assert _close(got["out"], P @ cut(v)) and not np.any(got["dq"][..., 2:])
