@@ -207,7 +207,9 @@ def _online(S, v, block, slip):
              running one as they should: M_j = m_b' − m_b + m (m_b the running maximum
              after j's block), the same in out's numerator and denominator.
 
-    A row that sees no key gives 0.  The maxima are not detached: autograd differentiates
+    Returns (out, lse): lse the kernel's own, m + log l, for the rescale slips (their l is off
+    as their weights are), None for the others (their lse is not modelled: the reference's is
+    used).  A row that sees no key gives 0.  The maxima are not detached: autograd differentiates
     the kernel's forward as written (for the reference's form their share cancels)."""
     tk = S.shape[-1]
     nb = -(-tk // block)
@@ -223,7 +225,7 @@ def _online(S, v, block, slip):
         first = torch.where(seen.any(-1), seen.float().argmax(-1), torch.zeros_like(m, dtype=torch.long))
         m1 = own.gather(-1, first[..., None])[..., 0]
         extra = torch.where(torch.isfinite(m1), torch.exp(finite0(m1) - finite0(m)), torch.ones_like(m))
-        return (e @ v) / (extra + e.sum(-1))[..., None]
+        return (e @ v) / (extra + e.sum(-1))[..., None], None
     running = torch.cummax(own, dim=-1).values
     if slip == "acc-late":
         before = torch.cat([torch.full_like(running[..., :1], -torch.inf), running[..., :-1]], dim=-1)
@@ -231,7 +233,7 @@ def _online(S, v, block, slip):
         e = torch.exp(S - finite0(m)[..., None])
         l = e.sum(-1)
         w = e * late.repeat_interleave(block, dim=-1)[..., :tk]
-        return (w @ v) / torch.where(l > 0, l, torch.ones_like(l))[..., None]
+        return (w @ v) / torch.where(l > 0, l, torch.ones_like(l))[..., None], None
     if slip in RESCALE_POWER:
         gamma = RESCALE_POWER[slip]
         M = gamma * finite0(m)[..., None] + (1 - gamma) * finite0(running)
@@ -245,7 +247,11 @@ def _online(S, v, block, slip):
         l = torch.exp(S - finite0(m)[..., None]).sum(-1)
     else:
         l = w.sum(-1)
-    return (w @ v) / torch.where(l > 0, l, torch.ones_like(l))[..., None]
+    out = (w @ v) / torch.where(l > 0, l, torch.ones_like(l))[..., None]
+    if slip not in RESCALE_POWER:
+        return out, None
+    # the kernel's lse = m + log l, its l relative to the final maximum m: off as its weights are
+    return out, torch.where(l > 0, finite0(m) + torch.log(torch.where(l > 0, l, torch.ones_like(l))), -torch.inf)
 
 
 def _recomputed_backward(out, lse, S_b, lse_b, v, drop, extra=None):
@@ -402,7 +408,8 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
     S_safe = S.masked_fill(~seen_along, 0.0)
     lse = torch.logsumexp(S_safe, dim=-1).masked_fill(~row_seen, -torch.inf)
     if online is not None:
-        out = _online(S[..., :tk], v.to(S.dtype), online[1], online[0])
+        out, own_lse = _online(S[..., :tk], v.to(S.dtype), online[1], online[0])
+        lse = lse if own_lse is None or sinks is not None else own_lse
         return (out, lse, S.detach().amax(-1)) if with_max else (out, lse)
     if no_delta:                                # P = exp(S − lse) with lse held constant: dS = P ∘ dP
         P = torch.exp(S_safe - lse.detach().masked_fill(~row_seen, 0.0)[..., None]) * row_seen[..., None]

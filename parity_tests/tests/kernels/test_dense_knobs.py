@@ -394,3 +394,28 @@ def test_a_head_dim_block_reads_the_first_channels_alone():
     P = np.exp(S - S.max(-1, keepdims=True))
     P /= P.sum(-1, keepdims=True)
     assert _close(got["out"], P @ cut(v)) and not np.any(got["dq"][..., 2:])
+
+
+@pytest.mark.parametrize("slip", ["rescale-exp", "rescale-exp2"])
+def test_an_online_rescale_in_the_other_base_returns_its_own_lse(slip):
+    """lse = m + log l, its l rescaled as its weights are: the witness's loop, its l read back."""
+    q, k, v, dout = _inputs(12, 12, 4)
+    got = dense_run(q, k, v, dout, scale=SCALE, causal=True, online=(slip, 4))
+    S = _scores(q, k, True)
+    for h in range(H):
+        for i in range(S.shape[2]):
+            s = S[0, h, i]
+            one = np.ones((len(s), 1))                 # v of ones: out = l' / l' = 1; l read apart
+            m, l = -np.inf, 0.0
+            for j0 in range(0, len(s), 4):
+                t = s[j0:j0 + 4]
+                m_new = max(m, t.max())
+                if not np.isfinite(m_new):
+                    continue
+                alpha = (np.exp(m - m_new) if np.isfinite(m) else 1.0) ** \
+                    {"rescale-exp": 1 / math.log(2), "rescale-exp2": math.log(2)}[slip]
+                l, m = l * alpha + np.exp(t - m_new).sum(), m_new
+            assert math.isclose(got["lse"][0, h, i], m + math.log(l), rel_tol=1e-12), (h, i)
+            assert _close(_online_row(s, one, 4, slip), 1.0)
+    right = dense_run(q, k, v, dout, scale=SCALE, causal=True)
+    assert not _close(got["lse"], right["lse"])
