@@ -193,7 +193,7 @@ class Diagnosis:
     unbiased: bool = False   # and of either sign alike, as rounding is (a constant offset is not)
     rounding: bool = False   # unnamed, and its size, rows and float64 run all fit rounding (`_rounding_like`)
     error_map: object = field(default=None, repr=False)  # (rows, batch x head) error over the bound, for report.plot
-    also: tuple = ()         # mistakes not claimed that give what is seen: zeros everywhere, or its failing rows 0
+    also: tuple = ()         # "zeros": the mistakes that give zeros everywhere on this case (not claimed)
 
     def as_dict(self):
         return {"id": self.id, "sentence": self.sentence, "residual": _finite(self.residual),
@@ -778,18 +778,13 @@ def _diagnose_tensor(t, hyps, cache, got, ref, denom, bound, sel, constants=()):
         candidates += _constant_factor(t, a, r, denom, bound, constants)
     fitted = {hyp.id for hyp in hyps if t in getattr(hyp, "fitted", ())} | {"constant-factor"}
     candidates = [c for c in candidates if c[1] not in fitted or c[0].max() <= FIT_SHARE * error_now]
-    # a mistake matched only on rows left 0 (the target's and its own) says no more than "nothing
-    # written there", which any kernel leaving them blank matches: not claimed, said beside
-    blank = list(dict.fromkeys(c[1] for c in candidates if _zeros_where_wrong(a, r, c[3], denom, bound)))
-    candidates = [c for c in candidates if c[1] not in blank]
-    nothing = f"{t} matches none of the catalogued mistakes" + \
-        (f" (its failing rows left 0, as {' or '.join(blank[:3])} would give there)" if blank else "")
+    candidates = [c for c in candidates if c[1] not in FITTED or not _zeros_where_wrong(a, r, c[3], denom, bound)]
     if not np.any(a) and np.any(r):
         told = f" (as {' or '.join(zeros)} would give here)" if zeros else ""
         return Diagnosis("zeros", f"{t} is zero everywhere (the reference is not): nothing written, "
                          f"or every weight masked{told}", also=tuple(zeros))
     if not candidates:
-        return Diagnosis("none", nothing, also=tuple(blank))
+        return Diagnosis("none", f"{t} matches none of the catalogued mistakes")
     whole = [(res.max(), i, s, p) for res, i, s, p in candidates]
     error = slice_errors(a, r, denom).max()
     # a fitted row factor fits any row scaling; a catalogued mistake that explains it too says why
@@ -815,9 +810,9 @@ def _diagnose_tensor(t, hyps, cache, got, ref, denom, bound, sel, constants=()):
     if by_slice is not None:
         return by_slice
     if best[0] > CLOSEST_SHARE * error or best[0] > CLOSEST_WITHIN * bound:     # nothing close: no guess
-        return Diagnosis("none", nothing, also=tuple(blank))
-    return Diagnosis("none", f"{nothing} (closest: {best[2]}, {_fmt(best[0])} vs bound {_fmt(bound)})", best[0],
-                     bound, also=tuple(blank))
+        return Diagnosis("none", f"{t} matches none of the catalogued mistakes")
+    return Diagnosis("none", f"{t} matches none of the catalogued mistakes (closest: {best[2]}, "
+                     f"{_fmt(best[0])} vs bound {_fmt(bound)})", best[0], bound)
 
 
 def _zeros_where_wrong(a, r, pred, denom, bound):

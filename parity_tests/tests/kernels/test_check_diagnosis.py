@@ -404,21 +404,3 @@ def test_an_lse_of_minus_infinity_where_a_key_is_seen_is_said_to_be_given_none_n
     assert "read past" not in said
     lse[0, 0, 3] = np.nan
     assert "-inf where" not in diagnose._non_finite("lse", lse, cases.Case(1, 1, 4, 4, 16, False, ()), "top-left").sentence
-
-
-def test_a_mistake_matched_only_on_rows_left_zero_is_said_beside_not_claimed():
-    """Rows the target leaves 0, where a catalogued mistake gives 0 too (the last key tile dropped,
-    on rows whose one key lies in it): "nothing written there" is all that tells, and any kernel
-    leaving them blank matches; one row it gets right besides, and it is named."""
-    from parity_tests.kernels.diagnosis.mistakes import Hypothesis
-    ref = np.ones((1, 1, 4, 2))
-    got = ref.copy()
-    got[0, 0, 2:] = 0.0
-    pred = got.copy()
-    hyp = Hypothesis("tile-dropped", "the last tile dropped", lambda grads=True: {"out": pred}, ("out",))
-    found = diagnose._diagnose_tensor("out", [hyp], {}, {"out": got}, {"out": ref}, np.ones((1, 1)), 1e-6, None)
-    assert found.id == "none" and found.also == ("tile-dropped",), found.sentence
-    assert "its failing rows left 0, as tile-dropped would give there" in found.sentence
-    got[0, 0, 1] = pred[0, 0, 1] = 3.0                         # a row it reproduces that is not blank
-    assert diagnose._diagnose_tensor("out", [hyp], {}, {"out": got}, {"out": ref}, np.ones((1, 1)), 1e-6,
-                                     None).id == "tile-dropped"
