@@ -86,7 +86,7 @@ FIT_SHARE = 0.1
 # Hypotheses fitted to the target, fewest fitted parameters first: a catalogued mistake that
 # explains as well wins over them, and among them the first that explains is named (a tensor off
 # by one factor is also each row off by its own).
-FITTED = ("constant-factor", "lse-max-factor", "axes-permuted", "state-carried", "keys-unseen", "last-tile-only",
+FITTED = ("constant-factor", "lse-offset", "lse-max-factor", "axes-permuted", "state-carried", "keys-unseen", "last-tile-only",
           "keys-weighted", "sequence-offsets", "slice-values", "head-map", "broadcast-sum", "backward-blocks",
           "key-tile-ranges", "key-spans", "sink-counted", "rows-moved", "denominator", "wrong-delta", "dp-scaled",
           "backward-p-scaled")
@@ -776,7 +776,9 @@ def _diagnose_tensor(t, hyps, cache, got, ref, denom, bound, sel, constants=()):
     error_now = slice_errors(a, r, denom).max()
     if t != "out":                                # (out: a denominator, each row its own factor)
         candidates += _constant_factor(t, a, r, denom, bound, constants)
-    fitted = {hyp.id for hyp in hyps if t in getattr(hyp, "fitted", ())} | {"constant-factor"}
+    if t == "lse":
+        candidates += _constant_offset(a, r, denom, bound, constants)
+    fitted = {hyp.id for hyp in hyps if t in getattr(hyp, "fitted", ())} | {"constant-factor", "lse-offset"}
     candidates = [c for c in candidates if c[1] not in fitted or c[0].max() <= FIT_SHARE * error_now]
     candidates = [c for c in candidates if c[1] not in FITTED or not _zeros_where_wrong(a, r, c[3], denom, bound)]
     if not np.any(a) and np.any(r):
@@ -887,6 +889,25 @@ def _constant_factor(t, a, r, denom, bound, constants):
         return []
     return [(residual, "constant-factor", f"{t} multiplied by one constant, {c:.6g}"
              + (f" ({named})" if named else ""), pred)]
+
+
+def _constant_offset(a, r, denom, bound, constants):
+    """[(residual, "lse-offset", words, prediction)] when lse is the reference plus one constant c
+    on every row it judges (the others 0 in both), c their mean, to within its bound, said as
+    the log of a constant of the case or k ln 2 where it is one ("lse off by one constant, 5.54518
+    (8 ln 2)": a base-2 kernel's exp2 offset of 8 not taken out of log l).  [] otherwise."""
+    judged = r != 0.0
+    if judged.sum() < 2 or not (np.isfinite(a).all() and np.isfinite(r).all()):
+        return []
+    c = float((a - r)[judged].mean())
+    pred = np.where(judged, r + c, r)
+    residual = slice_errors(a, pred, denom)
+    if residual.max() > bound or abs(c) <= bound * np.max(denom):
+        return []
+    logs = [(math.log(v), f"log({w})") for v, w in constants if v > 0 and v != 1] + \
+        [(k * math.log(2), f"{k} ln 2") for k in range(1, 17)]
+    named = next((w for v, w in logs if abs(c - v) <= CONSTANT_WITHIN * abs(v)), None)
+    return [(residual, "lse-offset", f"lse off by one constant, {c:.6g}" + (f" ({named})" if named else ""), pred)]
 
 
 def _zero_one_fit(parts, got):

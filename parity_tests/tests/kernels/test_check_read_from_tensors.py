@@ -536,6 +536,16 @@ def test_a_backward_whose_dp_alone_is_off_by_one_factor_is_named_with_the_factor
         said["dq"].sentence, said["dq"].sentence
 
 
+def test_an_lse_off_by_one_constant_is_named_with_the_constant():
+    def lse_with_its_offset(q, k, v, *, causal, scale):      # a base-2 kernel's exp2(S - m + 8), 8 kept
+        out, lse = attend(q, k, v, causal=causal, scale=scale)
+        return out, lse + 8 * math.log(2)
+    report = parity_tests.check(lse_with_its_offset, features=["lse"], tokens=["45x77"], **ONE)
+    assert {r.tensor for r in report.failures} == {"lse"}, str(report)
+    assert report.diagnosis == "lse-offset", [d.sentence for _, d in report.diagnoses]
+    assert "lse off by one constant, 5.54518 (8 ln 2)" in report.failures[0].diagnosis.sentence
+
+
 class _DkProduct(torch.autograd.Function):
     """Attention with its backward written out; dk = scale dS Q (tile by tile with ``tile``) where
     scale dSᵀ Q is meant."""
