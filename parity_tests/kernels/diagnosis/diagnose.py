@@ -333,6 +333,7 @@ def _catalogue(rest, rows, ev):
         hyps += _last_tile_only(sub, rest) + _backward_blocks(sub, rest)
         hyps += mistakes.option_twins(_mistakes_context(sub), hyps) + _backward_products(sub, rest)
         hyps += [h for n in rest if n in INPUT_GRADS for h in _broadcast_sum(sub, n)]
+        hyps += [h for n in rest if n in ("dq", "dk", "dv") for h in _rows_moved(sub, n)]
     if "out" in rest and plain(["out"]):
         fitted = _keys_unseen(sub) + _sequence_offsets(sub) + _state_carried(sub) + _keys_weighted(sub) + \
             _key_tile_ranges(sub) + _key_spans(sub) + _values_from_other_slices(sub) + _sink_counted(sub) + \
@@ -1606,41 +1607,48 @@ def _axes_permuted(sub, failing):
 MOVED_PAIRS = 2 ** 22
 
 
-def _rows_moved(sub):
-    """out right on some rows, and each of the others equal to another row of the reference: an
+def _rows_moved(sub, n="out"):
+    """``n`` right on some rows, and each of the others equal to another row of the reference: an
     index map wrong (a reshape where a transpose is meant inside a group of heads, a head order, a
-    packed offset).  Each failing row is matched to the reference rows within its bound (the max
-    norm, over its slice's scale), the nearest in index among them (rows alike in the reference:
-    one seeing the same single key); none matched, a row left 0 or one that sees no key, or past
-    MOVED_PAIRS: [].  The map is said by what it moves: heads, query rows, batch entries."""
-    got, ref = sub.arrays.get("out"), sub.gold["out"]
+    packed offset, a padded accumulator read back with the unpadded stride).  Each failing row is
+    matched to the reference rows within its bound (the max norm, over its slice's scale), the
+    nearest in index among them (rows alike in the reference: one seeing the same single key); a
+    gradient's row left 0 reads padding.  None matched, out's row left 0, a row that sees no key,
+    or past MOVED_PAIRS: [].  The map is said by what it moves: heads, rows, batch entries."""
+    got, ref = sub.arrays.get(n), sub.gold[n]
     if got is None or not np.isfinite(got).all() or sub.rows is not None or got.shape[-1] < 4:
         return []
     b, h, t, d = got.shape
-    den = np.broadcast_to(np.asarray(sub.den["out"], dtype=np.float64), (b, h))
-    bound = sub.bounds["out"]
-    wrong = np.abs(got - ref).max(-1) / den[..., None] > bound                  # (B, H, Tq)
+    den = np.broadcast_to(np.asarray(sub.den[n], dtype=np.float64), (b, h))
+    bound = sub.bounds[n]
+    wrong = np.abs(got - ref).max(-1) / den[..., None] > bound                  # (B, H, T)
     rows = np.argwhere(wrong)
-    if not len(rows) or len(rows) * b * h * t > MOVED_PAIRS or not got[wrong].any(-1).all() or \
+    blank = ~got[wrong].any(-1)
+    if not len(rows) or len(rows) * b * h * t > MOVED_PAIRS or blank.all() or (n == "out" and blank.any()) or \
             not ref[wrong].any(-1).all():                     # a row that sees no key: another reading's
         return []
     flat = ref.reshape(-1, d)
     where = np.stack(np.unravel_index(np.arange(b * h * t), (b, h, t)), -1)     # (N, 3)
-    moved = {}
+    moved = {}                                                                  # row -> its source, None: 0
     for start in range(0, len(rows), 16):
         chunk = rows[start:start + 16]
         g = got[tuple(chunk.T)]                                                  # (c, D)
         apart = np.abs(g[:, None, :] - flat[None]).max(-1) / den[chunk[:, 0], chunk[:, 1]][:, None]
-        for i, (row, dist) in enumerate(zip(chunk, apart)):
+        for row, dist, empty in zip(chunk, apart, ~g.any(-1)):
             near = np.nonzero(dist <= bound)[0]
-            if not len(near):
+            if empty:
+                moved[tuple(row)] = None
+            elif not len(near):
                 return []
-            moved[tuple(row)] = tuple(where[near[np.argmin(np.abs(where[near] - row).sum(-1))]])
+            else:
+                moved[tuple(row)] = tuple(where[near[np.argmin(np.abs(where[near] - row).sum(-1))]])
     pred = ref.copy()
     for dst, src in moved.items():
-        pred[dst] = ref[src]
-    pairs = sorted(moved.items())
-    kinds = [name for axis, name in enumerate(("batch entries", "heads", "query rows"))
+        pred[dst] = 0.0 if src is None else ref[src]
+    pairs = sorted((dst, src) for dst, src in moved.items() if src is not None)
+    zeros = len(moved) - len(pairs)
+    head, row = ("kv head", "key row") if n in ("dk", "dv") else ("head", "query row")
+    kinds = [name for axis, name in enumerate(("batch entries", f"{head}s", f"{row}s"))
              if any(dst[axis] != src[axis] for dst, src in pairs)]
     by_slice = {}                          # (b, h) -> {(b', h', rows later)}: one source, or several
     for (db, dh, dt), (sb, sh, st) in pairs:
@@ -1650,13 +1658,15 @@ def _rows_moved(sub):
         if len(srcs) > 1:
             return "rows of several places"
         (sb, sh, later), = srcs
-        return f"(batch {sb}, head {sh})'s rows" + (f", {later} later" if later else "")
-    said = [f"(batch {db}, head {dh}) holds {source(srcs)}" for (db, dh), srcs in sorted(by_slice.items())]
+        return f"(batch {sb}, {head} {sh})'s rows" + (f", {abs(later)} {'later' if later > 0 else 'earlier'}"
+                                                       if later else "")
+    said = [f"(batch {db}, {head} {dh}) holds {source(srcs)}" for (db, dh), srcs in sorted(by_slice.items())]
     shown = "; ".join(said[:4]) + ("; ..." if len(said) > 4 else "")
-    return [mistakes.Hypothesis("rows-moved", f"out's rows in other places: each of the {len(pairs)} failing rows is "
-                                f"the reference's row of other {' and '.join(kinds)} ({shown}): an index map "
-                                "wrong (a reshape where a transpose is meant, a head order, a packed offset)",
-                                lambda grads=True: {**sub.gold, "out": pred}, ("out",), fitted=("out",))]
+    left = f"; {zeros} more left 0 (read from padding)" if zeros else ""
+    return [mistakes.Hypothesis("rows-moved", f"{n}'s rows in other places: each of {len(pairs)} failing rows is "
+                                f"the reference's row of other {' and '.join(kinds) or 'places'} ({shown}){left}: an "
+                                "index map wrong (a reshape where a transpose is meant, a head order, a packed or "
+                                "padded offset)", lambda grads=True: {**sub.gold, n: pred}, (n,), fitted=(n,))]
 
 
 def _merged_along(out, lse, order):

@@ -451,7 +451,7 @@ def test_rows_put_in_other_places_are_named_with_where_they_come_from():
     rows = runner.run_case(targets.resolve(heads_in_group_order), Case(1, 4, 45, 77, 16, True, ()), "float32", "cpu")
     said = {r.tensor: r.diagnosis for r in rows if not r.passed}
     assert said["out"].id == "rows-moved", said["out"].sentence
-    assert "each of the 90 failing rows is the reference's row of other heads ((batch 0, head 1) holds (batch 0, " \
+    assert "each of 90 failing rows is the reference's row of other heads ((batch 0, head 1) holds (batch 0, " \
            "head 2)'s rows; (batch 0, head 2) holds (batch 0, head 1)'s rows)" in said["out"].sentence, said["out"].sentence
 
 
@@ -544,6 +544,31 @@ def test_an_lse_off_by_one_constant_is_named_with_the_constant():
     assert {r.tensor for r in report.failures} == {"lse"}, str(report)
     assert report.diagnosis == "lse-offset", [d.sentence for _, d in report.diagnoses]
     assert "lse off by one constant, 5.54518 (8 ln 2)" in report.failures[0].diagnosis.sentence
+
+
+class _DqReadBack(torch.autograd.Function):
+    """q as it is; its gradient read back as from a padded accumulator with the wrong row stride:
+    head h's rows from 2h rows earlier, its first 2h rows 0."""
+    @staticmethod
+    def forward(ctx, q):
+        return q.view_as(q)
+
+    @staticmethod
+    def backward(ctx, g):
+        out = torch.zeros_like(g)
+        for h in range(g.shape[1]):
+            out[:, h, 2 * h:] = g[:, h, :g.shape[2] - 2 * h]
+        return out
+
+
+def test_gradient_rows_read_back_from_other_places_are_named_with_the_shift():
+    def shifted_dq(q, k, v, *, causal, scale):
+        return attend(_DqReadBack.apply(q), k, v, causal=causal, scale=scale)[0]
+    rows = runner.run_case(targets.resolve(shifted_dq), Case(1, 3, 45, 77, 16, True, ()), "float32", "cpu")
+    said = {r.tensor: r.diagnosis for r in rows if not r.passed}
+    assert set(said) == {"dq"} and said["dq"].id == "rows-moved", {n: d.sentence for n, d in said.items()}
+    assert "(batch 0, head 1) holds (batch 0, head 1)'s rows, 2 earlier; (batch 0, head 2) holds (batch 0, head 2)'s " \
+           "rows, 4 earlier); 6 more left 0 (read from padding)" in said["dq"].sentence, said["dq"].sentence
 
 
 class _DkProduct(torch.autograd.Function):
