@@ -433,6 +433,38 @@ class _DeltaPerTile(torch.autograd.Function):
                 (P.transpose(-1, -2) @ dout).to(q.dtype), None, None)
 
 
+class _DeltaPerTileWithLse(torch.autograd.Function):
+    """(out, lse), the backward's row term summed per key tile of 32 as `_DeltaPerTile`'s, less dlse."""
+    @staticmethod
+    def forward(ctx, q, k, v, scale, causal):
+        S = q.double() @ k.double().transpose(-1, -2) * scale
+        if causal:
+            S = S.masked_fill(torch.ones_like(S, dtype=torch.bool).triu(1), -math.inf)
+        P = torch.softmax(S, -1)
+        ctx.save_for_backward(q, k, v, P)
+        ctx.scale = scale
+        return (P @ v.double()).to(q.dtype), torch.logsumexp(S, -1).float()
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, P = ctx.saved_tensors
+        q, k, v, dout, dlse = q.double(), k.double(), v.double(), dout.double(), dlse.double()
+        dP = dout @ v.transpose(-1, -2)
+        dS = torch.zeros_like(P)
+        for ks in range(0, k.shape[2], 32):
+            Pt, dPt = P[..., ks:ks + 32], dP[..., ks:ks + 32]
+            dS[..., ks:ks + 32] = Pt * (dPt - (Pt * dPt).sum(-1, keepdim=True) + dlse[..., None])
+        return ((dS @ k * ctx.scale).to(q.dtype), (dS.transpose(-1, -2) @ q * ctx.scale).to(q.dtype),
+                (P.transpose(-1, -2) @ dout).to(q.dtype), None, None)
+
+
+def test_a_row_term_summed_per_key_tile_less_the_lse_gradient_is_named_with_the_tile():
+    report = parity_tests.check(lambda q, k, v, *, causal, scale: _DeltaPerTileWithLse.apply(q, k, v, scale, causal),
+                                features=["lse_grad"], tokens=["45x77"], causal="no", **ONE)
+    said = {d.id for r, d in report.diagnoses if r.tensor in ("dq", "dk")}
+    assert said == {"delta-per-tile"}, [d.sentence for _, d in report.diagnoses]
+
+
 def test_a_backward_whose_row_term_is_summed_per_key_tile_is_named_with_the_tile():
     rows = runner.run_case(targets.resolve(lambda q, k, v, *, causal, scale: _DeltaPerTile.apply(q, k, v, scale,
                                                                                                   causal)),

@@ -419,3 +419,28 @@ def test_an_online_rescale_in_the_other_base_returns_its_own_lse(slip):
             assert _close(_online_row(s, one, 4, slip), 1.0)
     right = dense_run(q, k, v, dout, scale=SCALE, causal=True)
     assert not _close(got["lse"], right["lse"])
+
+
+def test_a_backward_whose_dp_alone_is_scaled_under_dropout():
+    """With dropout's keep mask Z and p: dP = dO V^T Z / (1 - p), scaled by c alone; D from the
+    dropped output."""
+    q, k, v, dout = _inputs(6, 9, 4)
+    keep = np.random.default_rng(1).random((B, H, 6, 9)) >= 0.3
+    P = np.exp(_scores(q, k, False) - _scores(q, k, False).max(-1, keepdims=True))
+    P /= P.sum(-1, keepdims=True)
+    Z = keep / 0.7
+    O = (P * Z) @ v
+    dS = P * (0.5 * (dout @ v.swapaxes(-1, -2)) * Z - (dout * O).sum(-1, keepdims=True))
+    got = dense_run(q, k, v, dout, scale=SCALE, dp_factor=0.5, keep=torch.tensor(keep), dropout_p=0.3)
+    assert _close(got["out"], O) and _close(got["dq"], SCALE * dS @ k)
+    assert _close(got["dv"], (P * Z).swapaxes(-1, -2) @ dout)
+
+
+def test_mask_positions_in_bfloat16_round_twice_past_an_offset():
+    """arange(Tq) in bfloat16, then + offset in bfloat16: two roundings, as a kernel writes it."""
+    rows = torch.arange(250, 300)
+    got = dense.visible(rows, 320, causal=True, offset=7, positions_dtype=torch.bfloat16)
+    r = lambda x: np.asarray(torch.tensor(x, dtype=torch.float32).to(torch.bfloat16).double())
+    want = r(np.arange(320))[None, :] <= r(r(np.arange(250, 300)) + 7)[:, None]
+    once = r(np.arange(320))[None, :] <= r(np.arange(257, 307))[:, None]
+    assert np.array_equal(got.numpy(), want) and not np.array_equal(want, once)
