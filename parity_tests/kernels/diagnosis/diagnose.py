@@ -661,9 +661,10 @@ def name_non_finite(n, ev):
     (hyp, residual, _), others = matches[0], [h.says for h, _, _ in matches[1:]]
     plain = _non_finite(n, ev.arrays[n], ev.case, ev.align)
     also = f" (the same rows as: {'; '.join(others)})" if others else ""
+    rest = f", the other rows within {residual:.1e} (bound {ev.bounds[n]:.1e})" if not bad.all() else ""
     return Diagnosis(hyp.id, f"{n} matches the reference with {hyp.says}{also}: non-finite in the "
-                               f"{int(bad.sum())} rows that mistake makes non-finite, the other rows within "
-                               f"{residual:.1e} (bound {ev.bounds[n]:.1e}); {plain.sentence}", residual, ev.bounds[n])
+                               f"{int(bad.sum())} rows that mistake makes non-finite{rest}; {plain.sentence}",
+                     residual, ev.bounds[n])
 
 
 def _unread_zero(ev):
