@@ -96,8 +96,8 @@ def xformers_f32_report():
     return parity_tests.audit(_assert_close(**XFORMERS_BF16), reference="float32", **SMALL)
 
 
-@pytest.mark.parametrize("which, reference", [pytest.param("xformers_report", "same-dtype", marks=pytest.mark.slow),
-                                              ("xformers_f32_report", "float32")])
+@pytest.mark.slow
+@pytest.mark.parametrize("which, reference", [("xformers_report", "same-dtype"), ("xformers_f32_report", "float32")])
 def test_the_audit_lists_agree_with_each_kernel_run_under_the_rule_by_hand(which, reference, request):
     report = request.getfixturevalue(which)
     accepted, rejected = _hand_lists(report, _assert_close(**XFORMERS_BF16), reference)

@@ -86,9 +86,9 @@ def _without(monkeypatch, *ids):
     monkeypatch.setattr(mistakes, "chapter", lambda ctx: [h for h in chapter(ctx) if h.id not in ids])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, expected", [("acc_not_rescaled", "acc-not-rescaled"),
-                                            pytest.param("split_merge_no_rescale", "split-no-rescale",
-                                                         marks=pytest.mark.slow)])
+                                            ("split_merge_no_rescale", "split-no-rescale")])
 def test_a_rescale_left_out_is_never_read_as_a_precision(name, expected, monkeypatch):
     from parity_tests.kernels.planted.chapter import GALLERY
     kernel = GALLERY[name][0]

@@ -163,7 +163,8 @@ SAID = {"max_seqlen": "sequence 0 with offset 70 (the batch's max_seqlen_k - max
                  "lengths give 0); sequence 4 with offset 42 (its own minus"}
 
 
-@pytest.mark.parametrize("slip", [pytest.param("max_seqlen", marks=pytest.mark.slow), "start"])
+@pytest.mark.slow
+@pytest.mark.parametrize("slip", ["max_seqlen", "start"])
 def test_sequences_aligned_with_another_offset_are_named_with_the_offset_and_where_it_comes_from(slip):
     case = replace(next(c for c in REGISTRY["varlen"].cases(True, Plan()) if c.tq != c.tk), align="bottom-right")
     rows = runner.run_case(targets.resolve(KERNELS[slip]), case, "float32", "cpu", wanted=("varlen",))
