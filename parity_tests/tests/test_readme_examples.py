@@ -136,7 +136,8 @@ def _grade_file(block):
 
 def _seconds(block):
     """The seconds a block's run shows: a check's "in 1.3 s (", an audit's "; 9 cases; 1.5 s)"."""
-    shown = [float(m.group(1) or m.group(2)) for l in block for m in [re.search(r" in ([\d.]+) s \(|cases; ([\d.]+) s\)", l)] if m]
+    found = [re.search(r" in ([\d.]+) s \(|cases; ([\d.]+) s\)", line) for line in block]
+    shown = [float(m.group(1) or m.group(2)) for m in found if m]
     return max(shown, default=0.0)
 
 

@@ -86,10 +86,10 @@ FIT_SHARE = 0.1
 # Hypotheses fitted to the target, fewest fitted parameters first: a catalogued mistake that
 # explains as well wins over them, and among them the first that explains is named (a tensor off
 # by one factor is also each row off by its own).
-FITTED = ("constant-factor", "lse-offset", "lse-max-factor", "axes-permuted", "state-carried", "keys-unseen", "last-tile-only",
-          "keys-weighted", "sequence-offsets", "slice-values", "head-map", "broadcast-sum", "backward-blocks",
-          "key-tile-ranges", "key-spans", "sink-counted", "rows-moved", "denominator", "wrong-delta", "dp-scaled",
-          "backward-p-scaled")
+FITTED = ("constant-factor", "lse-offset", "lse-max-factor", "axes-permuted", "state-carried", "keys-unseen",
+          "last-tile-only", "keys-weighted", "sequence-offsets", "slice-values", "head-map", "broadcast-sum",
+          "backward-blocks", "key-tile-ranges", "key-spans", "sink-counted", "rows-moved", "denominator",
+          "wrong-delta", "dp-scaled", "backward-p-scaled")
 
 # A catalogued mistake that leaves at most this share of the error against the
 # reference explains the tensor, even where its own rounding exceeds the bound
@@ -835,8 +835,8 @@ GENERIC_CONSTANTS = ((-1.0, "-1: its sign flipped"), (2.0, "2"), (0.5, "1/2"), (
 def _constants(sub):
     """(value, words) of the constants a tensor off by one factor is most often off by, the case's
     own first: those of its numeric options (the scale, a softcap, a dropout probability: v, 1/v,
-    1 − v, 1/(1 − v) and the last two squared), the group of query heads per kv head, its sizes (a mean where a sum is
-    meant: 1/B, 1/H, 1/Tq, 1/Tk, or a sum where a mean is), then a few of any formula."""
+    1 − v, 1/(1 − v) and the last two squared), the group of query heads per kv head, its sizes (a mean
+    where a sum is meant: 1/B, 1/H, 1/Tq, 1/Tk, or a sum where a mean is), then a few of any formula."""
     case = sub.case
     out = []
     for name, v in sub.opts.items():

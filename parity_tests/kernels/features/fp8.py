@@ -113,9 +113,10 @@ def descale_mistakes(ctx, names):
                       "real value)", ctx.fwd(inputs={n: x[n] / scale[n]}), ("out",)),
                 ctx.H(f"fp8-{n}-descale-twice", f"{n}_descale applied twice", ctx.fwd(inputs={n: x[n] * scale[n]}),
                       ("out",))]
-        out += [ctx.H(f"fp8-{n}-descale-from-{m}", f"{n} dequantised with {m}_descale instead of {n}_descale (its "
-                      f"line copied from {m}'s)", ctx.fwd(inputs={n: x[n] / scale[n] * per_head(given[m], x[n].shape[1])}), ("out",))
-                for m in names if m != n and given[m].shape == given[n].shape]
+        for m in (m for m in names if m != n and given[m].shape == given[n].shape):
+            other = per_head(given[m], x[n].shape[1])
+            out.append(ctx.H(f"fp8-{n}-descale-from-{m}", f"{n} dequantised with {m}_descale instead of {n}_descale "
+                             f"(its line copied from {m}'s)", ctx.fwd(inputs={n: x[n] / scale[n] * other}), ("out",)))
     group = ctx.case.heads // ctx.case.hkv
     if group > 1:                            # (B, Hkv) read at query head h: h % Hkv, as a repeat would
         heads = ctx.case.heads

@@ -90,7 +90,8 @@ def test_a_merged_lse_off_by_the_difference_of_the_two_is_named_on_out_and_lse()
     assert not report.passed and report.diagnosis == "lse-off-by-difference", str(report)
     named = {r.tensor for r in report.failures if r.diagnosis.id == "lse-off-by-difference"}
     assert named == {"out", "lse"}, str(report)
-    assert "each merge's lse off by lse_a - lse_b" in next(r for r in report.failures if r.tensor == "lse").diagnosis.sentence
+    lse_row = next(r for r in report.failures if r.tensor == "lse")
+    assert "each merge's lse off by lse_a - lse_b" in lse_row.diagnosis.sentence
 
 
 def _raises(out_a, lse_a, out_b, lse_b):

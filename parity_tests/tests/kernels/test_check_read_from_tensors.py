@@ -485,7 +485,8 @@ def test_rows_put_in_other_places_are_named_with_where_they_come_from():
     said = {r.tensor: r.diagnosis for r in rows if not r.passed}
     assert said["out"].id == "rows-moved", said["out"].sentence
     assert "each of 90 failing rows is the reference's row of other heads ((batch 0, head 1) holds (batch 0, " \
-           "head 2)'s rows; (batch 0, head 2) holds (batch 0, head 1)'s rows)" in said["out"].sentence, said["out"].sentence
+           "head 2)'s rows; (batch 0, head 2) holds (batch 0, head 1)'s rows)" in said["out"].sentence, \
+        said["out"].sentence
 
 
 def _base_2_online(q, k, v, *, causal, scale, rescale):
