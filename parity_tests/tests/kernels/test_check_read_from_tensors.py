@@ -408,67 +408,63 @@ def test_a_backward_reading_a_head_dim_block_smaller_than_d_is_named_with_the_bl
            "32 .. 39 never written), its forward right" in said["dq"].sentence, said["dq"].sentence
 
 
-class _DeltaPerTile(torch.autograd.Function):
-    """Attention with its backward written out, D = rowsum(P ∘ dP) summed within each key tile
-    of 32 alone (in a key-major tile loop) where rowsum(dO ∘ O) over the whole row is meant."""
+class _ByHand(torch.autograd.Function):
+    """Attention in float64, (out, lse), with its backward written out in one of the forms under
+    test: dS = P ∘ (``dp_factor`` dP − D), D = ``row_term(P, dP, dlse)`` (right: rowsum(P ∘ dP) −
+    dlse); ``dk_tile``: dk = scale dS Q on each tile of that size (Tq for the whole: the transpose
+    of dS left out) where scale dSᵀ Q is meant."""
     @staticmethod
-    def forward(ctx, q, k, v, scale, causal):
+    def forward(ctx, q, k, v, scale, causal, row_term, dp_factor, dk_tile):
         S = q.double() @ k.double().transpose(-1, -2) * scale
         if causal:
             S = S.masked_fill(torch.ones_like(S, dtype=torch.bool).triu(1), -math.inf)
         P = torch.softmax(S, -1)
         ctx.save_for_backward(q, k, v, P)
-        ctx.scale = scale
-        return (P @ v.double()).to(q.dtype)
-
-    @staticmethod
-    def backward(ctx, dout):
-        q, k, v, P = ctx.saved_tensors
-        q, k, v, dout = q.double(), k.double(), v.double(), dout.double()
-        dP = dout @ v.transpose(-1, -2)
-        dS = torch.zeros_like(P)
-        for ks in range(0, k.shape[2], 32):
-            Pt, dPt = P[..., ks:ks + 32], dP[..., ks:ks + 32]
-            dS[..., ks:ks + 32] = Pt * (dPt - (Pt * dPt).sum(-1, keepdim=True))
-        return ((dS @ k * ctx.scale).to(q.dtype), (dS.transpose(-1, -2) @ q * ctx.scale).to(q.dtype),
-                (P.transpose(-1, -2) @ dout).to(q.dtype), None, None)
-
-
-class _DeltaPerTileWithLse(torch.autograd.Function):
-    """(out, lse), the backward's row term summed per key tile of 32 as `_DeltaPerTile`'s, less dlse."""
-    @staticmethod
-    def forward(ctx, q, k, v, scale, causal):
-        S = q.double() @ k.double().transpose(-1, -2) * scale
-        if causal:
-            S = S.masked_fill(torch.ones_like(S, dtype=torch.bool).triu(1), -math.inf)
-        P = torch.softmax(S, -1)
-        ctx.save_for_backward(q, k, v, P)
-        ctx.scale = scale
+        ctx.forms = scale, row_term, dp_factor, dk_tile
         return (P @ v.double()).to(q.dtype), torch.logsumexp(S, -1).float()
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        q, k, v, P = ctx.saved_tensors
-        q, k, v, dout, dlse = q.double(), k.double(), v.double(), dout.double(), dlse.double()
+        q, k, v, P = (x.double() for x in ctx.saved_tensors)
+        scale, row_term, dp_factor, dk_tile = ctx.forms
+        dout = dout.double()
+        dlse = torch.zeros(P.shape[:-1], dtype=P.dtype) if dlse is None else dlse.double()
         dP = dout @ v.transpose(-1, -2)
-        dS = torch.zeros_like(P)
-        for ks in range(0, k.shape[2], 32):
-            Pt, dPt = P[..., ks:ks + 32], dP[..., ks:ks + 32]
-            dS[..., ks:ks + 32] = Pt * (dPt - (Pt * dPt).sum(-1, keepdim=True) + dlse[..., None])
-        return ((dS @ k * ctx.scale).to(q.dtype), (dS.transpose(-1, -2) @ q * ctx.scale).to(q.dtype),
-                (P.transpose(-1, -2) @ dout).to(q.dtype), None, None)
+        D = (row_term or (lambda P, dP, dlse: (P * dP).sum(-1, keepdim=True) - dlse[..., None]))(P, dP, dlse)
+        dS = P * (dp_factor * dP - D)
+        dk = dS.transpose(-1, -2) @ q * scale
+        if dk_tile:
+            t, dk = dk_tile, torch.zeros_like(k)
+            for qs in range(0, q.shape[2], t):
+                for ks in range(0, k.shape[2], t):
+                    dk[..., ks:ks + t, :] += dS[..., qs:qs + t, ks:ks + t] @ q[..., qs:qs + t, :] * scale
+        return ((dS @ k * scale).to(q.dtype), dk.to(q.dtype), (P.transpose(-1, -2) @ dout).to(q.dtype),
+                None, None, None, None, None)
+
+
+def _by_hand(returns_lse=False, row_term=None, dp_factor=1.0, dk_tile=None):
+    """``fn(q, k, v, *, causal, scale)`` of `_ByHand` in those forms: out, or (out, lse)."""
+    def fn(q, k, v, *, causal, scale):
+        out, lse = _ByHand.apply(q, k, v, scale, causal, row_term, dp_factor, dk_tile)
+        return (out, lse) if returns_lse else out
+    return fn
+
+
+def _row_term_per_tile(P, dP, dlse):
+    """D = rowsum(P ∘ dP) within each key tile of 32 alone, less dlse (a key-major tile loop's)."""
+    return torch.cat([(P[..., ks:ks + 32] * dP[..., ks:ks + 32]).sum(-1, keepdim=True).expand(
+        *P.shape[:-1], min(32, P.shape[-1] - ks)) for ks in range(0, P.shape[-1], 32)], -1) - dlse[..., None]
 
 
 def test_a_row_term_summed_per_key_tile_less_the_lse_gradient_is_named_with_the_tile():
-    report = parity_tests.check(lambda q, k, v, *, causal, scale: _DeltaPerTileWithLse.apply(q, k, v, scale, causal),
-                                features=["lse_grad"], tokens=["45x77"], causal="no", **ONE)
+    report = parity_tests.check(_by_hand(returns_lse=True, row_term=_row_term_per_tile), features=["lse_grad"],
+                                tokens=["45x77"], causal="no", **ONE)
     said = {d.id for r, d in report.diagnoses if r.tensor in ("dq", "dk")}
     assert said == {"delta-per-tile"}, [d.sentence for _, d in report.diagnoses]
 
 
 def test_a_backward_whose_row_term_is_summed_per_key_tile_is_named_with_the_tile():
-    rows = runner.run_case(targets.resolve(lambda q, k, v, *, causal, scale: _DeltaPerTile.apply(q, k, v, scale,
-                                                                                                  causal)),
+    rows = runner.run_case(targets.resolve(_by_hand(row_term=_row_term_per_tile)),
                            Case(1, 2, 45, 77, 16, False, ()), "float32", "cpu")
     said = {r.tensor: r.diagnosis for r in rows if not r.passed}
     assert set(said) == {"dq", "dk"}, {n: d.sentence for n, d in said.items()}
@@ -542,26 +538,8 @@ def test_a_causal_mask_of_positions_in_bfloat16_is_named_so():
         {n: d.sentence for n, d in said.items()}
 
 
-class _DpHalved(torch.autograd.Function):
-    """Attention with its backward written out, dS = P ∘ (dP / 2 − D): the dP term alone halved."""
-    @staticmethod
-    def forward(ctx, q, k, v, scale):
-        P = torch.softmax(q.double() @ k.double().transpose(-1, -2) * scale, -1)
-        ctx.save_for_backward(q, k, v, P)
-        ctx.scale = scale
-        return (P @ v.double()).to(q.dtype)
-
-    @staticmethod
-    def backward(ctx, dout):
-        q, k, v, P = ctx.saved_tensors
-        q, k, v, dout = q.double(), k.double(), v.double(), dout.double()
-        dS = P * (dout @ v.transpose(-1, -2) / 2 - (dout * (P @ v)).sum(-1, keepdim=True))
-        return ((dS @ k * ctx.scale).to(q.dtype), (dS.transpose(-1, -2) @ q * ctx.scale).to(q.dtype),
-                (P.transpose(-1, -2) @ dout).to(q.dtype), None)
-
-
 def test_a_backward_whose_dp_alone_is_off_by_one_factor_is_named_with_the_factor():
-    rows = runner.run_case(targets.resolve(lambda q, k, v, *, causal, scale: _DpHalved.apply(q, k, v, scale)),
+    rows = runner.run_case(targets.resolve(_by_hand(dp_factor=0.5)),
                            Case(1, 3, 45, 77, 16, False, ()), "float32", "cpu")      # 3 heads: 1/2 is no mean
     said = {r.tensor: r.diagnosis for r in rows if not r.passed}
     assert set(said) == {"dq", "dk"}, {n: d.sentence for n, d in said.items()}
@@ -605,39 +583,11 @@ def test_gradient_rows_read_back_from_other_places_are_named_with_the_shift():
            "rows, 4 earlier); 6 more left 0 (read from padding)" in said["dq"].sentence, said["dq"].sentence
 
 
-class _DkProduct(torch.autograd.Function):
-    """Attention with its backward written out; dk = scale dS Q (tile by tile with ``tile``) where
-    scale dSᵀ Q is meant."""
-    @staticmethod
-    def forward(ctx, q, k, v, scale, causal, tile):
-        S = q.double() @ k.double().transpose(-1, -2) * scale
-        if causal:
-            S = S.masked_fill(torch.ones_like(S, dtype=torch.bool).triu(1), -math.inf)
-        P = torch.softmax(S, -1)
-        ctx.save_for_backward(q, k, v, P)
-        ctx.scale, ctx.tile = scale, tile
-        return (P @ v.double()).to(q.dtype)
-
-    @staticmethod
-    def backward(ctx, dout):
-        q, k, v, P = ctx.saved_tensors
-        q, k, v, dout = q.double(), k.double(), v.double(), dout.double()
-        dS = P * (dout @ v.transpose(-1, -2) - (dout * (P @ v)).sum(-1, keepdim=True))
-        t = ctx.tile or q.shape[2]
-        dk = torch.zeros_like(k)
-        for qs in range(0, q.shape[2], t):
-            for ks in range(0, k.shape[2], t):
-                dk[..., ks:ks + t, :] += dS[..., qs:qs + t, ks:ks + t] @ q[..., qs:qs + t, :] * ctx.scale
-        return ((dS @ k * ctx.scale).to(q.dtype), dk.to(q.dtype), (P.transpose(-1, -2) @ dout).to(q.dtype),
-                None, None, None)
-
-
 @pytest.mark.parametrize("tile, said", [(None, "dk = scale · dS Q instead of scale · dSᵀ Q: the transpose of dS "
                                                 "left out"),
                                          (32, "dk = scale · dS Q on each 32 x 32 tile instead of scale · dSᵀ Q")])
 def test_a_gradient_formed_with_a_transpose_left_out_is_named_with_the_product(tile, said):
-    def dk_untransposed(q, k, v, *, causal, scale):
-        return _DkProduct.apply(q, k, v, scale, causal, tile)
+    dk_untransposed = _by_hand(dk_tile=tile or 64)                     # 64: Tq, the whole product
     rows = runner.run_case(targets.resolve(dk_untransposed), Case(1, 2, 64, 64, 16, True), "float32", "cpu",
                            wanted=())
     found = {r.tensor: r.diagnosis for r in rows if not r.passed}
