@@ -254,6 +254,11 @@ def _online(S, v, block, slip):
     return out, torch.where(l > 0, finite0(m) + torch.log(torch.where(l > 0, l, torch.ones_like(l))), -torch.inf)
 
 
+def _first_channels(x, n):
+    """``x`` with its head-dim channels from ``n`` on read as 0 (differentiably: their gradient 0)."""
+    return x * (torch.arange(x.shape[-1], device=x.device) < n).to(x.dtype)
+
+
 def _recomputed_backward(out, lse, S_b, lse_b, v, drop, extra=None):
     """(out, lse) of the forward; backward as a fused kernel's that recomputes its weights from
     other scores than its forward's: P' = exp(S' − lse') with S' = ``S_b`` (masked, the sink's
@@ -324,7 +329,7 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
     as 0 (a head-dim block smaller than D); in ``backward_options``, the backward's S' and dP' so."""
     given = dict(locals())                 # the call itself: `backward_options` recomputes its scores
     if channels is not None:
-        q, k, v = (x * (torch.arange(x.shape[-1], device=x.device) < channels).to(x.dtype) for x in (q, k, v))
+        q, k, v = (_first_channels(x, channels) for x in (q, k, v))
     b, hq, tq, _ = q.shape
     hkv, tk = k.shape[1], k.shape[2]
     tk_case = keys or tk
@@ -440,7 +445,7 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
         S_b, extra = (S, None) if backward_options is None else _own_scores(given, backward_options, S)
         lse_b = lse if backward_lse is None else backward_lse(lse, first)
         cut = (backward_options or {}).get("channels")
-        v_b = v if cut is None else v * (torch.arange(v.shape[-1], device=v.device) < cut).to(v.dtype)
+        v_b = v if cut is None else _first_channels(v, cut)
         out, lse = _recomputed_backward(out, lse, S_b, lse_b, v_b, drop, extra)
     if with_max:
         return out, lse, S.detach().amax(-1)

@@ -487,8 +487,6 @@ def _delta_per_tile(sub, failing):
     case, r = sub.case, sub.rounded
     dP = f["dO"] @ np.swapaxes(f["V"], -1, -2)
     dlse = r["dlse"][..., None] if r.get("dlse") is not None else 0.0
-    group = case.heads // case.hkv
-    per_kv = lambda a: a.reshape(case.batch, case.hkv, group, *a.shape[2:]).sum(2)
     scale = sub.opts["scale"]
     out = []
     for t in (t for t in mistakes.KEY_TILES if t < case.tk):
@@ -496,7 +494,7 @@ def _delta_per_tile(sub, failing):
         tiled = np.pad(P * dP, [(0, 0)] * 3 + [(0, pad)]).reshape(*P.shape[:-1], -1, t).sum(-1)
         D = np.repeat(tiled, t, axis=-1)[..., :case.tk] - dlse
         dS = P * (dP - D)
-        preds = {"dq": scale * dS @ f["K"], "dk": per_kv(scale * np.swapaxes(dS, -1, -2) @ f["Q"])}
+        preds = {"dq": scale * dS @ f["K"], "dk": _per_kv(case, scale * np.swapaxes(dS, -1, -2) @ f["Q"])}
         out.append(mistakes.Hypothesis(
             "delta-per-tile", f"the backward's D = rowsum(dO ∘ O) summed over each key tile of {t} alone (D = "
             f"rowsum(P ∘ dP) within the tile, in the tile loop) instead of over the whole row",
@@ -1161,6 +1159,12 @@ def _sequence_offsets(sub):
                                 ("out", "lse", "dq", "dk", "dv"), fitted=("out",))]
 
 
+def _per_kv(case, a):
+    """A gradient per query head (B, Hq, T, D) summed onto the kv heads (B, Hkv, T, D), each kv head
+    over its group of query heads (h // group)."""
+    return a.reshape(case.batch, case.hkv, case.heads // case.hkv, *a.shape[2:]).sum(2)
+
+
 def _backward_by_entry(sub, failing):
     """(P, grad, block, factors) for the readings of a backward that leaves some (query, key) entries out: P the
     dense forward's weights (v the identity), and grad(n, keep) the gradient ``n`` (dq, dk or dv)
@@ -1185,19 +1189,18 @@ def _backward_by_entry(sub, failing):
     dS = P * (dout @ np.swapaxes(v, -1, -2) - D[..., None])
     if slice_errors(scale * dS @ k, sub.gold["dq"], sub.den["dq"]).max() > FIT_SHARE * sub.bounds["dq"]:
         return None                                                          # dS is not this case's
-    per_kv = lambda a: a.reshape(case.batch, case.hkv, group, *a.shape[2:]).sum(2)
 
     def grad(n, keep):
         if n == "dq":
             return scale * (dS * keep) @ k
         if n == "dk":
-            return per_kv(scale * np.swapaxes(dS * keep, -1, -2) @ r["q"])
-        return per_kv(np.swapaxes(P * keep, -1, -2) @ dout)
+            return _per_kv(case, scale * np.swapaxes(dS * keep, -1, -2) @ r["q"])
+        return _per_kv(case, np.swapaxes(P * keep, -1, -2) @ dout)
 
     def block(n, rows, keys):
         """dk or dv of keys ``keys`` (a slice) from query rows ``rows`` (a slice) alone."""
         w, x = (dS, scale * r["q"]) if n == "dk" else (P, dout)
-        return per_kv(np.swapaxes(w[..., rows, keys], -1, -2) @ x[..., rows, :])
+        return _per_kv(case, np.swapaxes(w[..., rows, keys], -1, -2) @ x[..., rows, :])
     factors = {"scale · dS": scale * dS, "P": P, "Q": r["q"], "K": k, "V": v, "dO": dout}
     return P, grad, block, factors
 
@@ -1270,8 +1273,6 @@ def _backward_products(sub, failing):
     if found is None:
         return []
     factors, case = found[3], sub.case
-    group = case.heads // case.hkv
-    per_kv = lambda a: a.reshape(case.batch, case.hkv, group, *a.shape[2:]).sum(2)
     name = lambda w, flip, x: f"{w}{'ᵀ' if flip else ''} {x}".strip()
     tiles = [t for t in mistakes.KEY_TILES if t < max(case.tq, case.tk) and case.tq % t == case.tk % t == 0]
     out = []
@@ -1287,7 +1288,7 @@ def _backward_products(sub, failing):
             X = factors[x]
             if ((w, flip, x) == right and t is None) or W.shape[-1] != X.shape[-2]:
                 continue
-            pred = W @ X if n == "dq" else per_kv(W @ X)
+            pred = W @ X if n == "dq" else _per_kv(case, W @ X)
             if pred.shape != sub.gold[n].shape:
                 continue
             own = name(w, not flip, x) if t is not None else name(w, flip, x)
