@@ -216,11 +216,11 @@ def _catalogue(t, got, gold, denom, error, bound, predicted):
                   for sign in (1, -1)]
     name, res = min(tried, key=lambda p: p[1])
     if explains(res) and name.startswith("lse-off-by-difference"):
-        said = "lse_a - lse_b" if name == "lse-off-by-difference" else "lse_b - lse_a"
-        return Diagnosis("lse-off-by-difference", f"{t} matches the reference with each merge's lse off by {said} "
-                         f"to {fmt(res)} (bound {fmt(bound)}): the sigmoid form's argument sign flipped (lse_a - "
-                         "logsigmoid(lse_b - lse_a) is logaddexp(lse_a, lse_b) + (lse_a - lse_b)); the later merges "
-                         "weigh that lse", res, bound)
+        x, y = ("a", "b") if name == "lse-off-by-difference" else ("b", "a")
+        return Diagnosis("lse-off-by-difference", f"{t} matches the reference with each merge's lse off by lse_{x} - "
+                         f"lse_{y} to {fmt(res)} (bound {fmt(bound)}): the sigmoid form's argument sign flipped "
+                         f"(lse_{x} - logsigmoid(lse_{y} - lse_{x}) is logaddexp(lse_a, lse_b) + (lse_{x} - lse_{y})); "
+                         "the later merges weigh that lse", res, bound)
     if explains(res) and name == "normaliser-detached":
         return Diagnosis(name, f"{t} matches the reference with the merged lse held constant in the weights "
                          f"w_x = exp(lse_x - lse) (detached, as the stabilising maximum may be) to {fmt(res)} "
