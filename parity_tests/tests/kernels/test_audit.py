@@ -108,6 +108,7 @@ def test_the_audit_lists_agree_with_each_kernel_run_under_the_rule_by_hand(which
     assert report.passed == (not report.missed and not rejected)
 
 
+@pytest.mark.slow                      # a whole audit of the catalogue: 2 s
 def test_against_float32_the_outside_rule_passes_every_correct_kernel_and_misses_some_mistakes(xformers_f32_report):
     """The lists above are not empty or full: xformers' bfloat16 tolerance against a float32
     reference accepts every correct kernel here and lets a low-precision accumulator through,
@@ -160,6 +161,7 @@ def wider_report():
 
 
 @pytest.mark.slow                     # 2.8 s
+@pytest.mark.slow                      # a whole audit of the catalogue: 2 s
 def test_the_suggested_pair_rejects_no_correct_kernel_and_misses_what_it_says(wider_report):
     pairs = wider_report.suggested["bfloat16"]
     assert set(pairs) == {"out", "dq", "dk", "dv"}
@@ -177,6 +179,7 @@ def test_the_suggested_pair_rejects_no_correct_kernel_and_misses_what_it_says(wi
         assert audit_report._accepts(gaps, atol, rtol) and not audit_report._accepts(gaps, atol / 2, rtol)
 
 
+@pytest.mark.slow                      # a whole audit of the catalogue: 2 s
 def test_check_catches_what_the_loosest_elementwise_rule_misses(wider_report):
     missed = wider_report.suggested_misses["bfloat16"]
     by_name = {k.name: k for k in wider_report.mistakes}
