@@ -218,13 +218,27 @@ class Report:
         (each row's own ``.diagnosis`` says why).  A description heads the run only when it covers
         at least as many failing rows as no name covers (one row read as a lower precision
         among three unnamed is not the run's cause), a catalogued mistake when it covers at least
-        1/`HEADLINE_SHARE` of as many.  Rows judged to a bound of `LOOSE_BOUND` or more are not counted."""
-        ids = Counter(d.id for r, d in self.diagnoses if d.id not in UNNAMED and not (r.bound or 0.0) >= LOOSE_BOUND)
+        1/`HEADLINE_SHARE` of as many, and when it explains no fewer failing cases than it is
+        contradicted on: a case where a failing tensor was tried against it and not reproduced
+        (``Diagnosis.against``; a mistake that reproduces dk and dv while dq fails, or 5 cases of 30,
+        is a coincidence).  Rows judged to a bound of `LOOSE_BOUND` or more are not counted."""
+        judged = [(r, d) for r, d in self.diagnoses if not (r.bound or 0.0) >= LOOSE_BOUND]
+        ids = Counter(d.id for r, d in judged if d.id not in UNNAMED)
         specific = Counter({i: c for i, c in ids.items() if i not in GENERIC})
         unnamed = sum(1 for _, d in self.diagnoses if d.id in UNNAMED)
+        cases = {}                                         # (case, dtype) -> (ids named, ids against)
+        for r, d in judged:
+            named, against = cases.setdefault((r.case, r.dtype), (set(), set()))
+            named.add(d.id)
+            against.update(d.against)
+        for best, count in specific.most_common():
+            if count * HEADLINE_SHARE < unnamed:
+                return None
+            wrong = sum(best in against for _, against in cases.values())
+            if sum(best in named and best not in against for named, against in cases.values()) >= wrong:
+                return best
         if specific:
-            best, count = specific.most_common(1)[0]
-            return best if count * HEADLINE_SHARE >= unnamed else None
+            return None
         best = ids.most_common(1)[0] if ids else None
         return best[0] if best and best[1] >= unnamed else None
 

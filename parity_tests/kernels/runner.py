@@ -339,7 +339,8 @@ def _run_case(split, target, case, dtype, device, align, seed, wanted, timeout):
     if failing:
         evidence = diagnose.Evidence(case, case_align, dtype, device, wanted, rounded, opts, gold, gold_raw,
                                       den, bounds, arrays, got, second, caller, logits,
-                                      lambda low: baseline(rounded, opts, low, device, not case.forward_only))
+                                      lambda low: baseline(rounded, opts, low, device, not case.forward_only),
+                                      keyless=~np.isfinite(as_4d({"lse": full["lse"]})["lse"][..., 0]))
         with split("diagnosis"):
             _diagnose(failing, rows, evidence)
     return [rows[n] for n in names]

@@ -194,6 +194,7 @@ class Diagnosis:
     rounding: bool = False   # unnamed, and its size, rows and float64 run all fit rounding (`_rounding_like`)
     error_map: object = field(default=None, repr=False)  # (rows, batch x head) error over the bound, for report.plot
     also: tuple = ()         # "zeros": the mistakes that give zeros everywhere on this case (not claimed)
+    against: tuple = ()      # the catalogued mistakes tried on this tensor that do not reproduce it
 
     def as_dict(self):
         return {"id": self.id, "sentence": self.sentence, "residual": _finite(self.residual),
@@ -223,6 +224,7 @@ class Evidence:
     baseline_in: object = None   # dtype -> the plain computation's tensors in that dtype
     rows: tuple = None     # (first, total): the row-wise tensors hold a block of query rows (``row_block``)
     in_float64: object = None    # the target's answer on the same inputs in float64 (`_float64_run`), once
+    keyless: object = None       # (B, H, Tq) bool: the query rows that see no key (the reference's lse -inf)
 
 
 def as_4d(arrays):
@@ -269,7 +271,7 @@ def diagnose(failing, rows, ev):
             result[n] = Diagnosis("not-deterministic", f"{n} differs between two calls on the same inputs: "
                                   "the kernel is not deterministic (atomic adds, or a reduction in varying order)")
         elif n in ev.arrays and not np.isfinite(ev.arrays[n]).all():
-            result[n] = name_non_finite(n, ev) or _non_finite(n, ev.arrays[n], ev.case, ev.align)
+            result[n] = name_non_finite(n, ev) or _non_finite(n, ev.arrays[n], ev.case, ev.align, ev.keyless)
     rest = [n for n in failing if n not in result and n in ev.arrays]
     if rest and ev.second is None:
         ev.second = ev.caller()
@@ -357,6 +359,13 @@ def _catalogue(rest, rows, ev):
         result[n] = _diagnose_tensor(n, tried, cache, sub.arrays, sub.gold, sub.den[n], sub.bounds[n], sel,
                                      constants)
         result[n].sentence += said
+    # a gradient of the case that a mistake named on another gradient does not reproduce (a forward's
+    # mistake named on out says less of the backward: the kernel's may differ from the one it predicts)
+    grads = [n for n in result if n not in ("out", "lse")]
+    named = {result[n].id for n in grads if result[n].id not in ("none", "not-diagnosed")}
+    for n in grads:
+        if result[n].id == "none" and not result[n].residual <= result[n].bound:
+            result[n].against = tuple(sorted(set(result[n].against) | named))
     named = result.get("out")
     if named is not None and named.id not in ("none", "not-diagnosed"):
         for n in rest:                # a gradient no entry explains, of an output one does
@@ -607,9 +616,10 @@ UNBIASED = 0.5
 WRONG_WAY = -0.2
 
 
-def _non_finite(t, a, case, align):
+def _non_finite(t, a, case, align, keyless=None):
     """How many entries of ``a`` are NaN or infinite, in which rows, and what the check
-    expects in the query rows that see no key."""
+    expects in the query rows that see no key (``keyless``: (B, H, Tq), the rows whose
+    reference lse is -inf, where known)."""
     bad = ~np.isfinite(a)                                           # (B, H, T, D)
     nan, inf = int(np.isnan(a).sum()), int(np.isinf(a).sum())
     rows = sorted(int(i) for i in np.nonzero(bad.any(axis=(0, 1, 3)))[0])
@@ -617,7 +627,14 @@ def _non_finite(t, a, case, align):
     b, h, i = (int(x[0]) for x in np.nonzero(bad)[:3])
     sentence = (f"{t} has {nan} NaN and {inf} infinite entries of {a.size}, in {kind} rows "
                 f"{ranges(rows)} (first at (b, h, row) = ({b}, {h}, {i}))")
-    if case.seqlens is not None and nan:
+    # every non-finite query row one that sees no key, or (dk, dv) every batch entry's sequence holding
+    # such rows: nothing read past a sequence's end is needed
+    only_keyless = keyless is not None and kind == "query" and keyless.shape == bad.shape[:3] and \
+        not (bad.any(-1) & ~keyless).any()
+    if keyless is not None and kind == "key" and case.seqlens is not None and len(keyless) == len(bad):
+        inner = keyless & (np.arange(keyless.shape[-1]) < np.asarray(case.seqlens[0])[:, None, None])
+        only_keyless = bool(inner.any(axis=(1, 2))[bad.any(axis=(1, 2, 3))].all())
+    if case.seqlens is not None and nan and not only_keyless:
         sentence += ("; the packed buffers hold NaN past the last sequence's end and nowhere else: the kernel "
                      "read past a sequence's end (cu_seqlens)")
     elif t == "lse" and not nan and (a[bad] < 0).all():
@@ -625,11 +642,18 @@ def _non_finite(t, a, case, align):
                      "for padding, or for another sequence's)")
     offset = case.offset(align)
     blind = -offset if case.causal and offset < 0 else 0       # query rows 0 .. blind-1 see no key
+    expects = ("(a softmax over no key is 0/0: zero those rows' weights after the softmax)")
     if blind:
-        expects = ("zeros there" if kind == "query" else "them to add nothing to dk and dv")
         sentence += (f"; query rows 0 .. {blind - 1} see no key ({align} causal mask with Tq = {case.tq} > "
-                     f"Tk = {case.tk}): the check expects {expects}, as SDPA and FlashAttention return "
-                     "(a softmax over no key is 0/0: zero those rows' weights after the softmax)")
+                     f"Tk = {case.tk}): the check expects "
+                     f"{'zeros there' if kind == 'query' else 'them to add nothing to dk and dv'}, as SDPA and "
+                     f"FlashAttention return {expects}")
+    elif only_keyless and kind == "query" and case.seqlens is not None:
+        sentence += ("; every one of those rows sees no key (its sequence's bottom-right causal mask with more "
+                     f"queries than keys): the check expects zeros there, as SDPA and FlashAttention return {expects}")
+    elif only_keyless and case.seqlens is not None:
+        sentence += ("; its sequence has query rows that see no key (its bottom-right causal mask with more queries "
+                     f"than keys): a NaN returned there reaches dk and dv through those rows' weights {expects}")
     return Diagnosis("non-finite", sentence, float("inf"), float("nan"))
 
 
@@ -657,7 +681,7 @@ def name_non_finite(n, ev):
     if not matches or (len(matches) > 1 and all(blank for _, _, blank in matches)):
         return None
     (hyp, residual, _), others = matches[0], [h.says for h, _, _ in matches[1:]]
-    plain = _non_finite(n, ev.arrays[n], ev.case, ev.align)
+    plain = _non_finite(n, ev.arrays[n], ev.case, ev.align, ev.keyless)
     also = f" (the same rows as: {'; '.join(others)})" if others else ""
     rest = f", the other rows within {residual:.1e} (bound {ev.bounds[n]:.1e})" if not bad.all() else ""
     return Diagnosis(hyp.id, f"{n} matches the reference with {hyp.says}{also}: non-finite in the "
@@ -789,6 +813,14 @@ def _diagnose_tensor(t, hyps, cache, got, ref, denom, bound, sel, constants=()):
         return Diagnosis("none", f"{t} matches none of the catalogued mistakes")
     whole = [(res.max(), i, s, p) for res, i, s, p in candidates]
     error = slice_errors(a, r, denom).max()
+    against = tuple(sorted({w[1] for w in whole if w[1] not in FITTED and not explains(w[0], error, bound)}))
+    d = _reading(t, candidates, whole, error, a, r, denom, bound, sel)
+    d.against = tuple(i for i in against if i != d.id)
+    return d
+
+
+def _reading(t, candidates, whole, error, a, r, denom, bound, sel):
+    """`_diagnose_tensor`'s reading of tensor ``t`` from its ``candidates``."""
     # a fitted row factor fits any row scaling; a catalogued mistake that explains it too says why
     named = [w for w in whole if w[1] not in FITTED and explains(w[0], error, bound)]
     simplest = sorted((w for w in whole if w[1] in FITTED and w[0] <= bound), key=lambda w: FITTED.index(w[1]))

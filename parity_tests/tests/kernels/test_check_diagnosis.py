@@ -381,7 +381,7 @@ def test_reads_of_poisoned_memory_told_apart_by_no_finite_row_are_not_named(monk
     monkeypatch.setattr(diagnose, "_context", lambda ev: None)
     monkeypatch.setattr(diagnose, "_non_finite", lambda *a: SimpleNamespace(sentence="NaN"))
     ev = SimpleNamespace(arrays={"out": got}, gold={"out": gold}, den={"out": 1.0}, bounds={"out": 1e-6},
-                         case=None, align=None)
+                         case=None, align=None, keyless=None)
     assert diagnose.name_non_finite("out", ev) is None
     monkeypatch.setattr(mistakes, "catalogue", lambda ctx: hyps[:1])
     assert diagnose.name_non_finite("out", ev).id == "page-off"      # alone, its NaN rows are the evidence

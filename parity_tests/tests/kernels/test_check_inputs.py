@@ -150,6 +150,35 @@ def test_a_packed_kernel_reading_past_its_sequence_is_told_so():
     assert "read past a sequence's end (cu_seqlens)" in report.failures[0].diagnosis.sentence
 
 
+def test_a_packed_kernel_dividing_0_by_0_on_rows_that_see_no_key_is_not_said_to_read_past():
+    def unguarded(q, k, v, *, causal, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+        outs, cq, ck = [], cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+        for n in range(len(cq) - 1):
+            g = q.shape[1] // k.shape[1]
+            qs = q[cq[n]:cq[n + 1]].transpose(0, 1)
+            ks, vs = (x[ck[n]:ck[n + 1]].transpose(0, 1).repeat_interleave(g, 0) for x in (k, v))
+            s = (qs @ ks.transpose(-2, -1)) * scale
+            tq, tk = s.shape[-2:]
+            if tk == 0:
+                outs.append(torch.zeros_like(q[cq[n]:cq[n + 1]]))
+                continue
+            seen = torch.ones(tq, tk, dtype=torch.bool).tril(tk - tq)
+            s = s.masked_fill(~seen, float("-inf"))
+            p = torch.exp(s - s.amax(-1, keepdim=True))           # NaN where a row sees no key: -inf - -inf
+            p = p / p.sum(-1, keepdim=True)
+            outs.append((p @ vs).transpose(0, 1))
+        return torch.cat(outs)
+    report = parity_tests.check(unguarded, features=["varlen", "gqa"], layout="thd", align="bottom-right",
+                                **{**SMALL, "tokens": ["77x45"]})
+    out = [r.diagnosis.sentence for r in report.failures if r.tensor == "out"]
+    assert out and report.diagnosis == "non-finite", str(report)
+    assert not any("read past" in d for d in out), out
+    assert all("no key" in d for d in out) and any("every one of those rows sees no key" in d for d in out), out
+    grads = [r.diagnosis.sentence for r in report.failures if r.tensor in ("dk", "dv")]
+    assert all("read past" not in d and "see no key" in d for d in grads), grads
+    assert any("its sequence has query rows that see no key" in d for d in grads), grads
+
+
 BLOCK = dict(tokens=["128"], head_dims=[64], heads=[1], batch=[1], dtypes=["float32"], causal="yes")
 
 

@@ -131,3 +131,24 @@ def test_the_headline_is_the_catalogued_cause_of_most_failing_rows_not_the_first
     rows = [failing(i, "none") for i in range(25)] + [failing(25, "sinks-scaled")]
     assert Report("k", rows).diagnosis is None
     assert Report("k", rows[20:]).diagnosis == "sinks-scaled"
+
+
+def test_a_mistake_contradicted_on_more_cases_than_it_explains_heads_nothing():
+    from parity_tests.kernels.diagnosis.diagnose import Diagnosis
+    from parity_tests.kernels.report import Report
+    from parity_tests.kernels.row import Row
+
+    def failing(case, tensor, hid, against=()):
+        return Row("k", case, {}, "float32", "cpu", tensor, verdict="FAIL",
+                   diagnosis=Diagnosis(hid, hid, against=tuple(against)))
+    # dk and dv reproduced from their last tile alone while dq, tried against it, fails: a coincidence
+    case = [failing("a", "dq", "none", ["last-tile-only"]), failing("a", "dk", "last-tile-only"),
+            failing("a", "dv", "last-tile-only")]
+    assert Report("k", case).diagnosis is None
+    whole = [failing("b", n, "last-tile-only") for n in ("dk", "dv")]
+    assert Report("k", case + whole).diagnosis == "last-tile-only"          # one case each way
+    other = [failing(c, "out", "none", ["fp8-k-descale-twice"]) for c in "cdefgh"]
+    named = [failing(c, "out", "fp8-k-descale-twice") for c in "ijklm"]
+    assert Report("k", other + named).diagnosis is None                       # 5 cases explained, 6 not
+    assert Report("k", other[:2] + named).diagnosis == "fp8-k-descale-twice"
+    assert Report("k", other + named + case + whole).diagnosis == "last-tile-only"   # the next one that holds
