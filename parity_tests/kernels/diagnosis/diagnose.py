@@ -88,8 +88,8 @@ FIT_SHARE = 0.1
 # by one factor is also each row off by its own).
 FITTED = ("constant-factor", "lse-offset", "lse-max-factor", "axes-permuted", "state-carried", "keys-unseen",
           "last-tile-only", "keys-weighted", "sequence-offsets", "slice-values", "head-map", "broadcast-sum",
-          "backward-blocks", "key-tile-ranges", "key-spans", "sink-counted", "rows-moved", "denominator",
-          "wrong-delta", "dp-scaled", "backward-p-scaled")
+          "backward-blocks", "tile-factors", "key-tile-ranges", "key-spans", "sink-counted", "rows-moved",
+          "scores-scaled", "denominator", "wrong-delta", "dp-scaled", "backward-p-scaled")
 
 # A catalogued mistake that leaves at most this share of the error against the
 # reference explains the tensor, even where its own rounding exceeds the bound
@@ -332,14 +332,14 @@ def _catalogue(rest, rows, ev):
             hyps += _wrong_delta(sub) + _backward_p_scaled(sub) + _delta_per_tile(sub, rest) + _dp_scaled(sub)
         if "dk" in rest:
             hyps += _head_map(sub)
-        hyps += _last_tile_only(sub, rest) + _backward_blocks(sub, rest)
+        hyps += _last_tile_only(sub, rest) + _backward_blocks(sub, rest) + _tile_factors(sub, rest)
         hyps += mistakes.option_twins(_mistakes_context(sub), hyps) + _backward_products(sub, rest)
         hyps += [h for n in rest if n in INPUT_GRADS for h in _broadcast_sum(sub, n)]
         hyps += [h for n in rest if n in ("dq", "dk", "dv") for h in _rows_moved(sub, n)]
     if "out" in rest and plain(["out"]):
         fitted = _keys_unseen(sub) + _sequence_offsets(sub) + _state_carried(sub) + _keys_weighted(sub) + \
             _key_tile_ranges(sub) + _key_spans(sub) + _values_from_other_slices(sub) + _sink_counted(sub) + \
-            _rows_moved(sub)
+            _rows_moved(sub) + _scores_scaled(sub)
         hyps += [h for h in fitted if not _zeros_where_wrong(sub.arrays["out"], sub.gold["out"],   # rows left blank
                                                              _predict(h, cache, grads=False)["out"], sub.den["out"],
                                                              sub.bounds["out"])]
@@ -1281,6 +1281,87 @@ def _last_tile_only(sub, failing):
                                 predict, tuple(found), fitted=tuple(found))]
 
 
+def _tile_factors(sub, failing):
+    """A gradient whose share from each tile of its loop is multiplied by a factor of its own,
+    the same for every row counting back from the last tile it visits (an epilogue's scale
+    applied inside the tile loop, a rescale taken once per tile):
+
+        dq_i = Σ_t f(last_i - t) dq_i^(t)   over the key tiles t row i visits (dk_j, dv_j: query tiles),
+
+    c_it fitted per row by least squares over every (batch, head) and channel, then held to one f;
+    the largest tile of `mistakes.KEY_TILES` that fits (a smaller one fits whatever a larger one
+    does) (`_backward_by_entry`).  Left to `_last_tile_only` and `_backward_blocks` where every
+    factor is 0 or 1."""
+    found = _backward_by_entry(sub, failing)
+    if found is None:
+        return []
+    _, grad, _, _ = found
+    case = sub.case
+    preds, words = {}, []
+    for n in ("dq", "dk", "dv"):
+        got = sub.arrays.get(n)
+        if n not in failing or got is None or not np.isfinite(got).all():
+            continue
+        length = case.tk if n == "dq" else case.tq                  # the axis the tile loop walks
+        for tile in sorted(mistakes.KEY_TILES, reverse=True):
+            if length <= tile:
+                continue
+            parts = []
+            for t in range(-(-length // tile)):
+                keep = np.zeros((case.tq, case.tk), bool)
+                if n == "dq":
+                    keep[:, t * tile:(t + 1) * tile] = True
+                else:
+                    keep[t * tile:(t + 1) * tile, :] = True
+                parts.append(grad(n, keep))
+            A = np.moveaxis(np.stack(parts), 3, 0)                   # (rows, tiles, B, H, D)
+            A = A.reshape(A.shape[:2] + (-1,))
+            y = np.moveaxis(got, 2, 0).reshape(got.shape[2], -1)     # (rows, B H D)
+            visited = np.abs(A).max(-1) > 0
+            back = {}                                                # tiles from the row's last -> factors
+            for i in range(len(A)):
+                on = np.nonzero(visited[i])[0]
+                if len(on) > 1:
+                    c = np.linalg.lstsq(A[i, on].T, y[i], rcond=None)[0]
+                    for k, x in enumerate(c[::-1]):
+                        back.setdefault(k, []).append(x)
+            if not back or any(not np.allclose(v, np.median(v), rtol=1e-3, atol=1e-6) for v in back.values()):
+                continue
+            f = np.array([float(np.median(back[k])) for k in range(len(back))])
+            c = np.zeros(visited.shape)
+            for i in range(len(A)):
+                on = np.nonzero(visited[i])[0]
+                c[i, on] = f[:len(on)][::-1] if len(on) > 1 else 1.0
+            pred = np.moveaxis(np.einsum("rt,rtx->rx", c, A).reshape((got.shape[2],) + got.shape[:2] + got.shape[3:]),
+                               0, 2)
+            if slice_errors(got, pred, sub.den[n]).max() > sub.bounds[n]:
+                continue
+            if np.all(np.isclose(f, 0, atol=1e-3) | np.isclose(f, 1, rtol=1e-3)):
+                break                                                # tiles kept or left out: said there
+            preds[n] = pred
+            words.append(f"{n}: " + _tile_ratio(f, "key" if n == "dq" else "query", tile, _constants(sub)))
+            break
+    if not preds:
+        return []
+
+    def predict(grads=True):
+        return {**sub.gold, **preds}
+    return [mistakes.Hypothesis("tile-factors", f"each tile's share of {' and '.join(preds)} multiplied by a factor "
+                                f"of its own ({'; '.join(words)})", predict, tuple(preds), fitted=tuple(preds))]
+
+
+def _tile_ratio(f, axis, tile, constants):
+    """The words for the tile factors ``f`` (f[k]: the tile k before a row's last): one ratio r
+    where f[k] = f[0] r^k (an epilogue applied in the loop, once per tile), else the factors."""
+    ratio = f[1:] / f[:-1] if np.all(f[:-1]) else np.array([np.nan])
+    if np.allclose(ratio, ratio[0], rtol=1e-3):
+        named = _named_constant(float(ratio[0]), constants)
+        return (f"the last {axis} tile of {tile} a row visits times {f[0]:.6g}, each earlier one times "
+                f"{ratio[0]:.6g} once more{f' ({named})' if named else ''}: a factor applied in the tile loop, "
+                "once per tile, where it is meant once after it")
+    return f"{axis} tiles of {tile}, from the last a row visits back: " + ", ".join(f"{x:.6g}" for x in f)
+
+
 # The right product of each gradient (`_backward_products`): (weights, transposed, operand).
 PRODUCTS = {"dq": ("scale · dS", False, "K"), "dk": ("scale · dS", True, "Q"), "dv": ("P", True, "dO")}
 
@@ -1441,12 +1522,16 @@ def _keys_unseen(sub):
                                 predict, ("out", "lse", "dq", "dk", "dv"), fitted=("out",))]
 
 
+MAX_COUNT = 8          # `_keys_weighted`: a key counted up to this many times (split ranges overlapping by a tile)
+
+
 def _keys_weighted(sub):
     """Keys that every query row of a batch entry counts twice, or none sees (split bounds that
     overlap by a key, a merge that keeps one split alone, a page read twice): each key's extra
     weight e_j fitted per batch entry by least squares over its rows (a ridge of 1e-6: with few
     rows, many keys are told apart by little), rounded to −1 (seen by no query), 0 or 1 (counted
-    twice), and held to the bound.  With the weights, row i's output is
+    twice; k - 1, k times, up to `MAX_COUNT`), the keys counted once (most of them, or the fewest
+    counted) setting the weights' common factor; then held to the bound.  With the weights, row i's output is
     out_i = (O_i + Σ_j e_j P_ij v_j) / (1 + Σ_j e_j P_ij), so out_i − O_i = Σ_j e_j P_ij (v_j − out_i):
     linear in e, the target's own out_i on the right (its channels projected on `PROJECTIONS`
     random directions, or as many as give four equations a key, up to all of them).  From one
@@ -1467,7 +1552,14 @@ def _keys_weighted(sub):
         G = A.T @ A                 # the normal equations, each key's own term raised by 1e-6 (many keys, few rows)
         ridge = np.where(np.diag(G) > 0, 1e-6 * np.diag(G), 1.0)
         e = np.linalg.solve(G + np.diag(ridge), A.T @ ((got[b] - O[b]) @ directions).reshape(-1))
-        rounded = np.clip(np.round(e), -1, 1)
+        # the weights 1 + e are told only up to one factor (the ridge shrinks them alike): the keys
+        # counted once set it, most of the keys or the fewest-counted ones, whichever gives whole counts
+        w = (1 + e)[P[b].any(axis=(0, 1))]
+        ones = [x for x in (np.median(w), np.percentile(w, 2)) if x > 0.25] if w.size else []
+        if ones:
+            once = min(ones, key=lambda x: np.abs(w / x - np.round(w / x)).mean())
+            e = (1 + e) / once - 1
+        rounded = np.clip(np.round(e), -1, MAX_COUNT - 1)
         weights[b] = np.where(np.abs(e - rounded) < 0.25, rounded, 0.0)        # only the weights fitted clearly
     if not weights.any():
         return []
@@ -1479,8 +1571,9 @@ def _keys_weighted(sub):
     said = []
     for b in range(case.batch):
         of = "" if case.batch == 1 else f" of batch entry {b}"
-        for value, words in ((1, "counted twice"), (-1, "seen by no query")):
+        for value in [1] + list(range(2, MAX_COUNT)) + [-1]:
             keys = [int(j) for j in np.nonzero(weights[b] == value)[0]]
+            words = "counted twice" if value == 1 else "seen by no query" if value == -1 else f"counted {value + 1} times"
             if keys:
                 said.append(f"{'key' if len(keys) == 1 else 'keys'} {ranges(keys)}{of} {words}")
     with np.errstate(divide="ignore"):
@@ -1503,7 +1596,7 @@ def _key_spans(sub):
     """Rows that see another contiguous range of keys than their own (a mask applied on some
     tiles only, a window or causal edge off by a varying amount, a range taken from another row):
     for each row the range a .. b − 1 that reproduces its out best, each edge fitted in turn with
-    the other held (twice, from the row's own range), from one
+    the other held (twice, from the row's own range, the end first or the start first), from one
     dense forward's unmasked weights W (v the identity): the row's output is
     Σ_{a≤j<b} W_ij v_j / Σ_{a≤j<b} W_ij, by prefix sums, on `PROJECTIONS` random directions of its
     channels, then held to the bound on all of them.  Rows the reference reproduces keep their own
@@ -1543,10 +1636,18 @@ def _key_spans(sub):
         e = np.where((w > 1e-300) & (hi > lo), e, np.inf)
         best = e.argmin(-1)
         return best, e[rows_n, best]
-    a_w, b_w = own_a[where].copy(), own_b[where].copy()
-    for _ in range(2):                      # each edge in turn, twice: one edge moved, or both
-        b_w, _ = fit(a_w, b_w, 1)
-        a_w, _ = fit(a_w, b_w, 0)
+    tries = []
+    for order in ((1, 0), (0, 1)):          # each edge in turn, twice: one edge moved, or both; from either
+        a_w, b_w = own_a[where].copy(), own_b[where].copy()
+        for _ in range(2):
+            for edge in order:
+                if edge:
+                    b_w, e = fit(a_w, b_w, 1)
+                else:
+                    a_w, e = fit(a_w, b_w, 0)
+        tries.append((a_w, b_w, e))
+    (a1, b1, e1), (a0, b0, e0) = tries
+    a_w, b_w = np.where(e0 < e1, a0, a1), np.where(e0 < e1, b0, b1)
     first, end = own_a.copy(), own_b.copy()
     first[where], end[where] = a_w, b_w
     span = (keys >= first[..., None]) & (keys < end[..., None])
@@ -2021,6 +2122,82 @@ def _out_weights(sub):
     v = np.repeat(sub.rounded["v"], case.heads // case.hkv, 1)
     O = P @ v
     return P, v, O, np.abs(got - O).max(-1) / np.broadcast_to(sub.den["out"], P.shape[:2])[..., None]
+
+
+def _scores_scaled(sub):
+    """An out whose scores are all multiplied by one factor a and whose output by another, b, in
+    each (batch, head) (an FP8 kernel's q or k descale and its v descale off, or a scale taken
+    wrong with v rescaled): out = b softmax(a S) v, with S the reference's scores (log P + lse),
+    a fitted per slice by golden-section search on log a over 1/16 .. 16, b by least squares.
+    Held to the bound; [] where a is 1 throughout (a factor on out alone is said elsewhere)."""
+    found = _out_weights(sub)
+    if found is None:
+        return []
+    P, v, O, _ = found
+    got = sub.arrays["out"]
+    if slice_errors(O, sub.gold["out"], sub.den["out"]).max() > FIT_SHARE * sub.bounds["out"]:
+        return []                                                # v is not what the reference multiplied
+    with np.errstate(divide="ignore"):
+        S = np.log(P)                                             # each row's scores less its lse: a·S shifts alike
+
+    def fit(log_a):
+        """(b, prediction, per-slice residual) for each slice's factor exp(log_a)."""
+        top = np.max(S, -1, keepdims=True)
+        w = np.exp(np.exp(log_a)[..., None, None] * (S - np.where(np.isfinite(top), top, 0.0)))
+        w = np.where(np.isfinite(S), w, 0.0)
+        total = w.sum(-1, keepdims=True)
+        out = np.where(total > 0, (w @ v) / np.where(total > 0, total, 1.0), 0.0)
+        b = (got * out).sum((-2, -1)) / np.maximum((out * out).sum((-2, -1)), 1e-300)
+        pred = b[..., None, None] * out
+        return b, pred, (np.abs(got - pred).max((-2, -1)) / np.broadcast_to(sub.den["out"], b.shape))
+    def search(shared):
+        """log a per slice (``shared``: one for all, its worst slice's residual least) by golden section."""
+        residual = (lambda x: np.broadcast_to(fit(x)[2].max(), x.shape)) if shared else (lambda x: fit(x)[2])
+        lo, hi = np.full(P.shape[:2], -math.log(16)), np.full(P.shape[:2], math.log(16))
+        g = (math.sqrt(5) - 1) / 2
+        x1, x2 = hi - g * (hi - lo), lo + g * (hi - lo)
+        f1, f2 = residual(x1), residual(x2)
+        for _ in range(40):                                      # to 1e-7 of log a
+            left = f1 < f2                                       # the minimum lies in [lo, x2]
+            lo, hi = np.where(left, lo, x1), np.where(left, x2, hi)
+            x1, x2, f1, f2 = (np.where(left, hi - g * (hi - lo), x2), np.where(left, x1, lo + g * (hi - lo)),
+                              np.where(left, np.nan, f2), np.where(left, f1, np.nan))
+            new = residual(np.where(left, x1, x2))
+            f1, f2 = np.where(left, new, f1), np.where(left, f2, new)
+        return (lo + hi) / 2
+    for shared in (True, False):                                 # one factor for all where one explains
+        log_a = search(shared)
+        b, pred, _ = fit(log_a)
+        if slice_errors(got, pred, sub.den["out"]).max() <= sub.bounds["out"]:
+            break
+    else:
+        return []
+    a = np.exp(log_a)
+    if np.allclose(a, 1, rtol=1e-3):
+        return []
+    snap = lambda x: np.where(x != 0, 2.0 ** np.round(np.log2(np.where(x != 0, np.abs(x), 1.0))), 0.0) * np.sign(x)
+    b_snapped, pred_snapped, _ = fit(np.log(snap(a)))           # powers of two where they explain as well
+    for b_try in (snap(b_snapped), b_snapped):
+        pred_try = pred_snapped / np.where(b_snapped != 0, b_snapped, 1.0)[..., None, None] * b_try[..., None, None]
+        if slice_errors(got, pred_try, sub.den["out"]).max() <= sub.bounds["out"]:
+            a, b, pred = snap(a), b_try, pred_try
+            break
+
+    def said(x):
+        """One factor where every slice's is within 1 % of their median (the fit's own scatter
+        in bfloat16), with its power of two where it is one; else the first few (- where the
+        output's factor is 0: any factor of the scores gives it)."""
+        mid = float(np.nanmedian(x))
+        if np.allclose(x[np.isfinite(x)], mid, rtol=1e-2):
+            k = round(math.log2(abs(mid))) if mid else None
+            return f"{mid:.4g}" + (f" (2^{k})" if k is not None and abs(mid - 2.0 ** k) <= 1e-2 * abs(mid) else "")
+        return "a factor per (batch, head): " + ", ".join("-" if np.isnan(y) else f"{y:.3g}" for y in x.flat[:6]) + \
+            (", ..." if x.size > 6 else "")
+    pred = {"out": pred}
+    scores = said(np.where(b == 0, np.nan, a)) if np.any(b) else "any factor"
+    return [mistakes.Hypothesis("scores-scaled", f"its scores multiplied by {scores} and its output by {said(b)} "
+                                "(in FP8: the q or k descale and the v descale off by those factors)",
+                                lambda grads=True: {**sub.gold, **pred}, ("out",), fitted=("out",))]
 
 
 def _judged_lse(sub, lse):

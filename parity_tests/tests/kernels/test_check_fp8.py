@@ -94,6 +94,18 @@ def test_each_fp8_kv_mistake_fails_and_is_named(mistake):
     assert {r.diagnosis.id for r in report.failures} == {mistake}, str(report)
 
 
+def test_kv_descales_off_by_a_factor_each_are_named_with_both_factors():
+    right = fp8_gallery.RIGHT_KV["fa3"]
+
+    def halved(q, k, v, *, k_descale, v_descale, **kw):          # e4m3fn bytes read as e4m3fnuz: each value halved
+        return right(q, k, v, k_descale=k_descale / 2, v_descale=v_descale / 2, **kw)
+    cases = [c for c in REGISTRY["fp8_kv"].cases(False, Plan()) if c.tq == 97]
+    report = run_cases(halved, ["fp8_kv"], cases, dtypes=["bfloat16"])
+    assert report.failures and report.diagnosis == "scores-scaled", str(report)
+    sentence = report.failures[0].diagnosis.sentence
+    assert "its scores multiplied by 0.5" in sentence and "(2^-1) and its output by 0.5" in sentence, sentence
+
+
 def test_the_inputs_reach_the_kernel_in_float8_exactly_as_the_golden_reads_them():
     case, rounded = runner.prepared(Case(1, 4, 9, 11, 16, True, (("gqa", 2), ("fp8", ("wide", 1.0)))),
                                     "bfloat16", 0, ["fp8", "gqa"])

@@ -340,6 +340,18 @@ def test_a_key_counted_twice_by_every_row_is_named_with_the_key():
     assert "with key 40 counted twice (the same for every query row" in said["out"].sentence, said["out"].sentence
 
 
+def test_keys_counted_more_than_twice_are_named_with_their_counts():
+    def tile_past_each_split(q, k, v, *, causal, scale):      # splits of 7 keys, each reading a whole tile of 16
+        tk = k.shape[2]
+        j = torch.cat([torch.arange(s, min(s + 16, tk)) for s in range(0, tk, 7)])
+        return torch.softmax((q @ k[:, :, j].transpose(-1, -2)) * scale, -1) @ v[:, :, j]
+    rows = runner.run_case(targets.resolve(tile_past_each_split), Case(1, 2, 30, 45, 16, False), "float32", "cpu")
+    said = {r.tensor: r.diagnosis for r in rows if not r.passed}
+    assert said and all(d.id == "keys-weighted" for d in said.values()), {n: d.sentence for n, d in said.items()}
+    assert "keys 7 .. 13, 16 .. 20, 23 .. 27, 30 .. 34, ... counted twice; keys 14 .. 15, 21 .. 22, 28 .. 29, " \
+           "35 .. 36, ... counted 3 times" in said["out"].sentence, said["out"].sentence
+
+
 def test_rows_seeing_another_range_of_keys_are_named_with_how_far_its_edge_moved():
     # the causal mask left off the diagonal tiles of 32: each row sees up to its tile's last key
     def diagonal_tiles_unmasked(q, k, v, *, causal, scale):
@@ -352,6 +364,22 @@ def test_rows_seeing_another_range_of_keys_are_named_with_how_far_its_edge_moved
     assert "each of query rows 0 .. 30, 32 .. 62, 64 .. 75 seeing another range of keys than its own: its last " \
            "key 1 .. 31 keys later, each range ending at a multiple of 32" in out.diagnosis.sentence, \
         out.diagnosis.sentence
+
+
+def test_a_window_edge_masked_on_the_first_tile_only_is_named_with_the_tile_starts():
+    # window (6, 4): the left edge applied on the first key tile of 32 alone, so a row whose edge
+    # lies in a later tile sees from that tile's start (its end, the right edge, is right)
+    def left_edge_on_first_tile(q, k, v, *, causal, scale, window):
+        (left, right), i, j = window, torch.arange(q.shape[2])[:, None], torch.arange(k.shape[2])[None, :]
+        start = torch.where(i - left >= 32, (i - left) // 32 * 32, (i - left).clamp(min=0))
+        S = (q @ k.transpose(-1, -2)) * scale
+        return torch.softmax(S.masked_fill((j < start) | (j > i + right), -math.inf), -1) @ v
+    case = Case(1, 2, 45, 77, 16, False, (("window", (6, 4)),))
+    rows = runner.run_case(targets.resolve(left_edge_on_first_tile), case, "float32", "cpu", wanted=("window",))
+    out = next(r for r in rows if r.tensor == "out")
+    assert not out.passed and out.diagnosis.id == "key-spans", out.diagnosis.sentence
+    assert "each of query rows 39 .. 44 seeing another range of keys than its own: its first key 1 .. 6 keys " \
+           "earlier, each range starting at a multiple of 32" in out.diagnosis.sentence, out.diagnosis.sentence
 
 
 def test_rows_left_blank_are_said_so_not_read_as_a_range_of_keys():
@@ -412,21 +440,22 @@ class _ByHand(torch.autograd.Function):
     """Attention in float64, (out, lse), with its backward written out in one of the forms under
     test: dS = P ∘ (``dp_factor`` dP − D), D = ``row_term(P, dP, dlse)`` (right: rowsum(P ∘ dP) −
     dlse); ``dk_tile``: dk = scale dS Q on each tile of that size (Tq for the whole: the transpose
-    of dS left out) where scale dSᵀ Q is meant."""
+    of dS left out) where scale dSᵀ Q is meant; ``dq_tile``: dq summed over key tiles of that size
+    with its scale applied inside the loop, once per tile, where it is meant once after it."""
     @staticmethod
-    def forward(ctx, q, k, v, scale, causal, row_term, dp_factor, dk_tile):
+    def forward(ctx, q, k, v, scale, causal, row_term, dp_factor, dk_tile, dq_tile=None):
         S = q.double() @ k.double().transpose(-1, -2) * scale
         if causal:
             S = S.masked_fill(torch.ones_like(S, dtype=torch.bool).triu(1), -math.inf)
         P = torch.softmax(S, -1)
         ctx.save_for_backward(q, k, v, P)
-        ctx.forms = scale, row_term, dp_factor, dk_tile
+        ctx.forms = scale, row_term, dp_factor, dk_tile, dq_tile
         return (P @ v.double()).to(q.dtype), torch.logsumexp(S, -1).float()
 
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, P = (x.double() for x in ctx.saved_tensors)
-        scale, row_term, dp_factor, dk_tile = ctx.forms
+        scale, row_term, dp_factor, dk_tile, dq_tile = ctx.forms
         dout = dout.double()
         dlse = torch.zeros(P.shape[:-1], dtype=P.dtype) if dlse is None else dlse.double()
         dP = dout @ v.transpose(-1, -2)
@@ -438,14 +467,19 @@ class _ByHand(torch.autograd.Function):
             for qs in range(0, q.shape[2], t):
                 for ks in range(0, k.shape[2], t):
                     dk[..., ks:ks + t, :] += dS[..., qs:qs + t, ks:ks + t] @ q[..., qs:qs + t, :] * scale
-        return ((dS @ k * scale).to(q.dtype), dk.to(q.dtype), (P.transpose(-1, -2) @ dout).to(q.dtype),
-                None, None, None, None, None)
+        dq = dS @ k * scale
+        if dq_tile:
+            dq = torch.zeros_like(q)
+            for ks in range(0, k.shape[2], dq_tile):
+                dq = (dq + dS[..., ks:ks + dq_tile] @ k[..., ks:ks + dq_tile, :]) * scale
+        return (dq.to(q.dtype), dk.to(q.dtype), (P.transpose(-1, -2) @ dout).to(q.dtype),
+                None, None, None, None, None, None)
 
 
-def _by_hand(returns_lse=False, row_term=None, dp_factor=1.0, dk_tile=None):
+def _by_hand(returns_lse=False, row_term=None, dp_factor=1.0, dk_tile=None, dq_tile=None):
     """``fn(q, k, v, *, causal, scale)`` of `_ByHand` in those forms: out, or (out, lse)."""
     def fn(q, k, v, *, causal, scale):
-        out, lse = _ByHand.apply(q, k, v, scale, causal, row_term, dp_factor, dk_tile)
+        out, lse = _ByHand.apply(q, k, v, scale, causal, row_term, dp_factor, dk_tile, dq_tile)
         return (out, lse) if returns_lse else out
     return fn
 
@@ -546,6 +580,16 @@ def test_a_backward_whose_dp_alone_is_off_by_one_factor_is_named_with_the_factor
     assert {d.id for d in said.values()} == {"dp-scaled"}, [d.sentence for d in said.values()]
     assert "dP = dO V^T multiplied by 0.5 (1/2) where its D = rowsum(dO ∘ O) and dv are right" in \
         said["dq"].sentence, said["dq"].sentence
+
+
+def test_a_scale_applied_in_the_tile_loop_is_named_with_its_ratio_and_tile():
+    case = Case(1, 2, 45, 77, 16, False, ())
+    rows = runner.run_case(targets.resolve(_by_hand(dq_tile=32)), case, "float32", "cpu")
+    said = {r.tensor: r.diagnosis for r in rows if not r.passed}
+    assert set(said) == {"dq"} and said["dq"].id == "tile-factors", {n: d.sentence for n, d in said.items()}
+    assert ("the last key tile of 32 a row visits times 1, each earlier one times 0.25 once more (scale = 0.25): "
+            "a factor applied in the tile loop, once per tile") in said["dq"].sentence, said["dq"].sentence
+    assert all(r.passed for r in runner.run_case(targets.resolve(_by_hand()), case, "float32", "cpu"))
 
 
 def test_an_lse_off_by_one_constant_is_named_with_the_constant():
