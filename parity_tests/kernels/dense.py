@@ -50,7 +50,9 @@ end − 1 of those it would: a tile loop's bounds off), ``key_span`` (the same, 
 causal mask and window say: a mask applied on some tiles only), ``channels`` (q, k and v
 read on their first channels alone: a head-dim block smaller than D), ``mask_positions_dtype``
 (the positions the mask compares formed in a low dtype), ``dp_factor`` (the backward's dP =
-dO Vᵀ multiplied by it, D = rowsum(dO ∘ O) and dv right: dS = P ∘ (c dP − D)).
+dO Vᵀ multiplied by it, D = rowsum(dO ∘ O) and dv right: dS = P ∘ (c dP − D)), ``bias_grad``
+(dbias taken where the softcap's derivative has acted, dS ∘ (1 − tanh²(S/c)), "after-cap-derivative",
+or that times the scale, the gradient of q·k, "qk"; the bias is added after the cap).
 """
 
 import functools
@@ -310,7 +312,7 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
               softcap_last=False, weights="softmax", keep=None, dropout_p=0.0, softcap_form="tanh",
               positions_dtype=None, backward_lse=None, unseen_from=None, key_range=None,
               key_span=None, scores_only=False, fp8_prescale=None, softcap_derivative=None, channels=None,
-              mask_positions_dtype=None, dp_factor=None):
+              mask_positions_dtype=None, dp_factor=None, bias_grad=None):
     """(out, lse): out (B, Hq, Tq, Dv), lse (B, Hq, Tq), in q's dtype; torch tensors,
     differentiable.  ``rows``: (first, total) when q holds query rows first .. of a case
     with ``total`` query rows (the baseline's chunks); the bias then holds those rows too.
@@ -348,6 +350,7 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
             S = softcap * torch.tanh(S / softcap) * scale
         else:
             S = S * scale
+            uncapped = S
             capped = softcap * torch.tanh(S / softcap)
             if softcap_form == "positive":             # the negative scores left uncapped
                 capped = torch.where(S > 0, capped, S)
@@ -378,7 +381,11 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
             dist = torch.stack([((i + o).to(pd)[:, None] - j.to(pd)).abs().to(wide) for o in a_offs])
         S = S - (slopes[:, :, None, None] * dist[:, None]).to(S.dtype)
     if bias is not None:
-        S = S + bias.to(S.dtype)
+        added = bias.to(S.dtype)
+        if bias_grad is not None and softcap is not None and not (softcap_last or softcap_first):
+            slope = (1 - torch.tanh(uncapped / softcap) ** 2) * (scale if bias_grad == "qk" else 1.0)
+            added = added.detach() + (added - added.detach()) * slope.detach()     # the same bias, dbias x slope
+        S = S + added
     if softcap is not None and softcap_last:
         S = softcap * torch.tanh(S / softcap)
     def mask(causal=causal, window=window, align=align, shift=shift, window_align=window_align):

@@ -1,7 +1,8 @@
 """``bias``: an additive bias broadcastable to (B, H, Tq, Tk), requiring grad: dbias is
 checked in the bias's own shape (the sum over its broadcast axes).  Shapes (B, H, Tq, Tk),
-(1, H, Tq, Tk), (B, 1, 1, Tk), (Tq, Tk).  Invited mistake: the gradient never reaches
-the bias (dbias = 0)."""
+(1, H, Tq, Tk), (B, 1, 1, Tk), (Tq, Tk).  Invited mistakes: the gradient never reaches
+the bias (dbias = 0); with a softcap, dbias taken after the cap's derivative (or as q·k's
+gradient), where the bias, added after the cap, takes the softmax input's gradient."""
 
 from parity_tests.kernels.cases import Case
 from parity_tests.kernels.features import Feature, Input, Shrinking
@@ -17,8 +18,18 @@ def draw(bias, rng):
 
 
 def mistakes(ctx, shape):
-    return [ctx.H("bias-no-grad", "the bias without its gradient (dbias = 0)",
-                  ctx.changed(dbias=0 * ctx.golden_raw["dbias"]), ("dbias",))] if "dbias" in ctx.golden_raw else []
+    if "dbias" not in ctx.golden_raw:
+        return []
+    out = [ctx.H("bias-no-grad", "the bias without its gradient (dbias = 0)",
+                 ctx.changed(dbias=0 * ctx.golden_raw["dbias"]), ("dbias",))]
+    if ctx.opts.get("softcap"):           # the bias comes after the cap: dbias is dS, not the capped scores' gradient
+        out += [ctx.H("dbias-after-softcap-derivative", "dbias taken from dS after the softcap's derivative, dS ∘ (1 - "
+                      "tanh^2(S / c)), where the bias, added after the cap, takes dS itself",
+                      ctx.fwd(bias_grad="after-cap-derivative"), ("dbias",)),
+                ctx.H("dbias-as-qk-grad", "dbias taken as the gradient of q·k, dS ∘ (1 - tanh^2(S / c)) x scale, "
+                      "where the bias, added after the cap and the scale, takes dS itself",
+                      ctx.fwd(bias_grad="qk"), ("dbias",))]
+    return out
 
 
 def fit(case, shape):

@@ -153,7 +153,10 @@ def attend(q, k, v, *, causal, scale, align="top-left", window=None, softcap=Non
             dist = ((i + off).bfloat16() - j.bfloat16()).abs().to(work)
         S = S - sign * slopes[:, None, None] * dist
     if bias is not None:
-        S = S + (bias.detach() if mistake == "bias-no-grad" else bias).to(work)
+        added = (bias.detach() if mistake == "bias-no-grad" else bias).to(work)
+        if mistake == "dbias-after-softcap-derivative":    # dbias from dS x (1 - tanh^2): S is c tanh(s / c) here
+            added = added.detach() + (added - added.detach()) * (1 - (S / softcap) ** 2).detach()
+        S = S + added
     if softcap is not None and mistake == "softcap-after-bias":
         S = softcap * torch.tanh(S / softcap)
     seen = torch.ones(tq, tk, dtype=torch.bool)
@@ -293,6 +296,7 @@ FEATURE_GALLERY = {
     "alibi-no-offset": ["alibi"],
     "alibi-per-kv-head": ["gqa", "alibi"],
     "bias-no-grad": ["bias"],
+    "dbias-after-softcap-derivative": ["softcap", "bias"],
     "sink-ignored": ["sinks"],
     "sink-no-grad": ["sinks"],
     "varlen-neighbours": ["varlen"],
