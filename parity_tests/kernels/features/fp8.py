@@ -22,10 +22,13 @@ queries against Tk = 32769, 257 key tiles of 128: an accumulator in a reduced pr
 more the more tiles it sums).  q is drawn 4 times larger and k 4 times smaller than the
 scores need, so that q's descale is never k's.  Invited mistakes: a descale not applied, or
 applied twice (q, k or v); the descales indexed by query head (h % Hkv) under GQA; P cast to
-e4m3 without the row maximum subtracted, normalised before the cast, or with a descale folded in
+e4m3 without the row maximum subtracted, with FlashAttention-3's offset of 8 (log2 units) taken as a
+natural exponent, normalised before the cast, or with a descale folded in
 before it; P V accumulated across key tiles in 8 significant
 bits (bfloat16's, or truncated as Hopper's FP8 tensor cores keep it: the long case shows it).
 An output in float8 or float32 FAILS on its dtype (``output-dtype``)."""
+
+import math
 
 import numpy as np
 import torch
@@ -182,11 +185,15 @@ def mistakes(ctx, fp8):
 
 
 def weight_mistakes(ctx):
-    """P cast to e4m3 without the row maximum subtracted, normalised before the cast, or with a
-    descale folded in before it (its weights rounded on another part of e4m3's grid: toward its
+    """P cast to e4m3 without the row maximum subtracted, with FlashAttention-3's offset of 8 taken
+    in the wrong base, normalised before the cast, or with a descale folded in before it (its weights rounded on another part of e4m3's grid: toward its
     subnormals); P V accumulated in bfloat16 tile by tile."""
     out = [ctx.H("fp8-p-without-max", "P cast to float8 e4m3 without the row maximum subtracted (exp(S) "
                  "saturates at 448 and vanishes below 2^-9)", ctx.fwd(weights="fp8-no-max"), ("out",)),
+           ctx.H("fp8-p-offset-in-base-e", "P = exp(S - m + 8) cast to float8 e4m3: FlashAttention-3's max offset of "
+                 "8, meant in log2 units (2^8 = 256, under 448), taken as a natural exponent (e^8 = 2981: the largest "
+                 "weights saturate at 448 while l counts them whole)",
+                 ctx.fwd(weights="fp8", fp8_prescale=math.exp(8)), ("out",)),
            ctx.H("fp8-p-normalised", "P divided by its row sum l before its cast to float8 e4m3 instead of after P V "
                  "(the weights rounded at their own scale, the small ones to e4m3's subnormals)",
                  ctx.fwd(weights="fp8", fp8_prescale="normalised"), ("out",))]

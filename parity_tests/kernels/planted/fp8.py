@@ -15,12 +15,13 @@ def dequantised(x, descale, heads):
 
 
 def _attend(Q, K, V, causal, scale, p_fp8=True, subtract_max=True, narrow=None, out_dtype=torch.bfloat16,
-            prescale=None):
+            prescale=None, offset=0.0):
     """Attention on float32 Q, K, V (K, V with their own heads), FlashAttention-3's way: E = exp(S − m),
     rounded to e4m3 before E V (``p_fp8``), divided by l = Σ E; ``narrow``: E V accumulated key tile by
     key tile (that many keys) in 8 significant bits, truncated as a tensor core's narrow accumulator;
     ``prescale``: a factor E is multiplied by before its cast (a descale folded into P), or
-    "normalised": E / l cast, and not divided by l after."""
+    "normalised": E / l cast, and not divided by l after; ``offset``: E = exp(S − m + offset),
+    l its sum (FlashAttention-3's offset of 8 in log2 units, taken in base e)."""
     group = Q.shape[1] // K.shape[1]
     K, V = K.repeat_interleave(group, 1), V.repeat_interleave(group, 1)
     S = scale * Q @ K.transpose(-1, -2)
@@ -37,7 +38,7 @@ def _attend(Q, K, V, causal, scale, p_fp8=True, subtract_max=True, narrow=None, 
             l, m = l * alpha + E.sum(-1, keepdim=True), new
         return (acc / l).to(out_dtype)
     m = S.amax(-1, keepdim=True) if subtract_max else torch.zeros_like(S[..., :1])
-    E = torch.exp(S - m)
+    E = torch.exp(S - m + offset)
     l = E.sum(-1, keepdim=True)
     if isinstance(prescale, str):
         return ((E / l).to(torch.float8_e4m3fn).float() @ V).to(out_dtype)
@@ -95,6 +96,7 @@ GALLERY = {
     **{f"fp8-{n}-descale-twice": fp8_kernel(twice=(n,)) for n in "qkv"},
     "fp8-descale-query-head": fp8_kernel(by_query_head=True),
     "fp8-p-without-max": fp8_kernel(subtract_max=False),
+    "fp8-p-offset-in-base-e": fp8_kernel(offset=8.0),
     "fp8-p-normalised": fp8_kernel(prescale="normalised"),
     "fp8-p-times-v-descale": fp8_kernel(v_into_p=True),
     "fp8-pv-narrow-accumulator": fp8_kernel(narrow=128),
