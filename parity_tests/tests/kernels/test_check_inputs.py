@@ -1,6 +1,7 @@
 """Inputs as kernels meet them (``kernels/variations.py``), and what a kernel must not do:
 each kernel here is right but for one thing the grid's plain cases never show."""
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -177,6 +178,18 @@ def test_a_packed_kernel_dividing_0_by_0_on_rows_that_see_no_key_is_not_said_to_
     grads = [r.diagnosis.sentence for r in report.failures if r.tensor in ("dk", "dv")]
     assert all("read past" not in d and "see no key" in d for d in grads), grads
     assert any("its sequence has query rows that see no key" in d for d in grads), grads
+
+
+def test_nan_on_rows_that_see_a_key_keeps_the_read_past_the_end():
+    from types import SimpleNamespace
+    from parity_tests.kernels.diagnosis.diagnose import _non_finite
+    case = SimpleNamespace(seqlens=([4], [2]), causal=True, tq=4, tk=2, offset=lambda align: 0)
+    keyless = np.array([[[True, False, False, False]]])             # row 0 sees no key
+    a = np.zeros((1, 1, 4, 2))
+    a[0, 0, 0] = np.nan
+    assert "read past" not in _non_finite("out", a, case, "top-left", keyless).sentence
+    a[0, 0, 2] = np.nan                                               # and a row that sees keys
+    assert "read past a sequence's end" in _non_finite("out", a, case, "top-left", keyless).sentence
 
 
 BLOCK = dict(tokens=["128"], head_dims=[64], heads=[1], batch=[1], dtypes=["float32"], causal="yes")
