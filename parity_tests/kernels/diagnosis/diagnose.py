@@ -627,8 +627,8 @@ def _non_finite(t, a, case, align, keyless=None):
     b, h, i = (int(x[0]) for x in np.nonzero(bad)[:3])
     sentence = (f"{t} has {nan} NaN and {inf} infinite entries of {a.size}, in {kind} rows "
                 f"{ranges(rows)} (first at (b, h, row) = ({b}, {h}, {i}))")
-    # every non-finite query row one that sees no key, or (dk, dv) every batch entry's sequence holding
-    # such rows: nothing read past a sequence's end is needed
+    # NaN only on query rows that see no key (dk, dv: only in batch entries whose sequence holds such
+    # rows): no read past a sequence's end is needed to explain it
     only_keyless = keyless is not None and kind == "query" and keyless.shape == bad.shape[:3] and \
         not (bad.any(-1) & ~keyless).any()
     if keyless is not None and kind == "key" and case.seqlens is not None and len(keyless) == len(bad):
@@ -642,18 +642,18 @@ def _non_finite(t, a, case, align, keyless=None):
                      "for padding, or for another sequence's)")
     offset = case.offset(align)
     blind = -offset if case.causal and offset < 0 else 0       # query rows 0 .. blind-1 see no key
-    expects = ("(a softmax over no key is 0/0: zero those rows' weights after the softmax)")
+    zeroed = "(a softmax over no key is 0/0: zero those rows' weights after the softmax)"
     if blind:
         sentence += (f"; query rows 0 .. {blind - 1} see no key ({align} causal mask with Tq = {case.tq} > "
                      f"Tk = {case.tk}): the check expects "
                      f"{'zeros there' if kind == 'query' else 'them to add nothing to dk and dv'}, as SDPA and "
-                     f"FlashAttention return {expects}")
+                     f"FlashAttention return {zeroed}")
     elif only_keyless and kind == "query" and case.seqlens is not None:
         sentence += ("; every one of those rows sees no key (its sequence's bottom-right causal mask with more "
-                     f"queries than keys): the check expects zeros there, as SDPA and FlashAttention return {expects}")
+                     f"queries than keys): the check expects zeros there, as SDPA and FlashAttention return {zeroed}")
     elif only_keyless and case.seqlens is not None:
         sentence += ("; its sequence has query rows that see no key (its bottom-right causal mask with more queries "
-                     f"than keys): a NaN returned there reaches dk and dv through those rows' weights {expects}")
+                     f"than keys): a NaN returned there reaches dk and dv through those rows' weights {zeroed}")
     return Diagnosis("non-finite", sentence, float("inf"), float("nan"))
 
 
@@ -1531,12 +1531,12 @@ def _keys_weighted(sub):
     weight e_j fitted per batch entry by least squares over its rows (a ridge of 1e-6: with few
     rows, many keys are told apart by little), rounded to −1 (seen by no query), 0 or 1 (counted
     twice; k - 1, k times, up to `MAX_COUNT`), the keys counted once (most of them, or the fewest
-    counted) setting the weights' common factor; then held to the bound.  With the weights, row i's output is
-    out_i = (O_i + Σ_j e_j P_ij v_j) / (1 + Σ_j e_j P_ij), so out_i − O_i = Σ_j e_j P_ij (v_j − out_i):
-    linear in e, the target's own out_i on the right (its channels projected on `PROJECTIONS`
-    random directions, or as many as give four equations a key, up to all of them).  From one
-    dense forward's weights P (v the identity).  [] with dropout,
-    on a block of rows, or with weights too large to hold."""
+    counted) setting the weights' common factor; then held to the bound.  With the weights, row i's
+    output is out_i = (O_i + Σ_j e_j P_ij v_j) / (1 + Σ_j e_j P_ij), so
+    out_i − O_i = Σ_j e_j P_ij (v_j − out_i): linear in e, the target's own out_i on the right
+    (its channels projected on `PROJECTIONS` random directions, or as many as give four equations
+    a key, up to all of them).  From one dense forward's weights P (v the identity).  [] with
+    dropout, on a block of rows, or with weights too large to hold."""
     case, got, r = sub.case, sub.arrays.get("out"), sub.rounded
     found = _out_weights(sub)
     if found is None:
@@ -1573,7 +1573,7 @@ def _keys_weighted(sub):
         of = "" if case.batch == 1 else f" of batch entry {b}"
         for value in [1] + list(range(2, MAX_COUNT)) + [-1]:
             keys = [int(j) for j in np.nonzero(weights[b] == value)[0]]
-            words = "counted twice" if value == 1 else "seen by no query" if value == -1 else f"counted {value + 1} times"
+            words = {1: "counted twice", -1: "seen by no query"}.get(value, f"counted {value + 1} times")
             if keys:
                 said.append(f"{'key' if len(keys) == 1 else 'keys'} {ranges(keys)}{of} {words}")
     with np.errstate(divide="ignore"):
@@ -2150,6 +2150,7 @@ def _scores_scaled(sub):
         b = (got * out).sum((-2, -1)) / np.maximum((out * out).sum((-2, -1)), 1e-300)
         pred = b[..., None, None] * out
         return b, pred, (np.abs(got - pred).max((-2, -1)) / np.broadcast_to(sub.den["out"], b.shape))
+
     def search(shared):
         """log a per slice (``shared``: one for all, its worst slice's residual least) by golden section."""
         residual = (lambda x: np.broadcast_to(fit(x)[2].max(), x.shape)) if shared else (lambda x: fit(x)[2])
