@@ -21,11 +21,12 @@ without the maximum leaves e4m3's range); a long case, not causal whatever the r
 queries against Tk = 32769, 257 key tiles of 128: an accumulator in a reduced precision loses
 more the more tiles it sums).  q is drawn 4 times larger and k 4 times smaller than the
 scores need, so that q's descale is never k's.  Invited mistakes: a descale not applied, or
-applied twice (q, k or v); the descales indexed by query head (h % Hkv) under GQA; P cast to
-e4m3 without the row maximum subtracted, with FlashAttention-3's offset of 8 (log2 units) taken as a
-natural exponent, normalised before the cast, or with a descale folded in
-before it; P V accumulated across key tiles in 8 significant
-bits (bfloat16's, or truncated as Hopper's FP8 tensor cores keep it: the long case shows it).
+applied twice (q, k or v), or every descale inverted (TransformerEngine's convention); the
+descales indexed by query head (h % Hkv) under GQA; P cast to e4m3 without the row maximum
+subtracted, with FlashAttention-3's offset of 8 (log2 units) taken as a natural exponent,
+normalised before the cast, or with a descale folded in before it; P V accumulated across key
+tiles in 8 significant bits (bfloat16's, or truncated as Hopper's FP8 tensor cores keep it: the
+long case shows it).
 An output in float8 or float32 FAILS on its dtype (``output-dtype``)."""
 
 import math
@@ -105,7 +106,8 @@ def widen(case):
 
 def descale_mistakes(ctx, names):
     """A descale not applied, applied twice, another input's of its shape applied instead (a line
-    copied from the one before), or taken by query head (h % Hkv) under GQA."""
+    copied from the one before), every descale inverted (the inputs divided by them: another
+    library's scale convention), or taken by query head (h % Hkv) under GQA."""
     q, k, v, _ = ctx.inputs
     x = {"q": q, "k": k, "v": v}
     given = {n: ctx.arrays[n + "_descale"] for n in names}
@@ -120,6 +122,10 @@ def descale_mistakes(ctx, names):
             other = per_head(given[m], x[n].shape[1])
             out.append(ctx.H(f"fp8-{n}-descale-from-{m}", f"{n} dequantised with {m}_descale instead of {n}_descale "
                              f"(its line copied from {m}'s)", ctx.fwd(inputs={n: x[n] / scale[n] * other}), ("out",)))
+    out.append(ctx.H("fp8-descales-inverted", f"{', '.join(n + '_descale' for n in names)} taken as quantisation "
+                     "scales: each input divided by its descale instead of multiplied (TransformerEngine's scale "
+                     "convention given FlashAttention-3's descales)",
+                     ctx.fwd(inputs={n: x[n] / scale[n] ** 2 for n in names}), ("out",)))
     group = ctx.case.heads // ctx.case.hkv
     if group > 1:                            # (B, Hkv) read at query head h: h % Hkv, as a repeat would
         heads = ctx.case.heads

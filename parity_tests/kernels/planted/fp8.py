@@ -47,10 +47,11 @@ def _attend(Q, K, V, causal, scale, p_fp8=True, subtract_max=True, narrow=None, 
     return ((P @ V) / l).to(out_dtype)
 
 
-def fp8_kernel(missing=(), twice=(), by_query_head=False, v_into_p=False, **attend):
+def fp8_kernel(missing=(), twice=(), by_query_head=False, v_into_p=False, inverted=False, **attend):
     """A FlashAttention-3-convention kernel: ``missing`` descales not applied, ``twice`` applied
-    twice, q's descale read at query head h % Hkv (``by_query_head``), v's folded into P before
-    its cast to e4m3 (``v_into_p``: the weights multiplied by ~1e-2 first)."""
+    twice, every one divided by (``inverted``: another library's scale convention), q's descale
+    read at query head h % Hkv (``by_query_head``), v's folded into P before its cast to e4m3
+    (``v_into_p``: the weights multiplied by ~1e-2 first)."""
     def kernel(q, k, v, *, causal, scale, q_descale, k_descale, v_descale):
         h = q.shape[1]
         group = h // k.shape[1]
@@ -58,7 +59,7 @@ def fp8_kernel(missing=(), twice=(), by_query_head=False, v_into_p=False, **atte
               "k": k_descale, "v": v_descale}
         x = {n: t.float() for n, t in (("q", q), ("k", k), ("v", v))}
         for n in x:
-            times = (n not in missing) + (n in twice) - (n == "v" and v_into_p)
+            times = -1 if inverted else (n not in missing) + (n in twice) - (n == "v" and v_into_p)
             x[n] = x[n] * ds[n][:, :, None, None] ** times
         folded = {"prescale": v_descale.repeat_interleave(group, 1)[:, :, None, None]} if v_into_p else {}
         return _attend(x["q"], x["k"], x["v"], causal, scale, **attend, **folded)
@@ -95,6 +96,7 @@ GALLERY = {
     **{f"fp8-{n}-descale-missing": fp8_kernel(missing=(n,)) for n in "qkv"},
     **{f"fp8-{n}-descale-twice": fp8_kernel(twice=(n,)) for n in "qkv"},
     "fp8-descale-query-head": fp8_kernel(by_query_head=True),
+    "fp8-descales-inverted": fp8_kernel(inverted=True),
     "fp8-p-without-max": fp8_kernel(subtract_max=False),
     "fp8-p-offset-in-base-e": fp8_kernel(offset=8.0),
     "fp8-p-normalised": fp8_kernel(prescale="normalised"),
