@@ -88,8 +88,8 @@ FIT_SHARE = 0.1
 # by one factor is also each row off by its own).
 FITTED = ("constant-factor", "lse-offset", "lse-max-factor", "axes-permuted", "state-carried", "keys-unseen",
           "last-tile-only", "keys-weighted", "sequence-offsets", "slice-values", "head-map", "broadcast-sum",
-          "backward-blocks", "tile-factors", "key-tile-ranges", "key-spans", "sink-counted", "rows-moved",
-          "scores-scaled", "denominator", "wrong-delta", "dp-scaled", "backward-p-scaled")
+          "backward-blocks", "tile-factors", "rows-weighted", "key-tile-ranges", "key-spans", "sink-counted",
+          "rows-moved", "scores-scaled", "denominator", "wrong-delta", "dp-scaled", "backward-p-scaled")
 
 # A catalogued mistake that leaves at most this share of the error against the
 # reference explains the tensor, even where its own rounding exceeds the bound
@@ -271,7 +271,10 @@ def diagnose(failing, rows, ev):
             result[n] = Diagnosis("not-deterministic", f"{n} differs between two calls on the same inputs: "
                                   "the kernel is not deterministic (atomic adds, or a reduction in varying order)")
         elif n in ev.arrays and not np.isfinite(ev.arrays[n]).all():
-            result[n] = name_non_finite(n, ev) or _non_finite(n, ev.arrays[n], ev.case, ev.align, ev.keyless)
+            rejected = []
+            result[n] = name_non_finite(n, ev, rejected) or \
+                _non_finite(n, ev.arrays[n], ev.case, ev.align, ev.keyless)
+            result[n].against = tuple(rejected)
     rest = [n for n in failing if n not in result and n in ev.arrays]
     if rest and ev.second is None:
         ev.second = ev.caller()
@@ -332,7 +335,8 @@ def _catalogue(rest, rows, ev):
             hyps += _wrong_delta(sub) + _backward_p_scaled(sub) + _delta_per_tile(sub, rest) + _dp_scaled(sub)
         if "dk" in rest:
             hyps += _head_map(sub)
-        hyps += _last_tile_only(sub, rest) + _backward_blocks(sub, rest) + _tile_factors(sub, rest)
+        hyps += _last_tile_only(sub, rest) + _backward_blocks(sub, rest) + _tile_factors(sub, rest) + \
+            _rows_weighted(sub, rest)
         hyps += mistakes.option_twins(_mistakes_context(sub), hyps) + _backward_products(sub, rest)
         hyps += [h for n in rest if n in INPUT_GRADS for h in _broadcast_sum(sub, n)]
         hyps += [h for n in rest if n in ("dq", "dk", "dv") for h in _rows_moved(sub, n)]
@@ -666,16 +670,21 @@ def _context(ev):
                             ev.gold_raw, as_4d, ev.wanted, arrays=r)
 
 
-def name_non_finite(n, ev):
-    """A `Diagnosis` naming the poisoned mistake behind tensor ``n``'s NaN, or None."""
+def name_non_finite(n, ev, rejected=None):
+    """A `Diagnosis` naming the poisoned mistake behind tensor ``n``'s NaN, or None; ``rejected``
+    (a list) takes the ids of those whose NaN rows fit but whose call with the unread memory 0
+    does not (`Diagnosis.against`)."""
     if n not in ("out", "lse") or n not in ev.arrays:
         return None
     bad = poisoned.rows_non_finite(ev.arrays[n])
     matches = list(_poisoned_matches(n, ev))
     if bad.all() and any(m[0].zeroed for m in matches):   # no finite row: the call again, unread memory 0
         again = _unread_zero(ev).get(n)
-        matches = [m for m in matches if m[0].zeroed is not None and again is not None and np.isfinite(again).all()
-                   and slice_errors(again, m[0].zeroed()[n], ev.den[n]).max() <= ev.bounds[n]]
+        kept = [m for m in matches if m[0].zeroed is not None and again is not None and np.isfinite(again).all()
+                and slice_errors(again, m[0].zeroed()[n], ev.den[n]).max() <= ev.bounds[n]]
+        if rejected is not None:
+            rejected += [m[0].id for m in matches if m not in kept]
+        matches = kept
     # several mistakes making the same rows non-finite, the finite rows all zero as the reference's
     # (rows that see no key): nothing tells them apart, and none is named
     if not matches or (len(matches) > 1 and all(blank for _, _, blank in matches)):
@@ -1348,6 +1357,56 @@ def _tile_factors(sub, failing):
         return {**sub.gold, **preds}
     return [mistakes.Hypothesis("tile-factors", f"each tile's share of {' and '.join(preds)} multiplied by a factor "
                                 f"of its own ({'; '.join(words)})", predict, tuple(preds), fitted=tuple(preds))]
+
+
+ROWS_WEIGHTED_LIMIT = 2 ** 24     # `_rows_weighted`: each query row's share of dk and dv held apart, entries
+
+
+def _rows_weighted(sub, failing):
+    """dk and dv with some query rows' shares counted another whole number of times than once (the
+    padding rows of a last partial tile loaded as clamped copies of the last row and summed, a
+    row skipped): with the output right, dk_j = Σ_i w_i scale dS_ij q_i and dv_j = Σ_i w_i P_ij dO_i,
+    each row's weight w_i fitted by least squares to dv (or dk) over every (batch, kv head), key
+    and channel, rounded to a whole count, and held to both (`_backward_by_entry`)."""
+    found = _backward_by_entry(sub, failing)
+    grads = [n for n in ("dv", "dk") if n in failing and np.isfinite(sub.arrays.get(n, np.nan)).all()]
+    if found is None or not grads:
+        return []
+    factors, case = found[3], sub.case
+    if case.tq * case.batch * case.heads * case.tk * max(case.head_dim, case.dv) > ROWS_WEIGHTED_LIMIT:
+        return []
+    group = case.heads // case.hkv
+
+    def shares(n):
+        """(Tq, B Hkv Tk D): each query row's share of gradient ``n``."""
+        w, x = (factors["P"], factors["dO"]) if n == "dv" else (factors["scale · dS"], factors["Q"])
+        each = np.moveaxis(w, 2, 0)[..., None] * np.moveaxis(x, 2, 0)[:, :, :, None, :]   # (Tq, B, Hq, Tk, D)
+        each = each.reshape(case.tq, case.batch, case.hkv, group, *each.shape[3:]).sum(3)
+        return each.reshape(case.tq, -1)
+    A = shares(grads[0])
+    w = np.linalg.lstsq(A.T, sub.arrays[grads[0]].reshape(-1), rcond=None)[0]
+    counts = np.clip(np.round(w), 0, None)
+    touched = np.abs(A).max(-1) > 0
+    if not touched.any() or np.abs(w - counts)[touched].max() > 0.25 or (counts[touched] == 1).all():
+        return []
+    counts = np.where(touched, counts, 1.0)
+    preds = {}
+    for n in ("dk", "dv"):
+        if n in sub.gold:
+            pred = (counts @ (A if n == grads[0] else shares(n))).reshape(sub.gold[n].shape)
+            if n in failing and slice_errors(sub.arrays[n], pred, _own_scale(pred, sub.den[n])).max() > sub.bounds[n]:
+                return []                    # (against the prediction's own scale: a row counted 20 times rounds so)
+            preds[n] = pred
+    said = [f"query {'row' if len(rows) == 1 else 'rows'} {ranges(rows)} " +
+            ("left out" if c == 0 else f"counted {int(c)} times" if c > 2 else "counted twice")
+            for c in sorted(set(counts.tolist()) - {1.0})
+            for rows in [[int(i) for i in np.nonzero(counts == c)[0]]]]
+
+    def predict(grads=True):
+        return {**sub.gold, **preds}
+    return [mistakes.Hypothesis("rows-weighted", f"{'; '.join(said)} in {' and '.join(preds)}, every other row once "
+                                "(a partial tile's padding rows loaded as copies of a real row and summed, or a row "
+                                "skipped)", predict, tuple(preds), fitted=tuple(preds))]
 
 
 def _tile_ratio(f, axis, tile, constants):

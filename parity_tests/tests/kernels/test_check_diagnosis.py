@@ -391,9 +391,11 @@ def test_reads_of_poisoned_memory_told_apart_by_no_finite_row_are_not_named(monk
     got[:] = pred[:] = np.nan                       # every row NaN: the call again with that memory 0 tells
     hyps[0].zeroed, hyps[1].zeroed = (lambda: {"out": gold}), (lambda: {"out": gold + 1.0})
     monkeypatch.setattr(diagnose, "_unread_zero", lambda ev: {"out": gold + 1.0})
-    assert diagnose.name_non_finite("out", ev).id == "page-size"
-    monkeypatch.setattr(diagnose, "_unread_zero", lambda ev: {"out": gold + 2.0})    # neither
-    assert diagnose.name_non_finite("out", ev) is None
+    rejected = []
+    assert diagnose.name_non_finite("out", ev, rejected).id == "page-size" and rejected == ["page-off"]
+    monkeypatch.setattr(diagnose, "_unread_zero", lambda ev: {"out": gold + 2.0})    # neither: both against
+    rejected = []
+    assert diagnose.name_non_finite("out", ev, rejected) is None and rejected == ["page-off", "page-size"]
 
 
 def test_an_lse_of_minus_infinity_where_a_key_is_seen_is_said_to_be_given_none_not_read_past_memory():

@@ -592,6 +592,21 @@ def test_a_scale_applied_in_the_tile_loop_is_named_with_its_ratio_and_tile():
     assert all(r.passed for r in runner.run_case(targets.resolve(_by_hand()), case, "float32", "cpu"))
 
 
+def test_a_query_row_counted_more_than_once_in_dk_and_dv_is_named_with_its_count():
+    # a last partial tile's 4 padding rows loaded as clamped copies of the last row, summed into dk, dv
+    def clamped_padding_rows(q, k, v, *, causal, scale):
+        t = q.shape[2]
+        padded = torch.cat([q, q[:, :, -1:].detach().expand(-1, -1, 4, -1)], 2)
+        full = sdpa(padded, k, v, causal=causal, scale=scale)
+        extra = (full[:, :, t:] - full[:, :, t:].detach()).sum(2, keepdim=True)
+        return torch.cat([full[:, :, :t - 1], full[:, :, t - 1:t] + extra], 2)
+    rows = runner.run_case(targets.resolve(clamped_padding_rows), Case(1, 2, 45, 77, 16, False), "float32", "cpu")
+    said = {r.tensor: r.diagnosis for r in rows if not r.passed}
+    assert set(said) == {"dk", "dv"} and {d.id for d in said.values()} == {"rows-weighted"}, \
+        {n: d.sentence for n, d in said.items()}
+    assert "query row 44 counted 5 times in dk and dv, every other row once" in said["dk"].sentence
+
+
 def test_an_lse_off_by_one_constant_is_named_with_the_constant():
     def lse_with_its_offset(q, k, v, *, causal, scale):      # a base-2 kernel's exp2(S - m + 8), 8 kept
         out, lse = attend(q, k, v, causal=causal, scale=scale)
