@@ -310,6 +310,8 @@ def _run_case(split, target, case, dtype, device, align, seed, wanted, timeout):
         if rows[n].failed:
             failing.append(n)
     for f in findings:                        # named by what the feature found: not the catalogue's
+        if refuted(f, rows, failing):
+            continue
         for n in f.tensors:
             if n in rows:
                 rows[n].verdict = "FAIL"
@@ -344,6 +346,13 @@ def _run_case(split, target, case, dtype, device, align, seed, wanted, timeout):
         with split("diagnosis"):
             _diagnose(failing, rows, evidence)
     return [rows[n] for n in names]
+
+
+def refuted(finding, rows, failing):
+    """Whether a feature's finding whose mistake moves each of its tensors alike (``alike``) is
+    refuted by one of them right on its own (not in ``failing``): the tensors are then judged and
+    diagnosed as any others."""
+    return getattr(finding, "alike", False) and any(n in rows and n not in failing for n in finding.tensors)
 
 
 # A diagnosis that raises is the check's own defect, never the kernel's: the rows keep their

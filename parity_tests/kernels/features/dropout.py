@@ -68,10 +68,13 @@ def reference(dropout, inputs):
 # The mask, from the kernel
 
 class Finding:
-    """What the recovery found wrong: the tensors it fails, a diagnosis id and its sentence."""
+    """What the recovery found wrong: the tensors it fails, a diagnosis id and its sentence;
+    ``alike``: the mistake it names moves each of those tensors off the reference, so one of
+    them right on its own refutes it (a backward mask read through a probe the kernel answers
+    otherwise than its real call)."""
 
-    def __init__(self, tensors, id, sentence):
-        self.tensors, self.id, self.sentence = tensors, id, sentence
+    def __init__(self, tensors, id, sentence, alike=False):
+        self.tensors, self.id, self.sentence, self.alike = tensors, id, sentence, alike
 
 
 def _identity_columns(n, first, width, lead):
@@ -164,7 +167,7 @@ def recover(case, dropout, inputs, opts, caller):
               "from dq with k = the identity)" if gained else ""
     if how:                                # dv read the forward's mask when only dP's differs
         found.append(Finding(("dq", "dk", "dv") if differ else ("dq", "dk"), "dropout-backward-mask",
-                             f"the backward drops other weights than the forward: {how}"))
+                             f"the backward drops other weights than the forward: {how}", alike=True))
     return learnt, found
 
 

@@ -105,6 +105,22 @@ def test_a_mask_at_the_wrong_rate_or_not_from_the_seed_is_named(one_case, how, n
     assert any(words in d.sentence for _, d in report.diagnoses), [d.sentence for _, d in report.diagnoses][:4]
 
 
+def test_a_backward_mask_read_through_a_probe_is_refuted_by_a_gradient_right_on_its_own(one_case):
+    # dq alone wrong, from the next key's k (and another draw): the probe with k = the identity reads
+    # it as another mask in dP, which would move dk too; dk is right, so no mask is claimed
+    one_case(0.1)
+    right = kernel(returns_lse=False)
+
+    def dq_from_the_next_key(q, k, v, *, causal, scale, **kw):
+        out = right(q.detach(), k, v, causal=causal, scale=scale, **kw)
+        shifted = right(q, torch.roll(k, 1, 2).detach(), v.detach(), causal=causal, scale=scale, **kw)
+        return out + (shifted - shifted.detach())
+    report = parity_tests.check(dq_from_the_next_key, features=["dropout"], **TINY)
+    rows = {r.tensor: r for r in _dropout_rows(report)}
+    assert rows["dq"].failed and not rows["dk"].failed and not rows["dv"].failed, str(report)
+    assert "dropout-backward-mask" not in {r.diagnosis.id for r in report.failures if r.diagnosis}, str(report)
+
+
 @pytest.mark.slow                      # importing scipy.stats takes seconds
 def test_the_binomial_test_is_scipys_exact_two_sided_one():
     binomtest = pytest.importorskip("scipy.stats").binomtest
