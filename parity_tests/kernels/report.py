@@ -221,21 +221,26 @@ class Report:
         1/`HEADLINE_SHARE` of as many, and when it explains no fewer failing cases than it is
         contradicted on: a case where a failing tensor was tried against it and not reproduced
         (``Diagnosis.against``; a mistake that reproduces dk and dv while dq fails, or 5 cases of 30,
-        is a coincidence).  Rows judged to a bound of `LOOSE_BOUND` or more are not counted."""
+        is a coincidence), unless it names the case's out (what follows from out, its lse, is not).  Rows judged to a bound of `LOOSE_BOUND` or more are not counted."""
         judged = [(r, d) for r, d in self.diagnoses if not (r.bound or 0.0) >= LOOSE_BOUND]
         ids = Counter(d.id for r, d in judged if d.id not in UNNAMED)
         specific = Counter({i: c for i, c in ids.items() if i not in GENERIC})
         unnamed = sum(1 for _, d in self.diagnoses if d.id in UNNAMED)
-        cases = {}                                         # (case, dtype) -> (ids named, ids against)
+        cases = {}                         # (case, dtype) -> (ids named, ids named on out, ids against)
         for r, d in judged:
-            named, against = cases.setdefault((r.case, r.dtype), (set(), set()))
+            named, on_out, against = cases.setdefault((r.case, r.dtype), (set(), set(), set()))
             named.add(d.id)
+            if r.tensor == "out":
+                on_out.add(d.id)
             against.update(d.against)
         for best, count in specific.most_common():
             if count * HEADLINE_SHARE < unnamed:
                 return None
-            wrong = sum(best in against for _, against in cases.values())
-            if sum(best in named and best not in against for named, against in cases.values()) >= wrong:
+            # a case whose out it names is for it (the rest follows from out); else a tensor refuting it is against
+            holds = [best in on_out or (best in named and best not in against)
+                     for named, on_out, against in cases.values()]
+            wrong = sum(not h and best in against for h, (_, _, against) in zip(holds, cases.values()))
+            if sum(holds) >= wrong:
                 return best
         if specific:
             return None

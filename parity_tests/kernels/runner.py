@@ -295,7 +295,6 @@ def _run_case(split, target, case, dtype, device, align, seed, wanted, timeout):
             rounded = {**rounded, **learnt}
             opts.update(calling.reference(case=case, value=value, inputs=rounded, align=case_align))
             findings += found
-    grads = not case.forward_only
     if case.tk > dense.LONG_FROM:
         heap.trim()                           # the target's freed arrays back to the OS (``heap``)
     full, gold_raw, gold, _, bases, logits, unjudged, den, zero, floors = judging_basis(

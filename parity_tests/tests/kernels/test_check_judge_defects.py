@@ -152,3 +152,7 @@ def test_a_mistake_contradicted_on_more_cases_than_it_explains_heads_nothing():
     assert Report("k", other + named).diagnosis is None                       # 5 cases explained, 6 not
     assert Report("k", other[:2] + named).diagnosis == "fp8-k-descale-twice"
     assert Report("k", other + named + case + whole).diagnosis == "last-tile-only"   # the next one that holds
+    # a case whose out it names holds for it, what follows from out (its lse) refuting it or not
+    dropped = [failing(c, "out", "varlen-dropped-last") for c in "xy"] + \
+        [failing(c, "lse", "none", ["varlen-dropped-last"]) for c in "xy"]
+    assert Report("k", dropped).diagnosis == "varlen-dropped-last"
