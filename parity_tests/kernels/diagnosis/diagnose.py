@@ -335,8 +335,9 @@ def _catalogue(rest, rows, ev):
             hyps += _wrong_delta(sub) + _backward_p_scaled(sub) + _delta_per_tile(sub, rest) + _dp_scaled(sub)
         if "dk" in rest:
             hyps += _head_map(sub)
-        hyps += _last_tile_only(sub, rest) + _backward_blocks(sub, rest) + _tile_factors(sub, rest) + \
-            _rows_weighted(sub, rest)
+        entry = _backward_by_entry(sub, rest)           # one dense forward, shared by the readings of entries
+        hyps += _last_tile_only(sub, rest, entry) + _backward_blocks(sub, rest, entry) + \
+            _tile_factors(sub, rest, entry) + _rows_weighted(sub, rest, entry)
         hyps += mistakes.option_twins(_mistakes_context(sub), hyps) + _backward_products(sub, rest)
         hyps += [h for n in rest if n in INPUT_GRADS for h in _broadcast_sum(sub, n)]
         hyps += [h for n in rest if n in ("dq", "dk", "dv") for h in _rows_moved(sub, n)]
@@ -1246,12 +1247,11 @@ def _backward_by_entry(sub, failing):
     return P, grad, block, factors
 
 
-def _last_tile_only(sub, failing):
+def _last_tile_only(sub, failing, found):
     """A gradient that keeps only its last tile's share: dq_i from the key tile holding row i's
     last visible key alone, dk_j and dv_j from the query tile holding the last row that sees key
     j alone (a tile's partial written with = where += is meant), for each tile size of
     `mistakes.KEY_TILES`; the size fitted to each of dq, dk, dv (`_backward_by_entry`)."""
-    found = _backward_by_entry(sub, failing)
     if found is None:
         return []
     P, grad, _, _ = found
@@ -1290,7 +1290,7 @@ def _last_tile_only(sub, failing):
                                 predict, tuple(found), fitted=tuple(found))]
 
 
-def _tile_factors(sub, failing):
+def _tile_factors(sub, failing, found):
     """A gradient whose share from each tile of its loop is multiplied by a factor of its own,
     the same for every row counting back from the last tile it visits (an epilogue's scale
     applied inside the tile loop, a rescale taken once per tile):
@@ -1301,7 +1301,6 @@ def _tile_factors(sub, failing):
     the largest tile of `mistakes.KEY_TILES` that fits (a smaller one fits whatever a larger one
     does) (`_backward_by_entry`).  Left to `_last_tile_only` and `_backward_blocks` where every
     factor is 0 or 1."""
-    found = _backward_by_entry(sub, failing)
     if found is None:
         return []
     _, grad, _, _ = found
@@ -1362,13 +1361,12 @@ def _tile_factors(sub, failing):
 ROWS_WEIGHTED_LIMIT = 2 ** 24     # `_rows_weighted`: each query row's share of dk and dv held apart, entries
 
 
-def _rows_weighted(sub, failing):
+def _rows_weighted(sub, failing, found):
     """dk and dv with some query rows' shares counted another whole number of times than once (the
     padding rows of a last partial tile loaded as clamped copies of the last row and summed, a
     row skipped): with the output right, dk_j = Σ_i w_i scale dS_ij q_i and dv_j = Σ_i w_i P_ij dO_i,
     each row's weight w_i fitted by least squares to dv (or dk) over every (batch, kv head), key
     and channel, rounded to a whole count, and held to both (`_backward_by_entry`)."""
-    found = _backward_by_entry(sub, failing)
     grads = [n for n in ("dv", "dk") if n in failing and np.isfinite(sub.arrays.get(n, np.nan)).all()]
     if found is None or not grads:
         return []
@@ -1479,14 +1477,13 @@ def _backward_products(sub, failing):
 BLOCKS = 1024
 
 
-def _backward_blocks(sub, failing):
+def _backward_blocks(sub, failing, found):
     """A backward that leaves out some (query tile, key tile) blocks the forward uses (a tile
     loop's start or end off: query tiles before a key tile's first skipped under another causal
     offset, a last partial tile dropped): for each pair of tile sizes of
     `mistakes.KEY_TILES`, each block's weight fitted to the target's dv (or dk) key tile by key
     tile, by least squares over the blocks that hold a weight, rounded to 0 or 1; then held, with
     those blocks, to every failing gradient (`_backward_by_entry`)."""
-    found = _backward_by_entry(sub, failing)
     fit_to = next((n for n in ("dv", "dk") if n in failing and np.isfinite(sub.arrays.get(n, np.nan)).all()), None)
     if found is None or fit_to is None:
         return []

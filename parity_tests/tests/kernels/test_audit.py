@@ -160,8 +160,7 @@ def wider_report():
     return parity_tests.audit(**XFORMERS_BF16, **WIDER)
 
 
-@pytest.mark.slow                     # 2.8 s
-@pytest.mark.slow                      # a whole audit of the catalogue: 2 s
+@pytest.mark.slow                      # a whole audit of the catalogue: 2.8 s
 def test_the_suggested_pair_rejects_no_correct_kernel_and_misses_what_it_says(wider_report):
     pairs = wider_report.suggested["bfloat16"]
     assert set(pairs) == {"out", "dq", "dk", "dv"}
