@@ -34,7 +34,7 @@ __all__ = ["Row", "Report", "find_growth", "find_strides"]
 UNNAMED = ("none", "not-diagnosed")
 # Ids that say what the output looks like rather than which mistake made it: a report names
 # a catalogued mistake first when some row has one.
-GENERIC = ("zeros", "non-finite", "lower-precision", "wrong-direction", "grows-with-length", "dropout")
+GENERIC = ("zeros", "scores-flat", "non-finite", "lower-precision", "wrong-direction", "grows-with-length", "dropout")
 # A row whose bound is this share of its tensor's size or more (bfloat16 on outlier inputs: 0.5 .. 1)
 # keeps its reading, but does not name the run: there a forward's slip passes and leaves its gradients
 # looking like a backward's (an accumulator rescaled in the wrong order read as "D dropped").
@@ -313,7 +313,36 @@ class Report:
         lines = [f"  {r.case} {r.dtype}: {d.sentence}" for r, d in self.diagnoses[:limit]]
         if len(self.diagnoses) > limit:
             lines.append(f"  ... and {len(self.diagnoses) - limit} more (all of them in {more})")
-        return lines
+        apart = self.failing_apart()
+        return lines + ([f"  the failing cases: {apart}"] if apart else [])
+
+    def failing_apart(self):
+        """What sets the failing cases apart from the passing ones, when something does: each
+        trait (a feature, the causal mask, Tq = Tk, the dtype) that every failing case of the run
+        has and no passing one, or the other way round ("exactly those with softcap (10 of 38)");
+        else ""."""
+        runs = {}                                 # (case, dtype) -> (cases.Case, failed)
+        for r in self.rows:
+            if r.case_def is not None and r.verdict != "not supported":
+                runs[r.case, r.dtype] = (r.case_def, runs.get((r.case, r.dtype), (None, False))[1] or r.failed)
+        failing = [(c, d) for (_, d), (c, f) in runs.items() if f]
+        passing = [(c, d) for (_, d), (c, f) in runs.items() if not f]
+        if not failing or not passing:
+            return ""
+        traits = [(f"with {n}", f"without {n}", lambda c, d, n=n: c.get(n) is not None)
+                  for n in dict.fromkeys(n for c, _ in failing + passing for n, _ in c.features)]
+        traits += [("causal", "not causal", lambda c, d: c.causal),
+                   ("with Tq = Tk", "with Tq != Tk", lambda c, d: c.tq == c.tk)]
+        traits += [(f"in {d}", f"not in {d}", lambda c, dd, d=d: dd == d) for d in dict.fromkeys(d for _, d in failing)]
+        said = []
+        for yes, no, has in traits:
+            on = {has(c, d) for c, d in failing}, {has(c, d) for c, d in passing}
+            if on in (({True}, {False}), ({False}, {True})):
+                said.append(yes if on[0] == {True} else no)
+        if not said:
+            return ""
+        return (f"exactly those {' and '.join(said)} ({len(failing)} of {len(failing) + len(passing)} cases and "
+                "dtypes fail; every other passes)")
 
     def convention(self):
         """When every failing row is diagnosed with one convention (`CONVENTIONS`: the causal
@@ -358,7 +387,8 @@ class Report:
                 "summary": {"target": self.target, "passed": self.passed, "rows": len(self.rows),
                             "pass": counts["pass"], "fail": counts["FAIL"],
                             "not_supported": counts["not supported"], "seconds": self.seconds,
-                            "diagnosis": self.diagnosis, "gaps": self.gaps, **self.settings},
+                            "diagnosis": self.diagnosis, "failing_apart": self.failing_apart(), "gaps": self.gaps,
+                            **self.settings},
                 **({"invariance": [f.as_dict() for f in self.invariance]} if self.invariance else {})}
 
     def plot(self, directory):

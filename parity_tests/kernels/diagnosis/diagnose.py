@@ -66,7 +66,7 @@ from parity_tests.common import tolerances as tol
 import parity_tests.kernels.diagnosis.mistakes as mistakes
 from parity_tests.kernels import dense, targets
 from parity_tests.kernels.diagnosis import poisoned, row_block
-from parity_tests.kernels.diagnosis.location import locate, ranges
+from parity_tests.kernels.diagnosis.location import TILES, locate, ranges
 from parity_tests.kernels.features import INPUT_GRADS, INPUTS, NO_GRAD, PER_HEAD, per_head, stored_inputs
 
 __all__ = ["Diagnosis", "Evidence", "diagnose", "slice_errors", "DENSE_LIMIT"]
@@ -130,6 +130,9 @@ CLOSEST_WITHIN = 10.0
 CLOSEST_SHARE = 0.05
 MOVED_SHARE = 0.1
 SAME_GAP = 0.5
+# Weights flat over the keys each row sees: many slips give them (a scale or a descale far too small);
+# where one of them predicts what this does within ALIKE_WITHIN of the bound, this is said, not it.
+FLAT = "scores-flat"
 # A cause is named only with a clear margin: its hypothesis within NAMED_WITHIN of the bound (a
 # kernel's own rounding sits near 1/CHECK_FACTOR of it; measured over every planted mistake in
 # float32 and bfloat16: 99 % of the right names within 0.4, the wrong ones at 0.75 .. 1.0), or
@@ -193,7 +196,7 @@ class Diagnosis:
     unbiased: bool = False   # and of either sign alike, as rounding is (a constant offset is not)
     rounding: bool = False   # unnamed, and its size, rows and float64 run all fit rounding (`_rounding_like`)
     error_map: object = field(default=None, repr=False)  # (rows, batch x head) error over the bound, for report.plot
-    also: tuple = ()         # "zeros": the mistakes that give zeros everywhere on this case (not claimed)
+    also: tuple = ()         # "zeros", "scores-flat": the mistakes that give the same on this case (not claimed)
     against: tuple = ()      # the catalogued mistakes tried on this tensor that do not reproduce it
 
     def as_dict(self):
@@ -302,6 +305,8 @@ def diagnose(failing, rows, ev):
             if said:
                 d.sentence += f"; not rounding: {why}"
     for n, d in result.items():
+        if d.id == "none" and n in ("out", "lse", "dq") and n in ev.arrays:
+            d.id, d.sentence = _tiles_unwritten(n, ev) or (d.id, d.sentence)
         if d.id == "none" and n in ("out", "dq") and n in ev.arrays:
             d.sentence += _only_rows_without_keys(n, ev)
         if d.id == "none" and n in ("dq", "dk") and n in ev.arrays:
@@ -338,7 +343,8 @@ def _catalogue(rest, rows, ev):
         entry = _backward_by_entry(sub, rest)           # one dense forward, shared by the readings of entries
         hyps += _last_tile_only(sub, rest, entry) + _backward_blocks(sub, rest, entry) + \
             _tile_factors(sub, rest, entry) + _rows_weighted(sub, rest, entry)
-        hyps += mistakes.option_twins(_mistakes_context(sub), hyps) + _backward_products(sub, rest)
+        hyps += mistakes.option_twins(_mistakes_context(sub), hyps) + _backward_products(sub, rest, entry) + \
+            _rows_read_as_zero(sub, rest, entry)
         hyps += [h for n in rest if n in INPUT_GRADS for h in _broadcast_sum(sub, n)]
         hyps += [h for n in rest if n in ("dq", "dk", "dv") for h in _rows_moved(sub, n)]
     if "out" in rest and plain(["out"]):
@@ -845,11 +851,17 @@ def _reading(t, candidates, whole, error, a, r, denom, bound, sel):
         if unclear:
             return Diagnosis("none", f"{t} matches none of the catalogued mistakes clearly: {unclear}",
                              best[0], bound)
+        # flat weights, which many slips give, before one of them that this case cannot tell from them
+        flat = next((w for w in whole if w[1] == FLAT), None)
+        if flat is not None and flat[0] <= NAMED_WITHIN * bound and \
+                slice_errors(flat[3], best[3], _own_scale(best[3], denom)).max() <= ALIKE_WITHIN * bound:
+            best = flat
         beyond = "" if best[0] <= bound else f", {best[0] / error:.0e} of its error {_fmt(error)}"
         same = _alike(best, whole, bound, denom)
-        same = f"; on this case the same as {', '.join(same)}" if same else ""
+        said = f"; on this case the same as {', '.join(same)}" if same else ""
         return Diagnosis(best[1], f"{t} matches the reference with {best[2]} to {_fmt(best[0])} "
-                         f"(bound {_fmt(bound)}{beyond}{same})", best[0], bound)
+                         f"(bound {_fmt(bound)}{beyond}{said})", best[0], bound,
+                         also=tuple(same) if best[1] == FLAT else ())
     by_slice = _by_slice(t, candidates, a, r, denom, bound, sel)
     if by_slice is not None:
         return by_slice
@@ -1243,7 +1255,7 @@ def _backward_by_entry(sub, failing):
         """dk or dv of keys ``keys`` (a slice) from query rows ``rows`` (a slice) alone."""
         w, x = (dS, scale * r["q"]) if n == "dk" else (P, dout)
         return _per_kv(case, np.swapaxes(w[..., rows, keys], -1, -2) @ x[..., rows, :])
-    factors = {"scale · dS": scale * dS, "P": P, "Q": r["q"], "K": k, "V": v, "dO": dout}
+    factors = {"scale · dS": scale * dS, "P": P, "Q": r["q"], "K": k, "V": v, "dO": dout, "D": D}
     return P, grad, block, factors
 
 
@@ -1431,7 +1443,7 @@ def _tiles_transposed(m, t):
     return np.swapaxes(tiled, -3, -1).reshape(m.shape)
 
 
-def _backward_products(sub, failing):
+def _backward_products(sub, failing, found):
     """A gradient formed from the right factors in a wrong product: dk = scale · dS Q where
     scale · dSᵀ Q is meant (a transpose left out), also tile by tile, as tl.dot(ds, q) for
     tl.dot(tl.trans(ds), q) on square tiles of `mistakes.KEY_TILES` (each tile's own product
@@ -1439,7 +1451,6 @@ def _backward_products(sub, failing):
     P, transposed or not, with Q, K, V or dO that gives the gradient's shape, the right one
     (`PRODUCTS`) left out; dk and dv summed onto the kv heads.  Nothing is fitted: each is a
     hypothesis on its gradient alone."""
-    found = _backward_by_entry(sub, failing)
     if found is None:
         return []
     factors, case = found[3], sub.case
@@ -1469,6 +1480,35 @@ def _backward_products(sub, failing):
                      if w != right[0] else f": the transpose of {short} left out" if right[1] else
                      f": {short} transposed")
             out.append(mistakes.Hypothesis("backward-product", f"{n} = {own}{on} instead of {name(*right)}{wrong}",
+                                           lambda grads=True, n=n, pred=pred: {**sub.gold, n: pred}, (n,)))
+    return out
+
+
+def _rows_read_as_zero(sub, failing, found):
+    """A backward pass that loads an operand's rows past a bound as 0 (a masked load bounded by the
+    other sequence's length, or at its last tile's start): dk or dq with V's rows from L on read as 0
+    in dP = dO Vᵀ (dS = P ∘ (dP − D), D whole), dq with K's, dk with Q's, for L the other length or
+    the start of the operand's last partial tile of `mistakes.KEY_TILES`.  Nothing is fitted: each
+    is a hypothesis on its gradient alone."""
+    if found is None:
+        return []
+    P, f, case = found[0], found[3], sub.case
+    scale = sub.opts["scale"]
+    length = {"Q": case.tq, "K": case.tk, "V": case.tk}
+    other = {"Q": case.tk, "K": case.tq, "V": case.tq}
+    out = []
+    for n, x in (("dk", "V"), ("dq", "V"), ("dq", "K"), ("dk", "Q")):
+        if n not in failing or n not in sub.gold:
+            continue
+        bounds = {other[x]} | {(length[x] - 1) // t * t for t in mistakes.KEY_TILES}
+        for L in sorted(b for b in bounds if 0 < b < length[x]):
+            op = {**f, x: np.where(np.arange(length[x])[:, None] < L, f[x], 0.0)}
+            dS = scale * P * (op["dO"] @ np.swapaxes(op["V"], -1, -2) - f["D"][..., None])
+            pred = dS @ op["K"] if n == "dq" else _per_kv(case, np.swapaxes(dS, -1, -2) @ op["Q"])
+            why = (f"the other length {'Tq' if x != 'Q' else 'Tk'} = {L}, where {'Tk' if x != 'Q' else 'Tq'} = "
+                   f"{length[x]} is meant" if L == other[x] else f"{L}, a tile's start")
+            out.append(mistakes.Hypothesis("rows-read-as-zero", f"{n}'s pass reading {x}'s rows {L} .. "
+                                           f"{length[x] - 1} as 0 (a load masked at {why})",
                                            lambda grads=True, n=n, pred=pred: {**sub.gold, n: pred}, (n,)))
     return out
 
@@ -2035,6 +2075,46 @@ def _by_slice(t, candidates, a, r, denom, bound, sel):
     return Diagnosis(hid, f"{t}: {where} ({len(slices)} of {plain.size} (batch, head) slices) "
                      f"{verb} the reference with {says} to {_fmt(res)} (bound {_fmt(bound)}); "
                      "the other slices match the reference", res, bound, slices)
+
+
+def _tiles_unwritten(n, ev):
+    """("tiles-unwritten", sentence) when every row of ``n`` past its bound lies in a whole query
+    tile (of a size in `TILES`, the largest that fits) left exactly 0 in its (batch, head) slice,
+    the rest within the bound: work tiles never run (a persistent grid of fewer programs than its
+    scheduler's stride assumes, a tile index decoded past the slices).  The sentence gives those
+    tiles' indices in the order (batch, head, query tile), the tile fastest, and a period in them
+    where there is one; else None."""
+    a, ref = ev.arrays[n], ev.gold[n]
+    if ev.rows is not None or not np.isfinite(a).all():
+        return None
+    bad = ((np.abs(a - ref) / ev.den[n]).max(-1) > ev.bounds[n])                      # (B, H, R)
+    blank = (a == 0).all(-1)
+    if not bad.any() or (bad & ~blank).any():
+        return None
+    B, H, R = bad.shape
+    tiled = lambda x, fill, m, tile: np.pad(x, ((0, 0), (0, 0), (0, m * tile - R)), constant_values=fill).reshape(
+        B, H, m, tile)                                            # rows past R: blank, and right
+    for tile in sorted(TILES, reverse=True):
+        m = -(-R // tile)
+        hit = tiled(bad, False, m, tile).any(-1)
+        if m > 1 and (tiled(blank, True, m, tile).all(-1) | ~hit).all():
+            break
+    else:
+        return None
+    index = [int(i) for i in np.nonzero(hit.reshape(-1))[0]]
+    total = B * H * m
+    period = next((p for p in (2 ** k for k in range(1, 12)) if p < total and len({i % p for i in index}) < p and
+                   index == [i for i in range(total) if i % p in {j % p for j in index}]), None)
+    said = ""
+    if period is not None:
+        left = sorted({i % period for i in index})
+        said = f"; every one whose index mod {period} is {ranges(left)}"
+    kind = "query rows" if n != "dq" else "query rows of dq"
+    return "tiles-unwritten", (f"{n} matches the reference but for whole query tiles of {tile} left exactly 0 "
+                               f"({kind} never written): work tiles {ranges(index)} of {total}, counted (batch, "
+                               f"head, query tile) with the tile fastest{said} (a persistent grid with fewer "
+                               "programs than its scheduler's stride assumes, or tile indices decoded past the "
+                               "work)")
 
 
 def _only_rows_without_keys(n, ev):

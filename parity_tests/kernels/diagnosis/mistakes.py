@@ -197,6 +197,9 @@ def chapter(ctx):
                   (f"key blocks of {block}: the 1 stays in the denominator as exp(m_first - m), m_first the "
                    "first block's maximum)" if block < case.tk else "one pass: l = 1 + sum exp(S - m))"),
                   fwd(online=("l-one", block))) for block in blocks + [case.tk]]
+    if "out" in ctx.present and case.tk > 1:
+        out.append(H("scores-flat", "weights flat over the keys each row sees (its scores about 0: q·k scaled "
+                     "far down, or lost)", fwd({"scale": 0.0}), ("out", "dv")))
     out += _option_factors(ctx) + _hidden_scored(ctx)
     out += _kernel_bugs(ctx)
     if "dq" in ctx.present and case.tk > 1 and ctx.opts.get("sinks") is None:

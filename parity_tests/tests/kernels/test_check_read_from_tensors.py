@@ -441,27 +441,31 @@ class _ByHand(torch.autograd.Function):
     test: dS = P ∘ (``dp_factor`` dP − D), D = ``row_term(P, dP, dlse)`` (right: rowsum(P ∘ dP) −
     dlse); ``dk_tile``: dk = scale dS Q on each tile of that size (Tq for the whole: the transpose
     of dS left out) where scale dSᵀ Q is meant; ``dq_tile``: dq summed over key tiles of that size
-    with its scale applied inside the loop, once per tile, where it is meant once after it."""
+    with its scale applied inside the loop, once per tile, where it is meant once after it;
+    ``dk_v_rows``: dk's dP formed with v's rows from that one on read as 0."""
     @staticmethod
-    def forward(ctx, q, k, v, scale, causal, row_term, dp_factor, dk_tile, dq_tile=None):
+    def forward(ctx, q, k, v, scale, causal, row_term, dp_factor, dk_tile, dq_tile=None, dk_v_rows=None):
         S = q.double() @ k.double().transpose(-1, -2) * scale
         if causal:
             S = S.masked_fill(torch.ones_like(S, dtype=torch.bool).triu(1), -math.inf)
         P = torch.softmax(S, -1)
         ctx.save_for_backward(q, k, v, P)
-        ctx.forms = scale, row_term, dp_factor, dk_tile, dq_tile
+        ctx.forms = scale, row_term, dp_factor, dk_tile, dq_tile, dk_v_rows
         return (P @ v.double()).to(q.dtype), torch.logsumexp(S, -1).float()
 
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, P = (x.double() for x in ctx.saved_tensors)
-        scale, row_term, dp_factor, dk_tile, dq_tile = ctx.forms
+        scale, row_term, dp_factor, dk_tile, dq_tile, dk_v_rows = ctx.forms
         dout = dout.double()
         dlse = torch.zeros(P.shape[:-1], dtype=P.dtype) if dlse is None else dlse.double()
         dP = dout @ v.transpose(-1, -2)
         D = (row_term or (lambda P, dP, dlse: (P * dP).sum(-1, keepdim=True) - dlse[..., None]))(P, dP, dlse)
         dS = P * (dp_factor * dP - D)
         dk = dS.transpose(-1, -2) @ q * scale
+        if dk_v_rows is not None:
+            dP_k = dout @ torch.cat([v[..., :dk_v_rows, :], 0 * v[..., dk_v_rows:, :]], 2).transpose(-1, -2)
+            dk = (P * (dP_k - D)).transpose(-1, -2) @ q * scale
         if dk_tile:
             t, dk = dk_tile, torch.zeros_like(k)
             for qs in range(0, q.shape[2], t):
@@ -473,13 +477,14 @@ class _ByHand(torch.autograd.Function):
             for ks in range(0, k.shape[2], dq_tile):
                 dq = (dq + dS[..., ks:ks + dq_tile] @ k[..., ks:ks + dq_tile, :]) * scale
         return (dq.to(q.dtype), dk.to(q.dtype), (P.transpose(-1, -2) @ dout).to(q.dtype),
-                None, None, None, None, None, None)
+                None, None, None, None, None, None, None)
 
 
-def _by_hand(returns_lse=False, row_term=None, dp_factor=1.0, dk_tile=None, dq_tile=None):
+def _by_hand(returns_lse=False, row_term=None, dp_factor=1.0, dk_tile=None, dq_tile=None, dk_v_rows=None):
     """``fn(q, k, v, *, causal, scale)`` of `_ByHand` in those forms: out, or (out, lse)."""
     def fn(q, k, v, *, causal, scale):
-        out, lse = _ByHand.apply(q, k, v, scale, causal, row_term, dp_factor, dk_tile, dq_tile)
+        out, lse = _ByHand.apply(q, k, v, scale, causal, row_term, dp_factor, dk_tile, dq_tile,
+                                 q.shape[2] if dk_v_rows == "Tq" else dk_v_rows)
         return (out, lse) if returns_lse else out
     return fn
 
@@ -782,3 +787,63 @@ def test_a_gradient_off_only_where_the_reference_is_exactly_zero_is_said_so_with
                            "float32", "cpu", wanted=())
     said = {r.tensor: r.diagnosis.sentence for r in rows if not r.passed}
     assert set(said) == {"dq"} and "only where the reference is exactly 0 (1024 entries);" in said["dq"], said
+
+
+def test_scores_shrunk_to_about_zero_are_read_as_flat_weights_not_as_a_mistake_they_resemble():
+    def scale_by_integer_division(q, k, v, *, causal, scale):         # 1 // sqrt(D) = 0
+        return attend(q, k, v, causal=causal, scale=1 // math.sqrt(q.shape[-1]))[0]
+    report = parity_tests.check(scale_by_integer_division, tokens=["45x77"], causal="both", **ONE)
+    assert report.failures and report.diagnosis == "scores-flat", str(report)
+    assert {r.diagnosis.id for r in report.failures if r.tensor in ("out", "dv")} == {"scores-flat"}, str(report)
+    assert "weights flat over the keys each row sees" in report.failures[0].diagnosis.sentence
+
+
+def test_what_sets_the_failing_cases_apart_is_said():
+    def flat_with_softcap(q, k, v, *, causal, scale, softcap=None):
+        s = 1 // math.sqrt(q.shape[-1]) if softcap else scale       # wrong only where a cap is given
+        return attend(q, k, v, causal=causal, scale=s, softcap=softcap)[0]
+    report = parity_tests.check(flat_with_softcap, features=["softcap"], tokens=["45x77"], causal="yes", **ONE)
+    apart = report.failing_apart()
+    assert apart.startswith("exactly those with softcap (") and "every other passes" in apart, apart
+    assert f"  the failing cases: {apart}" in report.diagnosis_lines()
+    assert parity_tests.check(sdpa, tokens=["45x77"], **ONE).failing_apart() == ""     # nothing fails
+
+
+def _tiles_skipped(every, skipped, tile=16):
+    """SDPA with the work tiles (batch, head, query tile of ``tile``, the tile fastest) whose index
+    mod ``every`` is in ``skipped`` left 0: a persistent grid running fewer programs than its stride."""
+    def kernel(q, k, v, *, causal, scale):
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+        m = -(-q.shape[2] // tile)
+        keep = torch.ones(q.shape[0] * q.shape[1] * m, dtype=torch.bool)
+        keep[[i for i in range(keep.numel()) if i % every in skipped]] = False
+        rows = keep.reshape(q.shape[0], q.shape[1], m).repeat_interleave(tile, -1)[..., :q.shape[2]]
+        return out * rows[..., None]
+    return kernel
+
+
+def test_query_tiles_never_written_are_named_with_their_work_indices():
+    report = parity_tests.check(_tiles_skipped(8, (4, 5, 6, 7)), tokens=["100"], dtypes=["float32"],
+                                head_dims=[16], heads=[3], batch=[2])
+    outs = [r for r in report.failures if r.tensor == "out"]
+    assert outs and {r.diagnosis.id for r in outs} == {"tiles-unwritten"}, str(report)
+    assert "query tiles of 16 left exactly 0" in outs[0].diagnosis.sentence, outs[0].diagnosis.sentence
+    assert "every one whose index mod 8 is 4 .. 7" in outs[0].diagnosis.sentence, outs[0].diagnosis.sentence
+    assert report.diagnosis == "tiles-unwritten", str(report)
+    # a blank tile beside another wrong row is not read so
+    def also_row_0_off(q, k, v, *, causal, scale):
+        out = _tiles_skipped(8, (4, 5, 6, 7))(q, k, v, causal=causal, scale=scale)
+        return torch.cat([out[:, :, :1] * 1.5, out[:, :, 1:]], dim=2)
+    report = parity_tests.check(also_row_0_off, tokens=["100"], dtypes=["float32"], head_dims=[16], heads=[3],
+                                batch=[2])
+    outs = [r for r in report.failures if r.tensor == "out"]
+    assert outs and "tiles-unwritten" not in {r.diagnosis.id for r in outs}, str(report)
+
+
+def test_a_backward_loading_v_with_the_query_length_is_named_with_the_rows_it_lost():
+    rows = runner.run_case(targets.resolve(_by_hand(dk_v_rows="Tq")), Case(1, 2, 45, 77, 16, False, ()), "float32",
+                           "cpu")
+    said = {r.tensor: r.diagnosis for r in rows if not r.passed}
+    assert set(said) == {"dk"} and said["dk"].id == "rows-read-as-zero", {n: d.sentence for n, d in said.items()}
+    assert "reading V's rows 45 .. 76 as 0 (a load masked at the other length Tq = 45, where Tk = 77 is meant)" in \
+        said["dk"].sentence, said["dk"].sentence

@@ -165,7 +165,11 @@ def test_a_wrong_split_kernel_fails_and_is_named(mistake):
     cases = [c for c in _own_cases("splits", fn) if c.get("splits") == 133 or c.tq == 30]
     rows = [r for c in cases for r in _run(fn, c, "splits")]
     assert rows and all(r.verdict == "FAIL" for r in rows)
-    assert {r.diagnosis.id for r in rows} == {mistake}, [r.diagnosis.sentence for r in rows]
+    if mistake == "splits-not-rescaled":     # one key per split: the states merged unrescaled weigh each key alike
+        flat = [r for r in rows if r.diagnosis.id == "scores-flat"]
+        assert flat and all(mistake in r.diagnosis.also and r.case_def.tk <= 133 for r in flat)
+        rows = [r for r in rows if r not in flat]
+    assert rows and {r.diagnosis.id for r in rows} == {mistake}, [r.diagnosis.sentence for r in rows]
 
 
 @pytest.mark.slow
