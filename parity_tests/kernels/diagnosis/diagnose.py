@@ -88,8 +88,10 @@ FIT_SHARE = 0.1
 # by one factor is also each row off by its own).
 FITTED = ("constant-factor", "lse-offset", "lse-max-factor", "axes-permuted", "state-carried", "keys-unseen",
           "last-tile-only", "keys-weighted", "sequence-offsets", "slice-values", "head-map", "broadcast-sum",
-          "backward-blocks", "tile-factors", "rows-weighted", "key-tile-ranges", "key-spans", "sink-counted",
-          "rows-moved", "scores-scaled", "denominator", "wrong-delta", "dp-scaled", "backward-p-scaled")
+          "backward-blocks", "tile-factors", "rows-weighted", "key-tile-ranges", "tile-masks", "key-spans",
+          "sink-counted",
+          "rows-moved", "scores-scaled", "denominator", "tiles-weighted", "wrong-delta", "dp-scaled",
+          "backward-p-scaled")
 
 # A catalogued mistake that leaves at most this share of the error against the
 # reference explains the tensor, even where its own rounding exceeds the bound
@@ -349,8 +351,8 @@ def _catalogue(rest, rows, ev):
         hyps += [h for n in rest if n in ("dq", "dk", "dv") for h in _rows_moved(sub, n)]
     if "out" in rest and plain(["out"]):
         fitted = _keys_unseen(sub) + _sequence_offsets(sub) + _state_carried(sub) + _keys_weighted(sub) + \
-            _key_tile_ranges(sub) + _key_spans(sub) + _values_from_other_slices(sub) + _sink_counted(sub) + \
-            _rows_moved(sub) + _scores_scaled(sub)
+            _key_tile_ranges(sub) + _tile_masks(sub) + _key_spans(sub) + _values_from_other_slices(sub) + \
+            _sink_counted(sub) + _rows_moved(sub) + _scores_scaled(sub) + _tiles_weighted(sub)
         hyps += [h for h in fitted if not _zeros_where_wrong(sub.arrays["out"], sub.gold["out"],   # rows left blank
                                                              _predict(h, cache, grads=False)["out"], sub.den["out"],
                                                              sub.bounds["out"])]
@@ -1085,12 +1087,13 @@ def _sink_counted(sub):
         return []
     lse = _dense_forward(sub)[1]                                              # (B, Hq, Tq)
     p = np.exp(np.asarray(sinks, dtype=np.float64)[None, :, None] - np.where(np.isfinite(lse), lse, np.inf))
+    unshifted = _sink_unshifted(sub, p)
     c = _row_scaled(got, sub.gold["out"])[0][..., 0]
     told = (p >= SINK_WEIGHT) & (c > 0)
     k = np.where(told, 1 + (1 / np.where(told, c, 1.0) - 1) / np.where(told, p, 1.0), 1.0)
     whole = np.round(k)
     if not told.any() or np.abs(k - whole)[told].max() > SINK_INTEGER or whole.min() < 0 or (whole == 1).all():
-        return []
+        return unshifted
     extra = 1 + (whole - 1) * p
     pred = {"out": sub.gold["out"] / extra[..., None]}
     if "lse" in sub.gold:
@@ -1102,9 +1105,26 @@ def _sink_counted(sub):
     else:
         said = "counted " + "; ".join(f"{times(n)} on query rows {ranges(rows)}" for n, rows in sorted(counts.items())) \
             + f" of {sub.case.tq} in their denominators, once on the other rows"
-    return [mistakes.Hypothesis("sink-counted", f"the sink's weight {said} (a sink folded into every partial of a "
-                                "split or tile loop, or into one tile only)", lambda grads=True: {**sub.gold, **pred},
-                                tuple(pred), fitted=("out",))]
+    return unshifted + [mistakes.Hypothesis("sink-counted", f"the sink's weight {said} (a sink folded into every "
+                                            "partial of a split or tile loop, or into one tile only)",
+                                            lambda grads=True: {**sub.gold, **pred}, tuple(pred), fitted=("out",))]
+
+
+def _sink_unshifted(sub, p):
+    """The sink's term added to each row's sum as exp(sink) where exp(sink − m) is meant, m the row's
+    largest key score (the running maximum a key loop ends with): its share p_i of the row counted
+    e^{m_i} times, out_i / (1 + (e^{m_i} − 1) p_i) and lse_i + log of the same (the kernel's own,
+    m_i + log l_i).  Not fitted."""
+    m = _dense_forward(sub, changes={"sinks": None})[2]
+    if not np.isfinite(m).any():
+        return []
+    extra = 1 + np.expm1(np.where(np.isfinite(m), m, 0.0)) * p
+    pred = {"out": sub.gold["out"] / extra[..., None]}
+    if "lse" in sub.gold:
+        pred["lse"] = _judged_lse(sub, sub.gold["lse"] + np.log(extra).reshape(sub.gold["lse"].shape))
+    return [mistakes.Hypothesis("sink-unshifted", "the sink's exp(sink) added to each row's sum without the row's "
+                                "running maximum m subtracted (exp(sink - m) is meant)",
+                                lambda grads=True: {**sub.gold, **pred}, tuple(pred))]
 
 
 def _broadcast_sum(sub, n):
@@ -2258,6 +2278,168 @@ def _out_weights(sub):
     v = np.repeat(sub.rounded["v"], case.heads // case.hkv, 1)
     O = P @ v
     return P, v, O, np.abs(got - O).max(-1) / np.broadcast_to(sub.den["out"], P.shape[:2])[..., None]
+
+
+# Block masks (`_tile_masks`): square tiles of these sizes, at most BLOCKS blocks, and at most this many
+# changed blocks (each the best single change, taken while it lowers the rows' squared error).
+MASK_TILES = (64, 32, 16)
+MASK_CHANGES = 16
+
+
+def _tile_masks(sub):
+    """An out whose (query tile, key tile) blocks each apply another mask than their own, one mask for
+    every (batch, head): a block skipped, its mask dropped (all its keys seen), or another block's
+    mask (a tile mask cached by its shape alone, a block-sparse loop taking a block for full or
+    partial): from the unmasked dense weights U (v the identity), a row's output under mask M is
+    Σ_j U_ij M_ij v_j / Σ_j U_ij M_ij, so a block's change moves it by that block's terms alone.
+    Fitted query tile by query tile, the largest tile first, each step taking the single block change
+    that lowers that tile's rows' squared error most (`MASK_CHANGES` at most); held to the bound on every
+    row.  [] where the mask differs between slices, with dropout, on a block of rows, or too large."""
+    found = _out_weights(sub)
+    U = _dense_weights(sub, unmasked=True) if found is not None else None
+    if U is None:
+        return []
+    P, v, _, row_error = found
+    B, H, Tq, Tk = P.shape
+    seen = P > 0
+    bound, got = sub.bounds["out"], sub.arrays["out"]
+    den = np.broadcast_to(sub.den["out"], (B, H))[..., None, None]
+    if not (row_error > bound).any() or (seen != seen[:1, :1]).any():
+        return []
+    for tile in MASK_TILES:
+        nq, nk = -(-Tq // tile), -(-Tk // tile)
+        if nq * nk > BLOCKS or nk < 2:
+            continue
+        mask = np.pad(seen[0, 0], ((0, nq * tile - Tq), (0, nk * tile - Tk))).reshape(nq, tile, nk, tile)
+        own = {}                                                     # pattern -> the first block that has it
+        for qi, kj in itertools.product(range(nq), range(nk)):
+            own.setdefault(mask[qi, :, kj].tobytes(), (qi, kj))
+        shapes = [np.ones((tile, tile), bool), np.zeros((tile, tile), bool)] + \
+            [np.frombuffer(b, bool).reshape(tile, tile) for b in own]
+        fitted, changes = mask.copy(), {}
+        for qi in range(nq):
+            rows = slice(qi * tile, min((qi + 1) * tile, Tq))
+            if (row_error[..., rows] <= bound).all():
+                continue
+            n = rows.stop - rows.start
+            Ur = U[..., rows, :]
+            M = fitted[qi, :n].reshape(n, -1)[:, :Tk]
+            num, tot = (Ur * M) @ v, (Ur * M).sum(-1, keepdims=True)
+            err = lambda num, tot: ((got[..., rows, :] - np.where(tot > 0, num / np.where(tot > 0, tot, 1), 0))
+                                    / den) ** 2
+            now = err(num, tot).sum()
+            for _ in range(MASK_CHANGES):
+                best = None
+                for kj in range(nk):
+                    cols = slice(kj * tile, min((kj + 1) * tile, Tk))
+                    m_old = fitted[qi, :n, kj, :cols.stop - cols.start]
+                    for c in shapes:
+                        delta = c[:n, :cols.stop - cols.start].astype(float) - m_old
+                        if not delta.any():
+                            continue
+                        Ud = Ur[..., cols] * delta
+                        e = err(num + Ud @ v[..., cols, :], tot + Ud.sum(-1, keepdims=True)).sum()
+                        if e < now and (best is None or e < best[0]):
+                            best = (e, kj, c, Ud, cols)
+                if best is None or best[0] > 0.5 * now:
+                    break
+                now, kj, c, Ud, cols = best
+                fitted[qi, :n, kj, :cols.stop - cols.start] = c[:n, :cols.stop - cols.start]
+                num, tot = num + Ud @ v[..., cols, :], tot + Ud.sum(-1, keepdims=True)
+                changes[qi, kj] = c
+        M = fitted.reshape(nq * tile, nk * tile)[:Tq, :Tk]
+        if not changes or (M == seen[0, 0]).all():
+            continue
+        W = U * M
+        tot = W.sum(-1, keepdims=True)
+        pred = np.where(tot > 0, (W @ v) / np.where(tot > 0, tot, 1), 0)
+        if slice_errors(got, pred, sub.den["out"]).max() > bound:
+            continue
+        said = []
+        for (qi, kj), c in sorted(changes.items()):
+            if (fitted[qi, :, kj] == mask[qi, :, kj]).all():
+                continue
+            what = ("every key seen (its mask dropped)" if c.all() else "no key seen (the block skipped)"
+                    if not c.any() else "the mask of block (%d, %d)" % own[c.tobytes()])
+            said.append(f"({qi}, {kj}): {what}")
+        if not said:
+            continue
+        r, opts = sub.rounded, {n: x for n, x in sub.opts.items() if n not in ("causal", "window")}
+        extra = np.where(M, 0.0, -np.inf)[None, None]
+        opts["bias"] = extra if opts.get("bias") is None else opts["bias"] + extra
+
+        def predict(grads=True, opts=opts):
+            return as_4d(dense.run(r["q"], r["k"], r["v"], r["dout"] if grads else None, opts, grads=grads,
+                                   dlse=r.get("dlse") if grads else None))
+        listed = "; ".join(said[:4]) + ("; ..." if len(said) > 4 else "")
+        return [mistakes.Hypothesis("tile-masks", f"(query tile, key tile) blocks of {tile} masked otherwise than "
+                                    f"their own ({len(said)} of {nq * nk}: {listed}): a tile's mask cached or "
+                                    "chosen by the wrong key, or a block-sparse loop taking a block for another kind",
+                                    predict, ("out", "lse", "dq", "dk", "dv"), fitted=("out",))]
+    return []
+
+
+def _tiles_weighted(sub):
+    """An out that mixes each row's key tiles with other weights than their softmax mass (an online
+    softmax whose state is rescaled inconsistently across key tiles: a tile's weights taken against
+    one maximum while acc and l keep another, a per-tile scale on P undone once): row i's output
+    Σ_t w_it O_it, O_it its tile t's own normalised output and w_it fitted by least squares with
+    Σ_t w_it = 1 (a row that sees one tile kept as it is), each tile's factor c_it = w_it / mass_it
+    (relative to the row's first tile) said by its range; held
+    to the bound, the largest tile of `mistakes.KEY_TILES` that explains first.  [] where every
+    factor is 1, with dropout, on a block of rows, or with weights too large to hold."""
+    found = _out_weights(sub)
+    if found is None:
+        return []
+    P, v, O, row_error = found
+    got, bound = sub.arrays["out"], sub.bounds["out"]
+    B, H, Tq, Tk = P.shape
+    wrong = row_error > bound
+    if not wrong.any():
+        return []
+    for tile in sorted(mistakes.KEY_TILES, reverse=True):
+        n = -(-Tk // tile)
+        if n < 2 or n > RANGE_TILES:
+            continue
+        pad = n * tile - Tk
+        Pt = np.pad(P, [(0, 0)] * 3 + [(0, pad)]).reshape(B, H, Tq, n, tile)
+        vt = np.pad(v, [(0, 0), (0, 0), (0, pad), (0, 0)]).reshape(B, H, n, tile, -1)
+        mass = Pt.sum(-1)                                                         # (B, H, Tq, n)
+        part = np.einsum("bhqnt,bhntd->bhqnd", Pt, vt)                            # Σ_{j in t} P_ij v_j
+        Ot = part / np.where(mass > 0, mass, 1.0)[..., None]
+        seen = mass > 0
+        A = np.where(seen[..., None], Ot, 0.0)                                    # (B, H, Tq, n, D)
+        # least squares with Σ_t w_t = 1 (acc and l scaled alike): the normal equations and the sum as one
+        # more row and column; a tile the row does not see held at 0
+        G = A @ np.swapaxes(A, -1, -2) + np.eye(n) * np.where(seen, 1e-12, 1.0)[..., None]
+        K = np.zeros((B, H, Tq, n + 1, n + 1))
+        K[..., :n, :n], K[..., :n, n], K[..., n, :n] = G, seen, seen
+        K[..., n, n] = ~seen.any(-1)                                              # a row that sees no key: w = 0
+        rhs = np.concatenate([np.einsum("bhqnd,bhqd->bhqn", A, got), np.ones((B, H, Tq, 1))], -1)
+        w = np.linalg.solve(K, rhs[..., None])[..., :n, 0]
+        one = seen.sum(-1) == 1                                                   # no other tile to weigh against
+        w = np.where(one[..., None], seen, w)
+        pred = np.einsum("bhqn,bhqnd->bhqd", w, A)
+        if slice_errors(got, pred, sub.den["out"]).max() > bound:
+            continue
+        first = np.argmax(seen, -1)[..., None]
+        c = w / np.where(seen, mass, 1.0)
+        c = c / np.where(np.take_along_axis(c, first, -1) != 0, np.take_along_axis(c, first, -1), 1.0)
+        told = seen & wrong[..., None] & (seen.sum(-1, keepdims=True) > 1)
+        if not told.any() or np.abs(c[told] - 1).max() <= CONSTANT_WITHIN:
+            return []
+        lo, hi = float(c[told].min()), float(c[told].max())
+        pred4 = pred
+
+        def predict(grads=True, pred4=pred4):
+            return {**sub.gold, "out": pred4}
+        return [mistakes.Hypothesis("tiles-weighted", f"each row's key tiles of {tile} mixed with other weights than "
+                                    f"their softmax mass (a tile's weight off by a factor of its own, {lo:.3g} .. "
+                                    f"{hi:.3g} against the row's first tile): an online softmax whose state is rescaled "
+                                    "inconsistently across key tiles (a tile's weights taken against one maximum while "
+                                    "acc and l keep another, or a per-tile scale on P undone once)", predict, ("out",),
+                                    fitted=("out",))]
+    return []
 
 
 def _scores_scaled(sub):

@@ -373,6 +373,10 @@ def _kernel_bugs(ctx):
     if case.tk > case.tq > 1 and not case.seqlens:
         out.append(H("keys-bounded-at-tq", f"the key loop stopping at Tq = {case.tq} (keys {case.tq} .. "
                      f"{case.tk - 1} never visited)", fwd(_keys_cut(ctx, case.tq))))
+        past = lambda x: np.where(np.arange(case.tk)[:, None] < case.tq, x, 0.0)
+        out.append(H("keys-read-as-zero-at-tq", f"k and v rows {case.tq} .. {case.tk - 1} loaded as 0 (a load masked "
+                     f"at Tq = {case.tq} where Tk is meant; each such key still weighed, its score 0)",
+                     fwd(inputs={"k": past(k), "v": past(v)})))
     widths = {}                                  # keys per split: by a count of splits, or fixed
     for splits in (2, 3, 4):
         widths.setdefault(-(-case.tk // splits), f"{splits} split-KV partials")

@@ -21,8 +21,9 @@ without the maximum leaves e4m3's range); a long case, not causal whatever the r
 queries against Tk = 32769, 257 key tiles of 128: an accumulator in a reduced precision loses
 more the more tiles it sums).  q is drawn 4 times larger and k 4 times smaller than the
 scores need, so that q's descale is never k's.  Invited mistakes: a descale not applied, or
-applied twice (q, k or v), or every descale inverted (TransformerEngine's convention); the
-descales indexed by query head (h % Hkv) under GQA; P cast to e4m3 without the row maximum
+applied twice (q, k or v), or every descale inverted (TransformerEngine's convention); k's
+channels past v's head dim read without k_descale (an MLA cache's rope part); the descales
+indexed by query head (h % Hkv) under GQA; P cast to e4m3 without the row maximum
 subtracted, with FlashAttention-3's offset of 8 (log2 units) taken as a natural exponent,
 normalised before the cast, or with a descale folded in before it; P V accumulated across key
 tiles in 8 significant bits (bfloat16's, or truncated as Hopper's FP8 tensor cores keep it: the
@@ -122,6 +123,12 @@ def descale_mistakes(ctx, names):
             other = per_head(given[m], x[n].shape[1])
             out.append(ctx.H(f"fp8-{n}-descale-from-{m}", f"{n} dequantised with {m}_descale instead of {n}_descale "
                              f"(its line copied from {m}'s)", ctx.fwd(inputs={n: x[n] / scale[n] * other}), ("out",)))
+    dqk, dv = x["k"].shape[-1], x["v"].shape[-1]
+    if "k" in names and dqk > dv:             # MLA: the rope channels past Dv kept apart, in another format
+        rope = np.arange(dqk) >= dv
+        out.append(ctx.H("fp8-k-descale-missing-past-dv", f"k's channels {dv} .. {dqk - 1} (past v's head dim: "
+                         "an MLA cache's rope part) read without k_descale, its first channels with it",
+                         ctx.fwd(inputs={"k": np.where(rope, x["k"] / scale["k"], x["k"])}), ("out",)))
     out.append(ctx.H("fp8-descales-inverted", f"{', '.join(n + '_descale' for n in names)} taken as quantisation "
                      "scales: each input divided by its descale instead of multiplied (TransformerEngine's scale "
                      "convention given FlashAttention-3's descales)",

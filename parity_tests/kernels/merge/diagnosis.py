@@ -20,7 +20,8 @@ For each failing tensor of a case (out, lse, dout_parts, dlse_parts), in order:
    per row (any other ``w_a + w_b ≠ 1``).
 4. *lse off by the difference* (out, lse): the fold replayed with each merge's lse off by
    ±(lse_a − lse_b), what the sigmoid form ``lse_a − logsigmoid(lse_a − lse_b)`` gives with
-   its argument negated; its out right per pair, the later merges weighing that lse.
+   its argument negated; or off by it only where it is positive (``log1p(exp(−d))`` where
+   ``log1p(exp(−|d|))`` is meant); its out right per pair, the later merges weighing that lse.
 5. Otherwise "matches none of the merge mistakes", with the closest one when it
    comes closer than the reference.
 """
@@ -82,17 +83,20 @@ def detached_prediction(states, dout, dlse, order):
     return np.stack([g[1] for g in grads])
 
 
-def lse_off_prediction(states, order, sign):
+def lse_off_prediction(states, order, sign, one_sided=False):
     """(out, lse) of a fold whose pair merge gives lse off by ``sign`` (lse_a − lse_b): the sigmoid
     form lse = lse_a − logsigmoid(lse_a − lse_b) with the argument's sign flipped is logaddexp(lse_a,
-    lse_b) + (lse_a − lse_b).  Each out is the pair's own (its weights from the lse it is given),
-    so the fold's later merges weigh the wrong lse; a pair with an empty partial is right."""
+    lse_b) + (lse_a − lse_b); ``one_sided``: off by it only where it is positive, as max(lse_a, lse_b)
+    + log1p(exp(−d)) gives with d = ±(lse_a − lse_b) where log1p(exp(−|d|)) is meant.  Each out is the
+    pair's own (its weights from the lse it is given), so the fold's later merges weigh the wrong lse;
+    a pair with an empty partial is right."""
     work = list(states)
     for i, j in ref.merge_plan(len(work), order):
         (out_a, lse_a), (out_b, lse_b) = work[i], work[j]
         out, lse = ref.merge_states(out_a, lse_a, out_b, lse_b)
         both = np.isfinite(lse_a) & np.isfinite(lse_b)
-        work[i] = (out, np.where(both, lse + sign * (np.where(both, lse_a, 0.0) - np.where(both, lse_b, 0.0)), lse))
+        off = sign * (np.where(both, lse_a, 0.0) - np.where(both, lse_b, 0.0))
+        work[i] = (out, np.where(both, lse + (np.maximum(off, 0.0) if one_sided else off), lse))
     return work[0]
 
 
@@ -181,6 +185,7 @@ def diagnose_case(rows, got, gold, denoms, states, dout, dlse, order, dtype):
                  "unnormalised": unnormalised_prediction(states, order)}     # out
     for sign in (1, -1):                                                     # out and lse
         predicted[sign] = dict(zip(("out", "lse"), lse_off_prediction(states, order, sign)))
+        predicted[sign, "one-sided"] = dict(zip(("out", "lse"), lse_off_prediction(states, order, sign, True)))
     if any(r.failed and r.tensor == "dlse_parts" for r in rows):
         predicted["detached"] = detached_prediction(states, dout, dlse, order)
     named_out = None
@@ -214,7 +219,15 @@ def _catalogue(t, got, gold, denom, error, bound, predicted):
     if t in ("out", "lse"):
         tried += [(f"lse-off-by-difference{'' if sign > 0 else '-negated'}", _residual(got, predicted[sign][t], denom))
                   for sign in (1, -1)]
+        tried += [(f"lse-off-one-side{'' if sign > 0 else '-negated'}",
+                   _residual(got, predicted[sign, "one-sided"][t], denom)) for sign in (1, -1)]
     name, res = min(tried, key=lambda p: p[1])
+    if explains(res) and name.startswith("lse-off-one-side"):
+        x, y = ("a", "b") if name == "lse-off-one-side" else ("b", "a")
+        return Diagnosis("lse-off-one-side", f"{t} matches the reference with each merge's lse too large by lse_{x} - "
+                         f"lse_{y} where lse_{x} > lse_{y}, right elsewhere, to {fmt(res)} (bound {fmt(bound)}): "
+                         f"max(lse_a, lse_b) + log1p(exp(-d)) with d = lse_{y} - lse_{x} where log1p(exp(-|d|)) is "
+                         "meant (the absolute value dropped); the later merges weigh that lse", res, bound)
     if explains(res) and name.startswith("lse-off-by-difference"):
         x, y = ("a", "b") if name == "lse-off-by-difference" else ("b", "a")
         return Diagnosis("lse-off-by-difference", f"{t} matches the reference with each merge's lse off by lse_{x} - "

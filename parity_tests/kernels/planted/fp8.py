@@ -75,14 +75,17 @@ def in_bfloat16(q, k, v, *, causal, scale, q_descale, k_descale, v_descale):
                                           is_causal=causal, scale=scale)
 
 
-def kv_kernel(missing=(), twice=(), v_with_k=False, **attend):
+def kv_kernel(missing=(), twice=(), v_with_k=False, rope_as_stored=False, **attend):
     """An FP8-KV-cache kernel: q and out in q's dtype, k and v dequantised from float8 (v with
-    k's descale: ``v_with_k``)."""
+    k's descale: ``v_with_k``; k's channels past v's head dim read as stored: ``rope_as_stored``,
+    an MLA cache's rope part taken as kept in another format)."""
     def kernel(q, k, v, *, causal, scale, k_descale, v_descale):
         x = {"k": k.float(), "v": v.float()}
         ds = {"k": k_descale, "v": k_descale if v_with_k else v_descale}
         for n in x:
             x[n] = x[n] * ds[n][:, :, None, None] ** ((n not in missing) + (n in twice))
+        if rope_as_stored:
+            x["k"] = torch.cat([x["k"][..., :v.shape[-1]], k[..., v.shape[-1]:].float()], -1)
         return _attend(q.float(), x["k"], x["v"], causal, scale, out_dtype=q.dtype, **attend)
     return kernel
 
@@ -108,5 +111,6 @@ GALLERY_KV = {
     **{f"fp8-{n}-descale-missing": kv_kernel(missing=(n,)) for n in "kv"},
     **{f"fp8-{n}-descale-twice": kv_kernel(twice=(n,)) for n in "kv"},
     "fp8-v-descale-from-k": kv_kernel(v_with_k=True),
+    "fp8-k-descale-missing-past-dv": kv_kernel(rope_as_stored=True),
     "fp8-pv-narrow-accumulator": kv_kernel(narrow=128),
 }

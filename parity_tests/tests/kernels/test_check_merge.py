@@ -94,6 +94,22 @@ def test_a_merged_lse_off_by_the_difference_of_the_two_is_named_on_out_and_lse()
     assert "each merge's lse off by lse_a - lse_b" in lse_row.diagnosis.sentence
 
 
+def _softplus_without_abs(out_a, lse_a, out_b, lse_b):
+    """The merged lse as max + log1p(exp(-d)), d = lse_a - lse_b, where log1p(exp(-|d|)) is meant."""
+    out, lse = ex.merge(out_a, lse_a, out_b, lse_b)
+    both = torch.isfinite(lse_a) & torch.isfinite(lse_b)
+    d = torch.where(both, lse_a - lse_b, 0.0)
+    return out, torch.where(both, torch.maximum(lse_a, lse_b) + torch.log1p(torch.exp(-d)), lse)
+
+
+def test_a_merged_lse_off_on_one_side_only_is_named_with_the_side():
+    report = merge_check.check_merge(_softplus_without_abs, dtypes=["float32"])
+    assert not report.passed and report.diagnosis == "lse-off-one-side", str(report)
+    lse_row = next(r for r in report.failures if r.tensor == "lse")
+    assert "each merge's lse too large by lse_b - lse_a where lse_b > lse_a, right elsewhere" in \
+        lse_row.diagnosis.sentence, lse_row.diagnosis.sentence
+
+
 def _raises(out_a, lse_a, out_b, lse_b):
     raise RuntimeError("no kernel for D = 16")
 

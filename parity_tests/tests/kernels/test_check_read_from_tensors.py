@@ -352,7 +352,7 @@ def test_keys_counted_more_than_twice_are_named_with_their_counts():
            "35 .. 36, ... counted 3 times" in said["out"].sentence, said["out"].sentence
 
 
-def test_rows_seeing_another_range_of_keys_are_named_with_how_far_its_edge_moved():
+def test_the_causal_mask_left_off_the_diagonal_tiles_is_named_with_the_blocks():
     # the causal mask left off the diagonal tiles of 32: each row sees up to its tile's last key
     def diagonal_tiles_unmasked(q, k, v, *, causal, scale):
         i, j = torch.arange(q.shape[2])[:, None], torch.arange(k.shape[2])[None, :]
@@ -360,9 +360,9 @@ def test_rows_seeing_another_range_of_keys_are_named_with_how_far_its_edge_moved
         return torch.softmax(S.masked_fill(j >= (i // 32 + 1) * 32, -math.inf), -1) @ v
     rows = runner.run_case(targets.resolve(diagonal_tiles_unmasked), Case(1, 2, 77, 77, 16, True), "float32", "cpu")
     out = next(r for r in rows if r.tensor == "out")
-    assert not out.passed and out.diagnosis.id == "key-spans", out.diagnosis.sentence
-    assert "each of query rows 0 .. 30, 32 .. 62, 64 .. 75 seeing another range of keys than its own: its last " \
-           "key 1 .. 31 keys later, each range ending at a multiple of 32" in out.diagnosis.sentence, \
+    assert not out.passed and out.diagnosis.id == "tile-masks", out.diagnosis.sentence
+    assert "blocks of 32 masked otherwise than their own (3 of 9: (0, 0): every key seen (its mask dropped); (1, 1): " \
+           "every key seen (its mask dropped); (2, 2): every key seen (its mask dropped))" in out.diagnosis.sentence, \
         out.diagnosis.sentence
 
 
@@ -847,3 +847,84 @@ def test_a_backward_loading_v_with_the_query_length_is_named_with_the_rows_it_lo
     assert set(said) == {"dk"} and said["dk"].id == "rows-read-as-zero", {n: d.sentence for n, d in said.items()}
     assert "reading V's rows 45 .. 76 as 0 (a load masked at the other length Tq = 45, where Tk = 77 is meant)" in \
         said["dk"].sentence, said["dk"].sentence
+
+
+def test_a_forward_loading_k_and_v_with_the_query_length_is_named_so():
+    def loads_bounded_by_tq(q, k, v, *, causal, scale):
+        seen = (torch.arange(k.shape[2]) < q.shape[2])[:, None]
+        return sdpa(q, k * seen, v * seen, causal=causal, scale=scale)
+    rows = runner.run_case(targets.resolve(loads_bounded_by_tq), Case(1, 2, 45, 77, 16, False, ()), "float32", "cpu")
+    said = {r.tensor: r.diagnosis for r in rows if not r.passed}
+    assert said.get("out") is not None and said["out"].id == "keys-read-as-zero-at-tq", \
+        {n: d.sentence for n, d in said.items()}
+
+
+def _blocks_masked(change, tile=32):
+    """Causal SDPA (bottom-right) whose block mask is the right one with ``change(mask, tile)`` applied."""
+    def kernel(q, k, v, *, causal, scale, align="bottom-right"):
+        tq, tk = q.shape[2], k.shape[2]
+        offset = tk - tq if align == "bottom-right" else 0
+        seen = torch.arange(tk)[None, :] <= torch.arange(tq)[:, None] + offset if causal else \
+            torch.ones(tq, tk, dtype=torch.bool)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=change(seen.clone(), tile),
+                                                                scale=scale)
+    return kernel
+
+
+def _stale_tile_mask(seen, t):             # block (0, 1) given block (0, 0)'s mask: a mask cached by tile shape
+    seen[:t, t:2 * t] = seen[:t, :t]
+    return seen
+
+
+def _diagonal_unmasked(seen, t):           # block (1, 1) on the diagonal taken for a full one
+    seen[t:2 * t, t:2 * t] = True
+    return seen
+
+
+@pytest.mark.parametrize("change, said", [(_stale_tile_mask, "(0, 1): the mask of block (0, 0)"),
+                                          (_diagonal_unmasked, "(1, 1): every key seen (its mask dropped)")])
+def test_blocks_masked_otherwise_are_named_with_the_blocks(change, said):
+    rows = runner.run_case(targets.resolve(_blocks_masked(change)), Case(1, 2, 61, 83, 16, True, ()), "float32", "cpu",
+                           align="bottom-right")
+    found = {r.tensor: r.diagnosis for r in rows if not r.passed}
+    assert found.get("out") is not None and found["out"].id == "tile-masks", {n: d.sentence for n, d in found.items()}
+    assert f"blocks of 32 masked otherwise than their own (1 of 6: {said})" in found["out"].sentence, \
+        found["out"].sentence
+    assert {d.id for d in found.values()} == {"tile-masks"}, {n: d.sentence for n, d in found.items()}
+
+
+def test_a_sink_added_without_the_row_maximum_is_named_so():
+    def sink_unshifted(q, k, v, *, causal, scale, sinks):
+        S = (q.double() @ k.double().transpose(-1, -2)) * scale
+        if causal:
+            S = S.masked_fill(torch.ones_like(S, dtype=torch.bool).triu(1), -math.inf)
+        m = S.amax(-1, keepdim=True)
+        e = torch.exp(S - m)
+        l = e.sum(-1, keepdim=True) + torch.exp(sinks.double())[None, :, None, None]   # exp(sink - m) is meant
+        return ((e @ v.double()) / l).to(q.dtype)
+    report = parity_tests.check(sink_unshifted, features=["sinks"], tokens=["45x77"], causal="yes", **ONE)
+    said = {d.id for r, d in report.diagnoses if r.tensor == "out"}
+    assert said == {"sink-unshifted"}, [d.sentence for _, d in report.diagnoses]
+    assert report.diagnosis == "sink-unshifted", str(report)
+
+
+def test_key_tiles_weighed_against_another_maximum_are_named_with_their_factors():
+    def lazy_rescale(q, k, v, *, causal, scale, tile=32, threshold=8.0):
+        """A lazy online softmax: acc and l rescaled only when the maximum moves by more than the
+        threshold, each tile's weights taken against the new maximum all the same."""
+        S = (q.double() @ k.double().transpose(-1, -2)) * scale
+        m_use = torch.full(S.shape[:-1] + (1,), -math.inf, dtype=S.dtype)
+        acc, l = torch.zeros(S.shape[:-1] + (v.shape[-1],), dtype=S.dtype), torch.zeros_like(m_use)
+        for t in range(0, S.shape[-1], tile):
+            St = S[..., t:t + tile]
+            m_new = torch.maximum(m_use, St.amax(-1, keepdim=True))
+            moved = (m_new - m_use > threshold) | torch.isinf(m_use)
+            alpha = torch.where(moved, torch.exp(m_use - m_new), torch.ones_like(m_use))
+            acc, l, m_use = acc * alpha, l * alpha, torch.where(moved, m_new, m_use)
+            p = torch.exp(St - m_new)                                   # m_use is meant
+            acc, l = acc + p @ v.double()[..., t:t + tile, :], l + p.sum(-1, keepdim=True)
+        return (acc / l).to(q.dtype)
+    rows = runner.run_case(targets.resolve(lazy_rescale), Case(1, 2, 45, 77, 16, False, ()), "float32", "cpu")
+    out = next(r for r in rows if r.tensor == "out")
+    assert not out.passed and out.diagnosis.id == "tiles-weighted", out.diagnosis.sentence
+    assert "each row's key tiles of 32 mixed with other weights than their softmax mass" in out.diagnosis.sentence
