@@ -2109,7 +2109,7 @@ def _tiles_unwritten(n, ev):
         return None
     bad = ((np.abs(a - ref) / ev.den[n]).max(-1) > ev.bounds[n])                      # (B, H, R)
     blank = (a == 0).all(-1)
-    if not bad.any() or (bad & ~blank).any():
+    if not bad.any():
         return None
     B, H, R = bad.shape
     tiled = lambda x, fill, m, tile: np.pad(x, ((0, 0), (0, 0), (0, m * tile - R)), constant_values=fill).reshape(
@@ -2292,10 +2292,11 @@ def _tile_masks(sub):
     mask (a tile mask cached by its shape alone, a block-sparse loop taking a block for full or
     partial): from the unmasked dense weights U (v the identity), a row's output under mask M is
     Σ_j U_ij M_ij v_j / Σ_j U_ij M_ij, so a block's change moves it by that block's terms alone.
-    Fitted query tile by query tile, the largest tile first, each step taking the single block change
-    that lowers that tile's rows' squared error most (`MASK_CHANGES` at most); held to the bound on every
-    row.  [] where the mask differs between slices, with dropout, on a block of rows, or too large."""
-    found = _out_weights(sub)
+    Fitted query tile by query tile, the largest tile first, each step taking the single block
+    change that lowers that tile's rows' squared error most (`MASK_CHANGES` at most); held to the
+    bound on every row.  [] where the mask differs between slices, with sinks (their weight outside any block), with
+    dropout, on a block of rows, or too large."""
+    found = _out_weights(sub) if sub.opts.get("sinks") is None else None
     U = _dense_weights(sub, unmasked=True) if found is not None else None
     if U is None:
         return []
@@ -2384,11 +2385,11 @@ def _tiles_weighted(sub):
     softmax whose state is rescaled inconsistently across key tiles: a tile's weights taken against
     one maximum while acc and l keep another, a per-tile scale on P undone once): row i's output
     Σ_t w_it O_it, O_it its tile t's own normalised output and w_it fitted by least squares with
-    Σ_t w_it = 1 (a row that sees one tile kept as it is), each tile's factor c_it = w_it / mass_it
+    Σ_t w_it = 1 (a row that sees one tile is kept as it is), each tile's factor c_it = w_it / mass_it
     (relative to the row's first tile) said by its range; held
     to the bound, the largest tile of `mistakes.KEY_TILES` that explains first.  [] where every
-    factor is 1, with dropout, on a block of rows, or with weights too large to hold."""
-    found = _out_weights(sub)
+    factor is 1, with sinks, with dropout, on a block of rows, or with weights too large to hold."""
+    found = _out_weights(sub) if sub.opts.get("sinks") is None else None
     if found is None:
         return []
     P, v, O, row_error = found
@@ -2416,9 +2417,7 @@ def _tiles_weighted(sub):
         K[..., :n, :n], K[..., :n, n], K[..., n, :n] = G, seen, seen
         K[..., n, n] = ~seen.any(-1)                                              # a row that sees no key: w = 0
         rhs = np.concatenate([np.einsum("bhqnd,bhqd->bhqn", A, got), np.ones((B, H, Tq, 1))], -1)
-        w = np.linalg.solve(K, rhs[..., None])[..., :n, 0]
-        one = seen.sum(-1) == 1                                                   # no other tile to weigh against
-        w = np.where(one[..., None], seen, w)
+        w = np.linalg.solve(K, rhs[..., None])[..., :n, 0]                       # a row seeing one tile: w = 1
         pred = np.einsum("bhqn,bhqnd->bhqd", w, A)
         if slice_errors(got, pred, sub.den["out"]).max() > bound:
             continue
@@ -2429,15 +2428,12 @@ def _tiles_weighted(sub):
         if not told.any() or np.abs(c[told] - 1).max() <= CONSTANT_WITHIN:
             return []
         lo, hi = float(c[told].min()), float(c[told].max())
-        pred4 = pred
-
-        def predict(grads=True, pred4=pred4):
-            return {**sub.gold, "out": pred4}
         return [mistakes.Hypothesis("tiles-weighted", f"each row's key tiles of {tile} mixed with other weights than "
                                     f"their softmax mass (a tile's weight off by a factor of its own, {lo:.3g} .. "
-                                    f"{hi:.3g} against the row's first tile): an online softmax whose state is rescaled "
-                                    "inconsistently across key tiles (a tile's weights taken against one maximum while "
-                                    "acc and l keep another, or a per-tile scale on P undone once)", predict, ("out",),
+                                    f"{hi:.3g} against the row's first tile): an online softmax whose state is "
+                                    "rescaled inconsistently across key tiles (a tile's weights taken against one "
+                                    "maximum while acc and l keep another, or a per-tile scale on P undone once)",
+                                    lambda grads=True, pred=pred: {**sub.gold, "out": pred}, ("out",),
                                     fitted=("out",))]
     return []
 

@@ -808,6 +808,11 @@ def test_what_sets_the_failing_cases_apart_is_said():
     assert f"  the failing cases: {apart}" in report.diagnosis_lines()
     assert parity_tests.check(sdpa, tokens=["45x77"], **ONE).failing_apart() == ""     # nothing fails
 
+    def flat_unless_causal(q, k, v, *, causal, scale):
+        return attend(q, k, v, causal=causal, scale=scale if causal else 1 // math.sqrt(q.shape[-1]))[0]
+    apart = parity_tests.check(flat_unless_causal, tokens=["45x77"], causal="both", **ONE).failing_apart()
+    assert apart.startswith("exactly those not causal ("), apart
+
 
 def _tiles_skipped(every, skipped, tile=16):
     """SDPA with the work tiles (batch, head, query tile of ``tile``, the tile fastest) whose index
