@@ -1228,8 +1228,12 @@ def _sequence_offsets(sub):
     def predict(grads=True):
         return as_4d(dense.run(r["q"], r["k"], r["v"], r["dout"] if grads else None, sub.opts, grads=grads,
                                dlse=r.get("dlse") if grads else None, shift=shift))
+    masked = case.causal or any(sub.opts.get(o) is not None for o in dense.VISIBILITY if o not in ("causal", "align"))
+    moved = [words for words, on in (("the mask: query i sees key j <= i + offset", masked),
+                                     ("ALiBi's distance |i + offset - j|", sub.opts.get("alibi_slopes") is not None))
+             if on] or ["query i sees key j <= i + offset"]
     return [mistakes.Hypothesis("sequence-offsets", f"sequences aligned with another offset than their own lengths "
-                                f"give (query i sees key j <= i + offset): {said}", predict,
+                                f"give ({' and '.join(moved)}): {said}", predict,
                                 ("out", "lse", "dq", "dk", "dv"), fitted=("out",))]
 
 
@@ -2103,10 +2107,10 @@ def _tiles_unwritten(n, ev):
     the rest within the bound: work tiles never run (a persistent grid of fewer programs than its
     scheduler's stride assumes, a tile index decoded past the slices).  The sentence gives those
     tiles' indices in the order (batch, head, query tile), the tile fastest, and a period in them
-    where there is one; else None."""
+    where there is one; else None, and on cases of per-sequence lengths."""
     a, ref = ev.arrays[n], ev.gold[n]
-    if ev.rows is not None or not np.isfinite(a).all():
-        return None
+    if ev.rows is not None or ev.case.seqlens or not np.isfinite(a).all():
+        return None                      # (per-sequence lengths: a short sequence's rows fill no tile of their own)
     bad = ((np.abs(a - ref) / ev.den[n]).max(-1) > ev.bounds[n])                      # (B, H, R)
     blank = (a == 0).all(-1)
     if not bad.any():

@@ -843,6 +843,15 @@ def test_query_tiles_never_written_are_named_with_their_work_indices():
                                 batch=[2])
     outs = [r for r in report.failures if r.tensor == "out"]
     assert outs and "tiles-unwritten" not in {r.diagnosis.id for r in outs}, str(report)
+    # nor a packed batch's first sequence left 0: its rows, padded to the longest, fill no tile of their own
+    def first_sequence_blank(q, k, v, *, causal, scale, cu_seqlens_q, **kw):
+        out = _packed(lambda b, cq, ck, mq, mk: own_offset(b, cq, ck))(q, k, v, causal=causal, scale=scale,
+                                                                       cu_seqlens_q=cu_seqlens_q, **kw)
+        return torch.cat([0 * out[:int(cu_seqlens_q[1])], out[int(cu_seqlens_q[1]):]])
+    case = Case(3, 2, 40, 50, 16, True, (("varlen", ((20, 40, 33), (20, 50, 41))),), align="bottom-right")
+    rows = runner.run_case(targets.resolve(first_sequence_blank), case, "float32", "cpu", wanted=("varlen",))
+    out = next(r for r in rows if r.tensor == "out")
+    assert not out.passed and out.diagnosis.id != "tiles-unwritten", out.diagnosis.sentence
 
 
 def test_a_backward_loading_v_with_the_query_length_is_named_with_the_rows_it_lost():
@@ -933,3 +942,20 @@ def test_key_tiles_weighed_against_another_maximum_are_named_with_their_factors(
     out = next(r for r in rows if r.tensor == "out")
     assert not out.passed and out.diagnosis.id == "tiles-weighted", out.diagnosis.sentence
     assert "each row's key tiles of 32 mixed with other weights than their softmax mass" in out.diagnosis.sentence
+
+
+def test_alibi_distances_from_packed_positions_are_named_as_an_offset_of_alibi():
+    def packed_alibi(q, k, v, *, causal, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                     alibi_slopes):
+        outs = []
+        for b in range(len(cu_seqlens_q) - 1):
+            cq, ck = (int(cu_seqlens_q[b]), int(cu_seqlens_q[b + 1])), (int(cu_seqlens_k[b]), int(cu_seqlens_k[b + 1]))
+            qs, ks, vs = q[cq[0]:cq[1]].transpose(0, 1), k[ck[0]:ck[1]].transpose(0, 1), v[ck[0]:ck[1]].transpose(0, 1)
+            i, j = torch.arange(*cq)[:, None], torch.arange(*ck)[None, :]       # positions in the packed tensors
+            S = qs @ ks.transpose(-1, -2) * scale - alibi_slopes[:, None, None] * (i - j).abs()
+            outs.append(torch.softmax(S, -1).nan_to_num(0.0) @ vs)
+        return torch.cat([o.transpose(0, 1) for o in outs])
+    report = parity_tests.check(packed_alibi, features=["varlen", "alibi"], causal="no", **ONE)
+    outs = [d for r, d in report.diagnoses if r.tensor == "out" and d.id == "sequence-offsets"]
+    assert outs, str(report)
+    assert all("give (ALiBi's distance |i + offset - j|): sequence" in d.sentence for d in outs), outs[0].sentence
