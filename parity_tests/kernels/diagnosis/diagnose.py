@@ -1144,12 +1144,13 @@ def _broadcast_sum(sub, n):
     r = sub.rounded
     wide = dense.run(r["q"], r["k"], r["v"], r["dout"], {**sub.opts, n[1:]: np.broadcast_to(value4, full).copy()},
                      dlse=r.get("dlse"))[n]                                  # (B, Hq, Tq, Tk): each slice its own
+    across = _tiles_summed_across(sub, n, wide, dims)
     slices = list(np.ndindex(*(full[d] for d in dims)))
     pick = lambda idx: wide[tuple(idx[dims.index(d)] if d in dims else slice(None) for d in range(4))]
     parts = np.stack([pick(idx).reshape(-1) for idx in slices], axis=1)      # (entries, slices)
     rounded = _zero_one_fit(parts, got.reshape(-1))
     if rounded is None or rounded.all():
-        return []
+        return across
     axes = ("batch", "head", "query row", "key")
     named = lambda idx: "(" + ", ".join(f"{axes[d]} {i}" for d, i in zip(dims, idx)) + ")"
     kept = [named(idx) for idx, w in zip(slices, rounded) if w]
@@ -1157,9 +1158,33 @@ def _broadcast_sum(sub, n):
 
     def predict(grads=True):
         return {**sub.gold, n: pred}
-    return [mistakes.Hypothesis("broadcast-sum", f"{n} summed over {len(kept)} of the {len(slices)} slices its "
-                                f"input is broadcast over: {', '.join(kept) or 'none'}, not all of them ("
-                                "a slice's gradient written where each should add)", predict, (n,), fitted=(n,))]
+    return across + [mistakes.Hypothesis("broadcast-sum", f"{n} summed over {len(kept)} of the {len(slices)} slices "
+                                         f"its input is broadcast over: {', '.join(kept) or 'none'}, not all of them "
+                                         "(a slice's gradient written where each should add)", predict, (n,),
+                                         fitted=(n,))]
+
+
+def _tiles_summed_across(sub, n, wide, dims):
+    """The gradient ``n`` of an input broadcast over the query rows (a key bias) summed, in each
+    square tile of `mistakes.KEY_TILES`, over the tile's keys where its queries are meant (a kernel
+    that works on transposed tiles dSᵀ reducing the wrong axis): key position kt·t + c takes the sum
+    over tile kt's keys at query row qt·t + c, over every query tile qt.  ``wide``: the gradient at
+    full size (B, Hq, Tq, Tk).  Not fitted: one hypothesis per tile size."""
+    case, got = sub.case, sub.arrays[n]
+    if 2 not in dims or 3 in dims:
+        return []
+    out = []
+    for t in (t for t in mistakes.KEY_TILES if t < max(case.tq, case.tk)):
+        nq, nk = -(-case.tq // t), -(-case.tk // t)
+        tiles = np.pad(wide, ((0, 0), (0, 0), (0, nq * t - case.tq), (0, nk * t - case.tk))).reshape(
+            *wide.shape[:2], nq, t, nk, t)
+        flipped = np.swapaxes(tiles, 3, 5).reshape(*wide.shape[:2], nq * t, nk * t)[..., :case.tk]
+        pred = flipped.sum(axis=tuple(dims), keepdims=True).reshape(got.shape)
+        out.append(mistakes.Hypothesis("tiles-summed-across", f"{n} summed over each {t} x {t} tile's keys where "
+                                       "its query rows are meant (a transposed tile reduced on the wrong axis: key "
+                                       "kt·t + c given the sum of tile kt's keys at query row qt·t + c)",
+                                       lambda grads=True, pred=pred: {**sub.gold, n: pred}, (n,)))
+    return out
 
 
 def _lse_max_factor(sub):

@@ -959,3 +959,50 @@ def test_alibi_distances_from_packed_positions_are_named_as_an_offset_of_alibi()
     outs = [d for r, d in report.diagnoses if r.tensor == "out" and d.id == "sequence-offsets"]
     assert outs, str(report)
     assert all("give (ALiBi's distance |i + offset - j|): sequence" in d.sentence for d in outs), outs[0].sentence
+
+
+class _KeyBiasSummedAcross(torch.autograd.Function):
+    """Attention with an additive bias whose (B, 1, 1, Tk) gradient is reduced, in each 32 x 32 tile
+    of dSᵀ, over the tile's keys where its query rows are meant; every other gradient right."""
+    @staticmethod
+    def forward(ctx, q, k, v, bias, scale, causal):
+        ctx.save_for_backward(q, k, v, bias)
+        ctx.opts = scale, causal
+        return _KeyBiasSummedAcross.plain(q, k, v, bias, scale, causal)
+
+    @staticmethod
+    def plain(q, k, v, bias, scale, causal):
+        S = q @ k.transpose(-1, -2) * scale + bias
+        if causal:
+            S = S.masked_fill(torch.ones_like(S, dtype=torch.bool).triu(1), -math.inf)
+        return torch.softmax(S, -1) @ v
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, bias = ctx.saved_tensors
+        shape = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+        with torch.enable_grad():
+            leaves = [x.detach().requires_grad_() for x in (q, k, v)] + \
+                [bias.detach().expand(shape).clone().requires_grad_()]
+            dq, dk, dv, dS = torch.autograd.grad(_KeyBiasSummedAcross.plain(*leaves, *ctx.opts), leaves, dout)
+        if bias.dim() == 4 and bias.shape[1] == bias.shape[2] == 1:
+            t, (tq, tk) = 32, shape[2:]
+            nq, nk = -(-tq // t), -(-tk // t)
+            tiles = torch.nn.functional.pad(dS, (0, nk * t - tk, 0, nq * t - tq)).reshape(*shape[:2], nq, t, nk, t)
+            dS = tiles.transpose(3, 5).reshape(*shape[:2], nq * t, nk * t)[..., :tk]
+        dims = [d for d in range(4) if bias.dim() < 4 and d < 2 or bias.dim() == 4 and bias.shape[d] == 1]
+        dbias = dS.sum(dim=dims, keepdim=True) if dims else dS           # (sum over no dim sums over all)
+        return dq, dk, dv, dbias.reshape(bias.shape), None, None
+
+
+def test_a_key_bias_gradient_summed_across_its_tiles_is_named_with_the_tile():
+    def kernel(q, k, v, *, causal, scale, bias=None):
+        if bias is None:
+            return _KeyBiasSummedAcross.plain(q, k, v, 0.0, scale, causal)
+        return _KeyBiasSummedAcross.apply(q, k, v, bias, scale, causal)
+    report = parity_tests.check(kernel, features=["bias"], tokens=["45x77"], causal="yes", **ONE)
+    said = {(r.case, r.tensor): r.diagnosis for r in report.failures}
+    assert said and all("x1x1x" in c and n == "dbias" for c, n in said), list(said)
+    assert {d.id for d in said.values()} == {"tiles-summed-across"}, [d.sentence for d in said.values()]
+    assert "dbias summed over each 32 x 32 tile's keys where its query rows are meant" in \
+        next(iter(said.values())).sentence
