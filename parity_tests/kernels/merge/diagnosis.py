@@ -26,6 +26,7 @@ For each failing tensor of a case (out, lse, dout_parts, dlse_parts), in order:
    comes closer than the reference.
 """
 
+import itertools
 import math
 
 import numpy as np
@@ -37,6 +38,17 @@ __all__ = ["diagnose_case", "bad_entries", "base2_prediction", "unnormalised_pre
            "naive_bad_rows"]
 
 LN2 = math.log(2.0)
+# The merged lse off by the difference of the two, everywhere or on one side (`lse_off_prediction`):
+# id -> (x, y) -> (what is off, why), x the piece whose lse the error follows
+LSE_OFF = {
+    "lse-off-by-difference": lambda x, y: (
+        f"off by lse_{x} - lse_{y}", f"the sigmoid form's argument sign flipped (lse_{x} - logsigmoid(lse_{y} - "
+        f"lse_{x}) is logaddexp(lse_a, lse_b) + (lse_{x} - lse_{y}))"),
+    "lse-off-one-side": lambda x, y: (
+        f"too large by lse_{x} - lse_{y} where lse_{x} > lse_{y}, right elsewhere,",
+        f"max(lse_a, lse_b) + log1p(exp(-d)) with d = lse_{y} - lse_{x} where log1p(exp(-|d|)) is meant (the "
+        "absolute value dropped)"),
+}
 
 
 def _rows(bad, tensor):
@@ -183,9 +195,9 @@ def diagnose_case(rows, got, gold, denoms, states, dout, dlse, order, dtype):
     lse_dtype = np.float64 if dtype == "float64" else np.float32
     predicted = {"base-2": base2_prediction(states, dout, dlse, order),       # {tensor: array}
                  "unnormalised": unnormalised_prediction(states, order)}     # out
-    for sign in (1, -1):                                                     # out and lse
-        predicted[sign] = dict(zip(("out", "lse"), lse_off_prediction(states, order, sign)))
-        predicted[sign, "one-sided"] = dict(zip(("out", "lse"), lse_off_prediction(states, order, sign, True)))
+    for sign, kind in itertools.product((1, -1), LSE_OFF):                   # out and lse
+        predicted[sign, kind] = dict(zip(("out", "lse"), lse_off_prediction(states, order, sign,
+                                                                            kind == "lse-off-one-side")))
     if any(r.failed and r.tensor == "dlse_parts" for r in rows):
         predicted["detached"] = detached_prediction(states, dout, dlse, order)
     named_out = None
@@ -217,23 +229,15 @@ def _catalogue(t, got, gold, denom, error, bound, predicted):
     if t == "dlse_parts" and predicted.get("detached") is not None:
         tried.append(("normaliser-detached", _residual(got, predicted["detached"], denom)))
     if t in ("out", "lse"):
-        tried += [(f"lse-off-by-difference{'' if sign > 0 else '-negated'}", _residual(got, predicted[sign][t], denom))
-                  for sign in (1, -1)]
-        tried += [(f"lse-off-one-side{'' if sign > 0 else '-negated'}",
-                   _residual(got, predicted[sign, "one-sided"][t], denom)) for sign in (1, -1)]
+        tried += [(f"{kind}{'' if sign > 0 else '-negated'}", _residual(got, predicted[sign, kind][t], denom))
+                  for kind in LSE_OFF for sign in (1, -1)]
     name, res = min(tried, key=lambda p: p[1])
-    if explains(res) and name.startswith("lse-off-one-side"):
-        x, y = ("a", "b") if name == "lse-off-one-side" else ("b", "a")
-        return Diagnosis("lse-off-one-side", f"{t} matches the reference with each merge's lse too large by lse_{x} - "
-                         f"lse_{y} where lse_{x} > lse_{y}, right elsewhere, to {fmt(res)} (bound {fmt(bound)}): "
-                         f"max(lse_a, lse_b) + log1p(exp(-d)) with d = lse_{y} - lse_{x} where log1p(exp(-|d|)) is "
-                         "meant (the absolute value dropped); the later merges weigh that lse", res, bound)
-    if explains(res) and name.startswith("lse-off-by-difference"):
-        x, y = ("a", "b") if name == "lse-off-by-difference" else ("b", "a")
-        return Diagnosis("lse-off-by-difference", f"{t} matches the reference with each merge's lse off by lse_{x} - "
-                         f"lse_{y} to {fmt(res)} (bound {fmt(bound)}): the sigmoid form's argument sign flipped "
-                         f"(lse_{x} - logsigmoid(lse_{y} - lse_{x}) is logaddexp(lse_a, lse_b) + (lse_{x} - lse_{y})); "
-                         "the later merges weigh that lse", res, bound)
+    kind = next((k for k in LSE_OFF if name.startswith(k)), None)
+    if explains(res) and kind is not None:
+        x, y = ("a", "b") if name == kind else ("b", "a")
+        said, why = LSE_OFF[kind](x, y)
+        return Diagnosis(kind, f"{t} matches the reference with each merge's lse {said} to {fmt(res)} (bound "
+                         f"{fmt(bound)}): {why}; the later merges weigh that lse", res, bound)
     if explains(res) and name == "normaliser-detached":
         return Diagnosis(name, f"{t} matches the reference with the merged lse held constant in the weights "
                          f"w_x = exp(lse_x - lse) (detached, as the stabilising maximum may be) to {fmt(res)} "
