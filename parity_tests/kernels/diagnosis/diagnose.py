@@ -496,6 +496,17 @@ def _dp_scaled(sub):
                                 lambda grads=True: run(c, grads), ("dq", "dk"), fitted=("dq",))]
 
 
+
+def _in_tiles(x, axis, tile, fill=0):
+    """``x`` padded with ``fill`` along ``axis`` to whole tiles of ``tile`` and split there into
+    (tiles, tile): shape (..., n, tile, ...) where ``axis`` had n·tile − pad entries."""
+    axis %= x.ndim
+    n = -(-x.shape[axis] // tile)
+    width = [(0, 0)] * x.ndim
+    width[axis] = (0, n * tile - x.shape[axis])
+    return np.pad(x, width, constant_values=fill).reshape(x.shape[:axis] + (n, tile) + x.shape[axis + 1:])
+
+
 def _delta_per_tile(sub, failing):
     """The backward's D computed within each key tile of `mistakes.KEY_TILES` alone, as a key-major
     kernel that forms it in its tile loop does: D_it = Σ_{j in tile t} P_ij dP_ij (− dlse_i)
@@ -512,8 +523,7 @@ def _delta_per_tile(sub, failing):
     scale = sub.opts["scale"]
     out = []
     for t in (t for t in mistakes.KEY_TILES if t < case.tk):
-        pad = -case.tk % t
-        tiled = np.pad(P * dP, [(0, 0)] * 3 + [(0, pad)]).reshape(*P.shape[:-1], -1, t).sum(-1)
+        tiled = _in_tiles(P * dP, -1, t).sum(-1)
         D = np.repeat(tiled, t, axis=-1)[..., :case.tk] - dlse
         dS = P * (dP - D)
         preds = {"dq": scale * dS @ f["K"], "dk": _per_kv(case, scale * np.swapaxes(dS, -1, -2) @ f["Q"])}
@@ -1175,10 +1185,8 @@ def _tiles_summed_across(sub, n, wide, dims):
         return []
     out = []
     for t in (t for t in mistakes.KEY_TILES if t < max(case.tq, case.tk)):
-        nq, nk = -(-case.tq // t), -(-case.tk // t)
-        tiles = np.pad(wide, ((0, 0), (0, 0), (0, nq * t - case.tq), (0, nk * t - case.tk))).reshape(
-            *wide.shape[:2], nq, t, nk, t)
-        flipped = np.swapaxes(tiles, 3, 5).reshape(*wide.shape[:2], nq * t, nk * t)[..., :case.tk]
+        tiles = _in_tiles(_in_tiles(wide, 2, t), 4, t)                        # (B, H, nq, t, nk, t)
+        flipped = np.swapaxes(tiles, 3, 5).reshape(*wide.shape[:2], tiles.shape[2] * t, -1)[..., :case.tk]
         pred = flipped.sum(axis=tuple(dims), keepdims=True).reshape(got.shape)
         out.append(mistakes.Hypothesis("tiles-summed-across", f"{n} summed over each {t} x {t} tile's keys where "
                                        "its query rows are meant (a transposed tile reduced on the wrong axis: key "
@@ -2043,11 +2051,10 @@ def _key_tile_ranges(sub):
         n = -(-Tk // tile)
         if n < 2 or n > RANGE_TILES:
             continue
-        pad = n * tile - Tk
-        Pt = np.pad(P[where], [(0, 0), (0, pad)]).reshape(-1, n, tile)      # (W, n, tile)
+        Pt = _in_tiles(P[where], -1, tile)                                  # (W, n, tile)
         wv = np.empty((len(Pt), n, v.shape[-1]))
         for (b, h), ws in slices.items():
-            vt = np.pad(v[b, h], [(0, pad), (0, 0)]).reshape(n, tile, -1)
+            vt = _in_tiles(v[b, h], 0, tile)                                # (n, tile, Dv)
             wv[ws] = np.einsum("wnt,ntd->wnd", Pt[ws], vt)
         cw = np.concatenate([np.zeros((len(Pt), 1)), np.cumsum(Pt.sum(-1), -1)], -1)            # (W, n + 1)
         cwv = np.concatenate([np.zeros((len(Pt), 1, wv.shape[-1])), np.cumsum(wv, -2)], -2)     # (W, n + 1, Dv)
@@ -2141,12 +2148,10 @@ def _tiles_unwritten(n, ev):
     if not bad.any():
         return None
     B, H, R = bad.shape
-    tiled = lambda x, fill, m, tile: np.pad(x, ((0, 0), (0, 0), (0, m * tile - R)), constant_values=fill).reshape(
-        B, H, m, tile)                                            # rows past R: blank, and right
-    for tile in sorted(TILES, reverse=True):
+    for tile in sorted(TILES, reverse=True):                     # rows past R: blank, and right
         m = -(-R // tile)
-        hit = tiled(bad, False, m, tile).any(-1)
-        if m > 1 and (tiled(blank, True, m, tile).all(-1) | ~hit).all():
+        hit = _in_tiles(bad, -1, tile, False).any(-1)
+        if m > 1 and (_in_tiles(blank, -1, tile, True).all(-1) | ~hit).all():
             break
     else:
         return None
@@ -2340,7 +2345,7 @@ def _tile_masks(sub):
         nq, nk = -(-Tq // tile), -(-Tk // tile)
         if nq * nk > BLOCKS or nk < 2:
             continue
-        mask = np.pad(seen[0, 0], ((0, nq * tile - Tq), (0, nk * tile - Tk))).reshape(nq, tile, nk, tile)
+        mask = _in_tiles(_in_tiles(seen[0, 0], 0, tile), 2, tile)     # (nq, tile, nk, tile)
         own = {}                                                     # pattern -> the first block that has it
         for qi, kj in itertools.product(range(nq), range(nk)):
             own.setdefault(mask[qi, :, kj].tobytes(), (qi, kj))
@@ -2431,9 +2436,8 @@ def _tiles_weighted(sub):
         n = -(-Tk // tile)
         if n < 2 or n > RANGE_TILES:
             continue
-        pad = n * tile - Tk
-        Pt = np.pad(P, [(0, 0)] * 3 + [(0, pad)]).reshape(B, H, Tq, n, tile)
-        vt = np.pad(v, [(0, 0), (0, 0), (0, pad), (0, 0)]).reshape(B, H, n, tile, -1)
+        Pt = _in_tiles(P, -1, tile)                                              # (B, H, Tq, n, tile)
+        vt = _in_tiles(v, 2, tile)                                               # (B, H, n, tile, Dv)
         mass = Pt.sum(-1)                                                         # (B, H, Tq, n)
         part = np.einsum("bhqnt,bhntd->bhqnd", Pt, vt)                            # Σ_{j in t} P_ij v_j
         Ot = part / np.where(mass > 0, mass, 1.0)[..., None]
