@@ -230,6 +230,9 @@ class Evidence:
     rows: tuple = None     # (first, total): the row-wise tensors hold a block of query rows (``row_block``)
     in_float64: object = None    # the target's answer on the same inputs in float64 (`_float64_run`), once
     keyless: object = None       # (B, H, Tq) bool: the query rows that see no key (the reference's lse -inf)
+    # what several readings start from, computed once per evidence (`_out_weights`); a copy made
+    # by `replace` (a block of rows, one slice) starts empty
+    memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
 
 def as_4d(arrays):
@@ -858,6 +861,9 @@ def _reading(t, candidates, whole, error, a, r, denom, bound, sel):
             return by_slice
     best = min(named, key=lambda w: w[0]) if named else simplest[0] if simplest else \
         min(whole, key=lambda w: w[0])
+    if named:                 # mistakes that give the same here: the first asked, not the rounding's pick
+        best = next(w for w in named if w is best or
+                    slice_errors(w[3], best[3], _own_scale(best[3], denom)).max() <= ALIKE_WITHIN * bound)
     if explains(best[0], error, bound):
         unclear = _unclear(best, whole, error, bound, denom)
         if unclear:
@@ -2305,13 +2311,17 @@ def _out_weights(sub):
     forward's weights P (`_dense_weights`), v with a copy per query head (B, Hq, Tk, Dv), the
     reference's O = P v, and each row's error against it over out's denominator (B, Hq, Tq);
     None where out is missing or not finite, with one key, or where there are no weights."""
+    if "out_weights" in sub.memo:
+        return sub.memo["out_weights"]
     case, got = sub.case, sub.arrays.get("out")
     P = _dense_weights(sub) if got is not None and np.isfinite(got).all() and case.tk > 1 else None
-    if P is None:
-        return None
-    v = np.repeat(sub.rounded["v"], case.heads // case.hkv, 1)
-    O = P @ v
-    return P, v, O, np.abs(got - O).max(-1) / np.broadcast_to(sub.den["out"], P.shape[:2])[..., None]
+    found = None
+    if P is not None:
+        v = np.repeat(sub.rounded["v"], case.heads // case.hkv, 1)
+        O = P @ v
+        found = P, v, O, np.abs(got - O).max(-1) / np.broadcast_to(sub.den["out"], P.shape[:2])[..., None]
+    sub.memo["out_weights"] = found
+    return found
 
 
 # Block masks (`_tile_masks`): square tiles of these sizes, at most BLOCKS blocks, and at most this many
