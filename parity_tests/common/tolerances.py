@@ -315,6 +315,13 @@ def baseline_formulations(logits):
 # to 10 times a direct one's on a given seed, 1.10 x the bound on the B1 H2 T17 case; in
 # bfloat16, 1.55 and 1.63 x over 20 seeds.  So such a tensor's bound is at least
 # CHECK_FACTOR u Σ |t_i| over its own size (the feature gives Σ |t_i|: ``Judging.reduced``).
+# The same floor holds dq and dk where each row sees one key and a gradient flows through lse
+# (a 0-wide window): there dS_i = dlse_i exactly, which the softmax's backward forms exactly
+# (Σ_j P_ij dP_ij is dP_ij), so the baseline's error says nothing of a kernel that forms
+# D = rowsum(dO ∘ O) − dlse and dP = dO · v_j apart, as FlashAttention-2 does: their terms'
+# sizes Σ_c |dO_ic| (|v_jc| + |O_ic|), times scale |k_j| (dq) or scale |q_i| (dk), are the sum
+# (``runner.one_key_terms``).  Measured: such a kernel, right, FAILed dq and dk at 1.6 .. 3.3 x
+# the plain bound in float32 on every seed without it, and sits at 0.13 .. 0.25 of it with it.
 # The judge's own check.  The bound is derived from the baseline, and the baseline (``dense``)
 # shares its rules -- which keys a window sees, the alignment's offset, the softcap's formula,
 # ALiBi's sign, the GQA head map, dropout's scale -- with the catalogue's mistakes and with

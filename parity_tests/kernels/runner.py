@@ -414,21 +414,52 @@ def judging_basis(case, align, rounded, opts, names, dtype, device, split=None):
         gold["lse"] = np.where(unjudged, 0.0, gold["lse"])
     den = denominators(gold)
     return Basis(full, gold_raw, gold, raw_bases, bases, logits, unjudged, den, zero_by_theory(gold),
-                 reduction_floors(case, rounded, full, den, dtype, align))
+                 reduction_floors(case, rounded, full, den, dtype, align, opts))
 
 
-def reduction_floors(case, rounded, full, den, dtype, align):
-    """{tensor: the least bound} of the gradients a feature sums over rows into a few numbers
-    (`features.Judging.reduced`: dsinks, one per head): ``tolerances.reduction_floor`` of the
-    sum of its terms' sizes, over the tensor's own size."""
-    floors = {}
+def reduction_floors(case, rounded, full, den, dtype, align, opts):
+    """{tensor: the least bound} of the gradients formed from sums whose terms cancel: those a
+    feature sums over rows into a few numbers (`features.Judging.reduced`: dsinks, one per head),
+    and dq, dk on a case whose rows each see one key, with a gradient through lse (`one_key_terms`):
+    ``tolerances.reduction_floor`` of the sum of its terms' sizes, over the tensor's own size."""
+    masses = [one_key_terms(rounded, full, opts)] if "dlse" in rounded else []
     for name, value in case.features:
         reduced = REGISTRY[name].judging.reduced if name in REGISTRY else None
         if reduced is not None:
-            for n, mass in reduced(case=case, value=value, inputs=rounded, golden=full, align=align).items():
-                if n in den:
-                    floors[n] = tol.reduction_floor(dtype, float(np.max(mass)) / den[n])
-    return floors
+            masses.append(reduced(case=case, value=value, inputs=rounded, golden=full, align=align))
+    return {n: tol.reduction_floor(dtype, float(np.max(mass)) / den[n]) for m in masses for n, mass in m.items()
+            if n in den}
+
+
+# The one-key rows' terms (`one_key_terms`) are looked for on cases of at most this many (query, key) pairs.
+ONE_KEY_PAIRS = 2 ** 22
+
+
+def one_key_terms(inputs, golden, opts):
+    """{dq, dk: the sizes of the terms of their cancelling sums} on a case where every row that sees
+    a key sees exactly one (a window (0, 0)), with an upstream gradient on lse; {} elsewhere.  There
+    dS_i = P_i (dP_i − D_i + dlse_i) = dlse_i exactly, as P_i = 1 and O_i = v_j: the softmax's own
+    backward forms it exactly (Σ_j P_ij dP_ij is dP_ij itself), so the baseline's error is no
+    yardstick; FlashAttention-2 forms D = rowsum(dO ∘ O) and dP = dO · v_j as two sums of d terms
+    rounded apart, and dS carries their difference, up to u Σ_c |dO_ic| (|v_jc| + |O_ic|) per unit
+    of rounding: times scale |k_j| in dq_i, and scale |q_i| summed over key j's rows in dk_j.
+    {} past ONE_KEY_PAIRS too."""
+    q, k, v, dout = (np.asarray(inputs[n], dtype=np.float64) for n in ("q", "k", "v", "dout"))
+    b, hq, tq, _ = q.shape
+    tk, group = k.shape[2], hq // k.shape[1]
+    if b * hq * tq * tk > ONE_KEY_PAIRS or not tq * tk or np.shape(golden["out"]) != dout.shape:
+        return {}
+    t = lambda a: torch.as_tensor(a, dtype=torch.float64)
+    with torch.no_grad():
+        S = dense.attention(t(q), t(k), t(v), scores_only=True, **dense.keywords(opts)).numpy()
+    counts = np.isfinite(S).sum(-1)                                         # (a sink's column counted too)
+    if (counts > 1).any() or not counts.any():
+        return {}
+    one = np.isfinite(S[..., :tk]).astype(np.float64)                       # (B, Hq, Tq, Tk): the key each row sees
+    m = (np.abs(dout) * (one @ np.abs(np.repeat(v, group, 1)) + np.abs(golden["out"]))).sum(-1, keepdims=True)
+    dk = opts["scale"] * np.swapaxes(one, -1, -2) @ (m * np.abs(q))                       # (B, Hq, Tk, D)
+    return {"dq": opts["scale"] * m * (one @ np.abs(np.repeat(k, group, 1))),
+            "dk": dk.reshape(b, -1, group, tk, dk.shape[-1]).sum(2)}
 
 
 def _judge(n, value, gold, bases, den, zero, dtype, logits, unjudged, case, align, gold_raw, rounded, row,

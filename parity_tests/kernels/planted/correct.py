@@ -160,6 +160,51 @@ CORRECT = {f.__name__: f for f in (max_subtracted, lse_weights, flash2(16), flas
 
 
 # ----------------------------------------------------------------------------
+# A gradient through lse (``--features lse_grad``) under a window: on a 0-wide window each row
+# sees one key and dS_i = dlse_i, which the softmax's own backward forms exactly, and
+# FlashAttention-2's D = rowsum(dO ∘ O) − dlse does not (``runner.one_key_terms``).
+
+class _RowsumD(torch.autograd.Function):
+    """(out, lse) in float32 or wider, P = exp(S − lse) for the rows that see a key; backward as
+    FlashAttention-2's: D = rowsum(dO ∘ O) − dlse, formed apart from dP = dO Vᵀ."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, scale, hidden):
+        q32, k32, v32 = _wide(q), _wide(k), _wide(v)
+        S = ((q32 @ k32.transpose(-1, -2)) * scale).masked_fill(hidden, -torch.inf)
+        lse = torch.logsumexp(S, -1, keepdim=True)
+        seen = torch.isfinite(lse)
+        P = torch.exp(S - torch.where(seen, lse, torch.zeros_like(lse))) * seen
+        out = P @ v32
+        ctx.save_for_backward(q32, k32, v32, P, out)
+        ctx.scale, ctx.dtypes = scale, (q.dtype, k.dtype, v.dtype)
+        return out.to(q.dtype), lse[..., 0]
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q32, k32, v32, P, out = ctx.saved_tensors
+        dO = _wide(dout)
+        D = (dO * out).sum(-1, keepdim=True) - (0.0 if dlse is None else _wide(dlse)[..., None])
+        dS = P * (dO @ v32.transpose(-1, -2) - D) * ctx.scale
+        qd, kd, vd = ctx.dtypes
+        return (dS @ k32).to(qd), (dS.transpose(-1, -2) @ q32).to(kd), (P.transpose(-1, -2) @ dO).to(vd), None, None
+
+
+def rowsum_d(q, k, v, *, causal, scale, align="top-left", window=None):
+    """FlashAttention-2's backward by formula, returning (out, lse), under a window (left, right),
+    −1 unbounded, about the diagonal the alignment puts the last query on."""
+    tq, tk = q.shape[-2], k.shape[-2]
+    left, right = (-1, -1) if window is None else window
+    right = 0 if causal else right
+    offset = tk - tq if align == "bottom-right" else 0
+    i = torch.arange(tq, device=q.device)[:, None] + offset
+    j = torch.arange(tk, device=q.device)[None, :]
+    hidden = ((j < i - left) if left >= 0 else torch.zeros_like(j < i)) | \
+        ((j > i + right) if right >= 0 else torch.zeros_like(j < i))
+    return _RowsumD.apply(q, k, v, scale, hidden)
+
+
+# ----------------------------------------------------------------------------
 # Sinks (``--features sinks``): one logit per head in every row's denominator, no value.
 # dsinks is a sum over every row of terms that cancel, and each formulation rounds them its
 # own way: both must pass (``tolerances.reduction_floor``).

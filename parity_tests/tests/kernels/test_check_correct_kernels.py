@@ -11,7 +11,7 @@ import torch
 import parity_tests
 from numpy_ref import reference_attention
 
-from parity_tests.kernels.planted.correct import CORRECT, SINKS
+from parity_tests.kernels.planted.correct import CORRECT, SINKS, rowsum_d
 
 DTYPES = ["float32", "bfloat16"]
 
@@ -90,3 +90,42 @@ def test_without_the_reduction_floor_the_concatenated_sinks_fail_dsinks(monkeypa
                                     seed=seed)
         failing |= {r.tensor for r in report.failures}
     assert failing == {"dsinks"}
+
+
+def test_flash2s_backward_passes_a_gradient_through_lse_on_rows_that_see_one_key():
+    """On a 0-wide window each row sees one key and dS = dlse: the softmax's own backward forms it
+    exactly, FlashAttention-2's D = rowsum(dO ∘ O) − dlse does not (``runner.one_key_terms``;
+    without that floor, dq and dk FAILed at 1.6 .. 3.3 x the bound in float32, every seed)."""
+    for seed in range(3):
+        report = parity_tests.check(rowsum_d, features=["window", "lse_grad"], dtypes=["float32"], tokens=["45x77"],
+                                    seed=seed)             # (bfloat16's bound is wider than this rounding)
+        assert report.passed, f"seed {seed}: {_ratios(report)}\n{report}"
+        assert any("window(0,0)" in r.case for r in report.rows)
+
+
+def test_without_the_one_key_floor_flash2s_backward_fails_dq_and_dk_on_one_key_rows(monkeypatch):
+    from parity_tests.kernels import runner
+    monkeypatch.setattr(runner, "one_key_terms", lambda inputs, golden, opts: {})
+    report = parity_tests.check(rowsum_d, features=["window", "lse_grad"], dtypes=["float32"], tokens=["45x77"])
+    assert {r.tensor for r in report.failures} == {"dq", "dk"}
+    assert all("window(0,0)" in r.case for r in report.failures)
+
+
+def test_the_one_key_floor_still_fails_the_lse_gradient_dropped_on_one_key_rows():
+    report = parity_tests.check(parity_tests.mistake("lse-grad-dropped", ["window", "lse_grad"]),
+                                features=["window", "lse_grad"], dtypes=["float32"], tokens=["17"])
+    assert {r.tensor for r in report.failures if "window(0,0)" in r.case} == {"dq", "dk"}
+
+
+def test_the_one_key_witness_is_attention_in_float64():
+    rng = np.random.default_rng(0)
+    for window, align in itertools.product(((0, 0), (3, -1), (-1, 2), (2, 1)), ("top-left", "bottom-right")):
+        q, k, v, dout = (rng.standard_normal((2, 3, t, 8)) for t in (9, 13, 13, 9))
+        dlse = rng.standard_normal((2, 3, 9))
+        ref = reference_attention(q, k, v, dout, scale=0.3, causal=False, align=align, window=window, dlse=dlse)
+        Q, K, V = (torch.tensor(x, requires_grad=True) for x in (q, k, v))
+        out, lse = rowsum_d(Q, K, V, causal=False, scale=0.3, align=align, window=window)
+        torch.autograd.backward([out, lse], [torch.tensor(dout), torch.tensor(dlse)])
+        for n, got in (("out", out), ("lse", lse), ("dq", Q.grad), ("dk", K.grad), ("dv", V.grad)):
+            err = np.abs(got.detach().numpy() - ref[n]).max() / max(np.abs(ref[n]).max(), 1.0)
+            assert err < 1e-12, (window, align, n, err)
