@@ -351,7 +351,7 @@ def _catalogue(rest, rows, ev):
         hyps += mistakes.option_twins(_mistakes_context(sub), hyps) + _backward_products(sub, rest, entry) + \
             _rows_read_as_zero(sub, rest, entry)
         hyps += [h for n in rest if n in INPUT_GRADS for h in _broadcast_sum(sub, n)]
-        hyps += [h for n in rest if n in ("dq", "dk", "dv") for h in _rows_moved(sub, n)]
+        hyps += [h for n in rest if n in ("dq", "dk", "dv") for h in _rows_moved(sub, n) + _tiles_accumulated(sub, n)]
     if "out" in rest and plain(["out"]):
         fitted = _keys_unseen(sub) + _sequence_offsets(sub) + _state_carried(sub) + _keys_weighted(sub) + \
             _key_tile_ranges(sub) + _tile_masks(sub) + _key_spans(sub) + _values_from_other_slices(sub) + \
@@ -1901,6 +1901,30 @@ def _axes_permuted(sub, failing):
 MOVED_PAIRS = 2 ** 22
 
 
+def _tiles_accumulated(sub, n):
+    """A gradient ``n`` (over query rows: dq; over key rows: dk, dv) whose tile t holds the sum of
+    tiles 0 .. t of the reference, row r of each at row r of t: an accumulator zeroed once per
+    (batch, head) or sequence where once per tile is meant (a dQ loop over query tiles, a dK/dV loop
+    over key tiles, that never resets it).  One hypothesis per tile of `TILES` that splits the rows;
+    not fitted."""
+    ref = sub.gold.get(n)
+    if ref is None or sub.rows is not None:
+        return []
+    rows, kind = ref.shape[2], "key" if n in ("dk", "dv") else "query"
+    lens = sub.case.seqlens[kind == "key"] if sub.case.seqlens else (rows,) * ref.shape[0]
+    past = np.arange(rows) >= np.asarray(lens)[:, None]                     # (B, rows): a sequence's padding
+    out = []
+    for t in (t for t in TILES if t < rows):
+        pred = np.cumsum(_in_tiles(ref, 2, t), axis=2).reshape(ref.shape[:2] + (-1,) + ref.shape[3:])[:, :, :rows]
+        pred = np.where(past[:, None, :, None], ref, pred)
+        out.append(mistakes.Hypothesis(
+            "tiles-accumulated", f"{n}'s {kind} tiles of {t} each holding the sum of every tile up to it (row r of "
+            f"tile t given the rows r of tiles 0 .. t: an accumulator zeroed once per sequence or (batch, head) "
+            f"where once per {kind} tile is meant)",
+            lambda grads=True, pred=pred: {**sub.gold, n: pred}, (n,)))
+    return out
+
+
 def _rows_moved(sub, n="out"):
     """``n`` right on some rows, and each of the others equal to another row of the reference: an
     index map wrong (a reshape where a transpose is meant inside a group of heads, a head order, a
@@ -2424,6 +2448,13 @@ def _tile_masks(sub):
     return []
 
 
+# Key tiles weighed otherwise (`_tiles_weighted`): a fitted weight below WEIGHT_FLOOR is no softmax's (the
+# fit found noise); a tile's factor is said where its softmax mass is above MASS_FLOOR (a weight over a
+# mass of 1e-100 says nothing).
+WEIGHT_FLOOR = -0.05
+MASS_FLOOR = 1e-6
+
+
 def _tiles_weighted(sub):
     """An out that mixes each row's key tiles with other weights than their softmax mass (an online
     softmax whose state is rescaled inconsistently across key tiles: a tile's weights taken against
@@ -2462,14 +2493,18 @@ def _tiles_weighted(sub):
         rhs = np.concatenate([np.einsum("bhqnd,bhqd->bhqn", A, got), np.ones((B, H, Tq, 1))], -1)
         w = np.linalg.solve(K, rhs[..., None])[..., :n, 0]                       # a row seeing one tile: w = 1
         pred = np.einsum("bhqn,bhqnd->bhqd", w, A)
-        if slice_errors(got, pred, sub.den["out"]).max() > bound:
-            continue
+        if slice_errors(got, pred, sub.den["out"]).max() > bound or (w[seen] < WEIGHT_FLOOR).any():
+            continue                                      # (a negative weight: a fit of noise, no softmax's)
         first = np.argmax(seen, -1)[..., None]
-        c = w / np.where(seen, mass, 1.0)
+        c = w / np.where(mass > MASS_FLOOR, mass, 1.0)
         c = c / np.where(np.take_along_axis(c, first, -1) != 0, np.take_along_axis(c, first, -1), 1.0)
-        told = seen & wrong[..., None] & (seen.sum(-1, keepdims=True) > 1)
+        told = seen & wrong[..., None] & (seen.sum(-1, keepdims=True) > 1) & (mass > MASS_FLOOR)
         if not told.any() or np.abs(c[told] - 1).max() <= CONSTANT_WITHIN:
             return []
+        squares = (Pt ** 2).sum(-1)
+        keys = mass ** 2 / np.where(squares > 0, squares, 1.0)              # each tile's keys that weigh, in effect
+        if not (keys[told & (np.abs(c - 1) > CONSTANT_WITHIN)] >= 2).any():
+            return []                                  # one key a tile: keys weighed otherwise, not shown as tiles
         lo, hi = float(c[told].min()), float(c[told].max())
         return [mistakes.Hypothesis("tiles-weighted", f"each row's key tiles of {tile} mixed with other weights than "
                                     f"their softmax mass (a tile's weight off by a factor of its own, {lo:.3g} .. "
@@ -2617,7 +2652,7 @@ def _summaries(result, rows, ev):
                 said = f"only {word} {', '.join(map(str, bad))} of the batch"
                 empty = [b for b in range(case.batch) if not all(lens[b] for lens in case.seqlens)]
                 after = empty and [b for b in range(empty[0] + 1, case.batch) if b not in empty]
-                if after and set(bad) - set(empty) == set(after):          # every sequence after it, and only those
+                if after and set(bad) - set(empty) == set(after) and d.id == "none":    # every one after it, and only
                     said += (f", none before the empty sequence {empty[0]} (what an empty sequence shifting the ones "
                              "after it gives)")
                 lead.append(said)

@@ -1006,3 +1006,30 @@ def test_a_key_bias_gradient_summed_across_its_tiles_is_named_with_the_tile():
     assert {d.id for d in said.values()} == {"tiles-summed-across"}, [d.sentence for d in said.values()]
     assert "dbias summed over each 32 x 32 tile's keys where its query rows are meant" in \
         next(iter(said.values())).sentence
+
+
+class _AccumulatedAcrossTiles(torch.autograd.Function):
+    """The identity forward; backward, the gradient's tiles of 32 rows each summed with every tile
+    before it (a dQ loop's accumulator zeroed once per (batch, head), never per query tile)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        b, h, t, d = g.shape
+        n = -(-t // 32)
+        tiles = torch.nn.functional.pad(g, (0, 0, 0, n * 32 - t)).reshape(b, h, n, 32, d)
+        return tiles.cumsum(2).reshape(b, h, n * 32, d)[:, :, :t]
+
+
+def test_a_gradient_accumulated_across_its_tiles_is_named_with_the_tile():
+    def dq_never_reset(q, k, v, *, causal, scale):
+        return sdpa(_AccumulatedAcrossTiles.apply(q), k, v, causal=causal, scale=scale)
+    report = parity_tests.check(dq_never_reset, tokens=["100"], **ONE)
+    said = [r.diagnosis for r in report.failures]
+    assert said and {r.tensor for r in report.failures} == {"dq"}, str(report)
+    assert {d.id for d in said} == {"tiles-accumulated"}, [d.sentence for d in said]
+    assert "dq's query tiles of 32 each holding the sum of every tile up to it" in said[0].sentence, said[0].sentence
+
