@@ -347,7 +347,7 @@ def _catalogue(rest, rows, ev):
             hyps += _head_map(sub)
         entry = _backward_by_entry(sub, rest)           # one dense forward, shared by the readings of entries
         hyps += _last_tile_only(sub, rest, entry) + _backward_blocks(sub, rest, entry) + \
-            _tile_factors(sub, rest, entry) + _rows_weighted(sub, rest, entry)
+            _tile_factors(sub, rest, entry) + (_rows_weighted(sub, rest, entry) or _rows_rescaled(sub, rest, entry))
         hyps += mistakes.option_twins(_mistakes_context(sub), hyps) + _backward_products(sub, rest, entry) + \
             _rows_read_as_zero(sub, rest, entry)
         hyps += [h for n in rest if n in INPUT_GRADS for h in _broadcast_sum(sub, n)]
@@ -1480,6 +1480,59 @@ def _rows_weighted(sub, failing, found):
     return [mistakes.Hypothesis("rows-weighted", f"{'; '.join(said)} in {' and '.join(preds)}, every other row once "
                                 "(a partial tile's padding rows loaded as copies of a real row and summed, or a row "
                                 "skipped)", predict, tuple(preds), fitted=tuple(preds))]
+
+
+def _rows_rescaled(sub, failing, found):
+    """dk and dv, dq right, with each query row's share scaled by a factor of its own, c_i, in each (batch,
+    head): a dK/dV pass recomputing P = exp(S − lse') from another lse than the forward's (a row's
+    lse read at another row, loaded once before the loop over query tiles, kept in a low precision):
+    dv_j = Σ_i c_i P_ij dO_i and dk_j = Σ_i c_i scale dS_ij q_i, c fitted to dv by least squares
+    per (batch, kv head) (`_backward_by_entry`) and held to dk; failing that, one c_i per key tile
+    of `TILES` (a causal pass whose query loop starts at each key tile's first row).  Where lse' =
+    lse − log c is, row by row, the lse of row i mod t, that is said: the first query tile's kept."""
+    if found is None or "dv" not in failing or "dq" in failing or not np.isfinite(sub.arrays["dv"]).all():
+        return []                                   # (dq wrong too: the whole backward's P, `_backward_p_scaled`)
+    factors, case = found[3], sub.case
+    if case.tq * case.batch * case.heads * case.tk * max(case.head_dim, case.dv) > ROWS_WEIGHTED_LIMIT:
+        return []
+    group = case.heads // case.hkv
+    per_kv = lambda a: a.reshape(case.batch, case.hkv, group * case.tq, *a.shape[3:])    # a group's rows together
+    P, dO, dS, Q = (per_kv(factors[n]) for n in ("P", "dO", "scale · dS", "Q"))
+    for tile in [case.tk] + [t for t in TILES if t < case.tk]:
+        c = np.ones(P.shape[:3] + (-(-case.tk // tile),))                              # (B, Hkv, G Tq, key tiles)
+        for b, h, kt in itertools.product(range(case.batch), range(case.hkv), range(c.shape[-1])):
+            keys = slice(kt * tile, (kt + 1) * tile)
+            A = (P[b, h][:, keys, None] * dO[b, h][:, None, :]).reshape(c.shape[2], -1)  # (G Tq, tile Dv)
+            touched = np.abs(A).max(-1) > 0
+            if touched.any():
+                c[b, h, touched, kt] = np.linalg.lstsq(A[touched].T, sub.arrays["dv"][b, h, keys].reshape(-1),
+                                                       rcond=None)[0]
+        ck = np.repeat(c, tile, -1)[..., :case.tk]                                       # (B, Hkv, G Tq, Tk)
+        preds = {"dv": np.einsum("bhrk,bhrk,bhrd->bhkd", ck, P, dO),
+                 "dk": np.einsum("bhrk,bhrk,bhrd->bhkd", ck, dS, Q)}
+        if all(slice_errors(sub.arrays[n], pred, _own_scale(pred, sub.den[n])).max() <= sub.bounds[n]
+               for n, pred in preds.items() if n in failing):
+            break
+    else:
+        return []
+    if c.min() <= 0 or np.abs(c - 1).max() <= CONSTANT_WITHIN:
+        return []
+    said = "off by each row's own amount" + ("" if tile == case.tk else f", one for each key tile of {tile}")
+    if tile == case.tk:
+        lse = _dense_forward(sub)[1]
+        own = lse - np.log(c.reshape(case.batch, case.heads, case.tq))          # the lse each row's P was taken from
+        for t in (t for t in TILES if t < case.tq):
+            if np.abs(own - lse[..., np.arange(case.tq) % t])[np.isfinite(lse)].max() <= FIT_SHARE:
+                said = f"of row i mod {t} for every row i: the first query tile's lse kept for every tile of {t} " \
+                    "(loaded once, before the loop over query tiles)"
+                break
+    lo, hi = float(c.min()), float(c.max())
+
+    def predict(grads=True):
+        return {**sub.gold, **preds}
+    return [mistakes.Hypothesis("rows-rescaled", f"each query row's P recomputed in the dK/dV pass from an lse {said} "
+                                f"(its share of dk and dv times {lo:.4g} .. {hi:.4g})", predict, tuple(preds),
+                                fitted=("dv",))]
 
 
 def _tile_ratio(f, axis, tile, constants):

@@ -1033,3 +1033,36 @@ def test_a_gradient_accumulated_across_its_tiles_is_named_with_the_tile():
     assert {d.id for d in said} == {"tiles-accumulated"}, [d.sentence for d in said]
     assert "dq's query tiles of 32 each holding the sum of every tile up to it" in said[0].sentence, said[0].sentence
 
+
+
+class _LseOfTileZero(torch.autograd.Function):
+    """Attention without a mask whose dK/dV pass recomputes P from the lse of row i mod 16, its
+    first query tile's, for every query tile (loaded once, before the loop); dq right."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, scale):
+        S = q.double() @ k.double().transpose(-1, -2) * scale
+        ctx.save_for_backward(q, k, v, S)
+        ctx.scale = scale
+        return (torch.softmax(S, -1) @ v.double()).to(q.dtype)
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, S = ctx.saved_tensors
+        dO, q64, k64, v64 = dout.double(), q.double(), k.double(), v.double()
+        lse = S.logsumexp(-1, keepdim=True)
+        P, kept = (S - lse).exp(), (S - lse[..., torch.arange(S.shape[-2]) % 16, :]).exp()
+        D = (dO * (P @ v64)).sum(-1, keepdim=True)
+        dS = lambda p: p * (dO @ v64.transpose(-1, -2) - D) * ctx.scale
+        return (dS(P) @ k64).to(q.dtype), (dS(kept).transpose(-1, -2) @ q64).to(k.dtype), \
+            (kept.transpose(-1, -2) @ dO).to(v.dtype), None
+
+
+def test_a_dk_dv_pass_taking_its_first_query_tiles_lse_for_every_tile_is_named_so():
+    rows = runner.run_case(targets.resolve(lambda q, k, v, *, causal, scale: _LseOfTileZero.apply(q, k, v, scale)),
+                           Case(1, 2, 45, 77, 16, False, ()), "float32", "cpu")
+    said = {r.tensor: r.diagnosis for r in rows if not r.passed}
+    assert set(said) == {"dk", "dv"}, {n: d.sentence for n, d in said.items()}
+    assert {d.id for d in said.values()} == {"rows-rescaled"}, [d.sentence for d in said.values()]
+    assert "from an lse of row i mod 16 for every row i: the first query tile's lse kept" in said["dk"].sentence, \
+        said["dk"].sentence
