@@ -355,7 +355,7 @@ def _catalogue(rest, rows, ev):
     if "out" in rest and plain(["out"]):
         fitted = _keys_unseen(sub) + _sequence_offsets(sub) + _state_carried(sub) + _keys_weighted(sub) + \
             _key_tile_ranges(sub) + _tile_masks(sub) + _key_spans(sub) + _values_from_other_slices(sub) + \
-            _sink_counted(sub) + _rows_moved(sub) + _scores_scaled(sub) + _tiles_weighted(sub)
+            _sink_counted(sub) + _rows_moved(sub) + _scores_scaled(sub) + _tiles_weighted(sub) + _tiles_left_out(sub)
         hyps += [h for h in fitted if not _zeros_where_wrong(sub.arrays["out"], sub.gold["out"],   # rows left blank
                                                              _predict(h, cache, grads=False)["out"], sub.den["out"],
                                                              sub.bounds["out"])]
@@ -2564,6 +2564,53 @@ def _tiles_weighted(sub):
                                     f"{hi:.3g} against the row's first tile): an online softmax whose state is "
                                     "rescaled inconsistently across key tiles (a tile's weights taken against one "
                                     "maximum while acc and l keep another, or a per-tile scale on P undone once)",
+                                    lambda grads=True, pred=pred: {**sub.gold, "out": pred}, ("out",),
+                                    fitted=("out",))]
+    return []
+
+
+def _tiles_left_out(sub):
+    """An out whose rows leave some key tiles' values out while their weights stay in the softmax's
+    sum: row i's output Σ_t w_it Σ_{j in t} P_ij v_j with each w_it 0 or 1 (fitted row by row by
+    least squares and rounded; P the reference's weights, normalised over every key the row sees):
+    a tile's P V never added to the accumulator (a partial sum not flushed after the loop, a
+    product dropped) while l counts it.  The tiles said by where they sit among those the row
+    sees (its last ones).  Held to the bound, the largest tile of `mistakes.KEY_TILES` first; []
+    with sinks, or where every weight is 1."""
+    found = _out_weights(sub) if sub.opts.get("sinks") is None else None
+    if found is None:
+        return []
+    P, v, O, row_error = found
+    got, bound = sub.arrays["out"], sub.bounds["out"]
+    B, H, Tq, Tk = P.shape
+    if not (row_error > bound).any():
+        return []
+    for tile in sorted(mistakes.KEY_TILES, reverse=True):
+        n = -(-Tk // tile)
+        if n < 2 or n > RANGE_TILES:
+            continue
+        part = np.einsum("bhqnt,bhntd->bhqnd", _in_tiles(P, -1, tile), _in_tiles(v, 2, tile))   # (B, H, Tq, n, Dv)
+        seen = np.abs(part).max(-1) > 0
+        G = part @ np.swapaxes(part, -1, -2) + np.eye(n) * np.where(seen, 1e-12, 1.0)[..., None]
+        w = np.linalg.solve(G, np.einsum("bhqnd,bhqd->bhqn", part, got)[..., None])[..., 0]
+        told = np.abs(part).max(-1) / np.broadcast_to(sub.den["out"], (B, H))[..., None, None] > FIT_SHARE * bound
+        kept = np.where(told, np.round(w), 1.0)          # a tile weighing a tenth of the bound or less: kept
+        if not set(np.unique(kept)) <= {0.0, 1.0} or (kept == 1).all() or np.abs(w - kept)[told].max() > 0.25:
+            continue
+        pred = np.einsum("bhqn,bhqnd->bhqd", kept, part)
+        if slice_errors(got, pred, sub.den["out"]).max() > bound:
+            continue
+        out_of = kept == 0
+        last = np.cumsum(seen[..., ::-1], -1)[..., ::-1]               # 1: the last tile a row sees, 2: the one before
+        dropped = out_of.sum(-1)
+        where = "key tiles {} of the rows that see them".format(ranges(sorted(set(np.nonzero(out_of)[-1].tolist()))))
+        if (out_of <= (seen & (last <= dropped[..., None]))).all():   # (a light tile among them may be kept)
+            k = sorted(set(dropped[dropped > 0].tolist()))
+            where = "each row's last key tile" if k == [1] else f"each row's last {ranges(k)} key tiles"
+            where += " of those it sees"
+        return [mistakes.Hypothesis("tiles-left-out", f"{where} (tiles of {tile}) counted in the softmax's sum but "
+                                    "left out of its output (their P V never added to the accumulator: a partial "
+                                    "sum not flushed after the loop, or a tile's product dropped)",
                                     lambda grads=True, pred=pred: {**sub.gold, "out": pred}, ("out",),
                                     fitted=("out",))]
     return []

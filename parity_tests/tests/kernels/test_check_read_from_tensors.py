@@ -1066,3 +1066,25 @@ def test_a_dk_dv_pass_taking_its_first_query_tiles_lse_for_every_tile_is_named_s
     assert {d.id for d in said.values()} == {"rows-rescaled"}, [d.sentence for d in said.values()]
     assert "from an lse of row i mod 16 for every row i: the first query tile's lse kept" in said["dk"].sentence, \
         said["dk"].sentence
+
+
+def _last_tiles_not_flushed(q, k, v, *, causal, scale):
+    """An online softmax over key tiles of 16 whose P V goes to a second accumulator, added into the
+    first every 4 tiles and not after the loop: each row's last (tiles it visits mod 4) tiles count in
+    l alone.  In closed form, float64, forward only."""
+    dt, q, k, v = q.dtype, q.double(), k.double(), v.double()
+    S = q @ k.transpose(-1, -2) * scale
+    i, j = torch.arange(S.shape[-2])[:, None], torch.arange(S.shape[-1])[None, :]
+    if causal:
+        S = S.masked_fill(j > i, -math.inf)
+    visited = (torch.div(i, 16, rounding_mode="floor") + 1) if causal else torch.full_like(i, -(-S.shape[-1] // 16))
+    flushed = torch.div(visited, 4, rounding_mode="floor") * 4 * 16
+    return ((torch.softmax(S, -1) * (j < flushed)) @ v).to(dt)
+
+
+def test_key_tiles_counted_in_the_sum_but_left_out_of_the_output_are_named_so():
+    report = parity_tests.check(_last_tiles_not_flushed, tokens=["100"], **ONE, causal="no")
+    outs = [r for r in report.failures if r.tensor == "out"]
+    assert outs and {r.diagnosis.id for r in outs} == {"tiles-left-out"}, [r.diagnosis.sentence for r in outs]
+    assert "each row's last key tile of those it sees (tiles of 64) counted in the softmax's sum but left out of " \
+           "its output" in outs[0].diagnosis.sentence, outs[0].diagnosis.sentence
