@@ -469,10 +469,31 @@ def _wrong_delta(sub):
             f = 1 + delta[big] / d[big]
             ratio = f" (D' / D from {f.min():.3g} to {f.max():.3g}, median {np.median(f):.3g})"
 
+    if d is not None:
+        ratio += _delta_past_head_dim(delta, sub.gold["out"] * r["dout"])
+
     def predict(grads=True):
         return as_4d(dense.run(q, k, v, dout, sub.opts, grads=grads, dlse=dlse))
     return [mistakes.Hypothesis("wrong-delta", "the backward's D = rowsum(dO ∘ O) off by each row's own amount"
                                 + ratio, predict, ("dq", "dk"), fitted=("dq",))]
+
+
+def _delta_past_head_dim(delta, terms):
+    """Words for a D off by ``delta`` (B, H, T) that is the sum of the next row's first p channels of
+    ``terms`` = dO ∘ O (B, H, T, D), the rows in memory order (B, H, T) or (B, T, H): D summed over a
+    head-dim block of D + p (a power of two) with its loads unmasked; else ""."""
+    b, h, t, dim = terms.shape
+    block = 1 << (dim - 1).bit_length()
+    if block == dim:
+        return ""
+    for order, axes in (("(batch, head, row)", (0, 1, 2)), ("(batch, row, head)", (0, 2, 1))):
+        flat = terms.transpose(axes + (3,)).reshape(-1, dim)[:, :block - dim]
+        after = np.concatenate([flat[1:], np.zeros_like(flat[:1])]).sum(-1)              # the next row's channels
+        predicted = after.reshape(tuple(terms.shape[a] for a in axes)).transpose(np.argsort(axes))
+        if np.abs(predicted - delta).max() <= FIT_SHARE * np.abs(delta).max():
+            return (f"; each row's D also sums the next row's first {block - dim} channels of dO ∘ O, rows in "
+                    f"{order} order: a head-dim block of {block} for D = {dim} with its loads unmasked")
+    return ""
 
 
 def _dp_scaled(sub):

@@ -1088,3 +1088,37 @@ def test_key_tiles_counted_in_the_sum_but_left_out_of_the_output_are_named_so():
     assert outs and {r.diagnosis.id for r in outs} == {"tiles-left-out"}, [r.diagnosis.sentence for r in outs]
     assert "each row's last key tile of those it sees (tiles of 64) counted in the softmax's sum but left out of " \
            "its output" in outs[0].diagnosis.sentence, outs[0].diagnosis.sentence
+
+
+class _DeltaPastHeadDim(torch.autograd.Function):
+    """Attention without a mask whose backward loads dO and O in a head-dim block of 32 for D = 24
+    without masking the channels past D: each row's D = rowsum(dO ∘ O) also sums the next row's
+    (in (batch, head, row) order) first 8 channels."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, scale):
+        P = torch.softmax(q.double() @ k.double().transpose(-1, -2) * scale, -1)
+        ctx.save_for_backward(q, k, v, P)
+        ctx.scale = scale
+        return (P @ v.double()).to(q.dtype)
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, P = ctx.saved_tensors
+        dO, q64, k64, v64 = dout.double(), q.double(), k.double(), v.double()
+        terms = (dO * (P @ v64)).reshape(-1, v.shape[-1])
+        read = torch.cat([terms, torch.cat([terms[1:, :8], torch.zeros_like(terms[:1, :8])])], 1)
+        D = read.sum(-1).reshape(P.shape[:-1] + (1,))
+        dS = P * (dO @ v64.transpose(-1, -2) - D) * ctx.scale
+        return (dS @ k64).to(q.dtype), (dS.transpose(-1, -2) @ q64).to(k.dtype), \
+            (P.transpose(-1, -2) @ dO).to(v.dtype), None
+
+
+def test_a_row_term_read_past_the_head_dim_is_named_with_the_block():
+    rows = runner.run_case(targets.resolve(lambda q, k, v, *, causal, scale: _DeltaPastHeadDim.apply(q, k, v, scale)),
+                           Case(1, 2, 45, 77, 24, False, ()), "float32", "cpu")
+    said = {r.tensor: r.diagnosis for r in rows if not r.passed}
+    assert set(said) == {"dq", "dk"} and {d.id for d in said.values()} == {"wrong-delta"}, \
+        {n: d.sentence for n, d in said.items()}
+    assert "each row's D also sums the next row's first 8 channels of dO ∘ O, rows in (batch, head, row) order: " \
+           "a head-dim block of 32 for D = 24 with its loads unmasked" in said["dq"].sentence, said["dq"].sentence
