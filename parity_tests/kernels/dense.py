@@ -28,7 +28,7 @@ offset, or a list: to each batch entry's: the causal mask one diagonal off, a se
 with another's lengths), ``window_align`` (the window placed
 with another alignment than the causal mask), ``alibi_no_offset`` (the ALiBi
 distance |i − j| whatever the alignment), ``alibi_offset_sign=-1`` (|i − o − j|: the
-offset's sign flipped), ``axis`` (the softmax over queries), ``finite_mask`` (hidden
+offset's sign flipped), ``alibi_signed`` (the distance i + o − j without its absolute value), ``axis`` (the softmax over queries), ``finite_mask`` (hidden
 scores set to finfo.min instead of −inf: a row that sees no key averages every v; or a number:
 hidden scores set to it, as a cap applied after the mask gives −c),
 ``no_delta`` (the backward's D = rowsum(dO ∘ O)
@@ -307,7 +307,7 @@ def _own_scores(given, changes, like):
 def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, softcap=None,
               alibi_slopes=None, bias=None, sinks=None, seqlens_q=None, seqlens_k=None, rows=None,
               kv_map="interleave", softcap_first=False, softcap_no_grad=False, shift=0,
-              window_align=None, alibi_no_offset=False, alibi_offset_sign=1, axis=-1,
+              window_align=None, alibi_no_offset=False, alibi_offset_sign=1, alibi_signed=False, axis=-1,
               no_delta=False, finite_mask=False, with_max=False, keys=None, online=None, backward_options=None,
               softcap_last=False, weights="softmax", keep=None, dropout_p=0.0, softcap_form="tanh",
               positions_dtype=None, backward_lse=None, unseen_from=None, key_range=None,
@@ -375,7 +375,8 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
         a_offs = [0] * b if alibi_no_offset else [alibi_offset_sign * o for o in offs]
         j = torch.arange(tk, device=q.device, dtype=wide)[None, :]
         if positions_dtype is None:
-            dist = torch.stack([(i.to(wide)[:, None] + o - j).abs() for o in a_offs])   # (B, Tq, Tk)
+            dist = torch.stack([(i.to(wide)[:, None] + o - j) for o in a_offs])         # (B, Tq, Tk)
+            dist = dist if alibi_signed else dist.abs()
         else:                                      # positions, and their differences, in a low dtype
             pd = positions_dtype
             dist = torch.stack([((i + o).to(pd)[:, None] - j.to(pd)).abs().to(wide) for o in a_offs])
@@ -463,7 +464,8 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
 VISIBILITY = ("causal", "window", "align", "shift", "window_align", "mask_positions_dtype")
 # ... and those that change only the scores the softmax takes (`backward_options`).
 SCORES = VISIBILITY + ("scale", "softcap", "alibi_slopes", "bias", "sinks", "softcap_first", "softcap_form",
-                       "softcap_last", "alibi_no_offset", "alibi_offset_sign", "positions_dtype", "finite_mask")
+                       "softcap_last", "alibi_no_offset", "alibi_offset_sign", "alibi_signed", "positions_dtype",
+                       "finite_mask")
 
 # weights= of `attention`: E = exp(S − m) rounded to a half dtype before P V (the rest in the
 # dtype run): how a kernel that keeps only its P in a lower precision errs

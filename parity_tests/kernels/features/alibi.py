@@ -1,7 +1,7 @@
 """``alibi``: ``S ← S − slope_h · |i + o − j|`` with ALiBi's slopes (Press et al.:
 2^(−8h/H), h = 1 .. H, for H a power of two) for 4, 6 (not a power of two) and 8
 heads, both alignments when the callable takes ``align``.  Invited mistakes: the
-sign flipped, the slopes in reverse head order or taken per kv head (with GQA), the
+sign flipped, the distance signed (no absolute value), the slopes in reverse head order or taken per kv head (with GQA), the
 alignment's offset left out or with its sign flipped, the positions kept in bfloat16
 (past 256)."""
 
@@ -27,6 +27,10 @@ def mistakes(ctx, on):
     slopes = ctx.opts["alibi_slopes"]
     out = [ctx.H("alibi-sign", "the ALiBi bias with its sign flipped (S + slope |i - j|)",
                  ctx.fwd({"alibi_slopes": -slopes}))]
+    if not ctx.opts.get("causal"):       # under a causal mask no seen key lies past the diagonal
+        out.append(ctx.H("alibi-signed", "the ALiBi distance signed, i + offset - j without its absolute value "
+                         "(right under a causal mask only: the keys past the diagonal given a bonus, not a penalty)",
+                         ctx.fwd(alibi_signed=True)))
     if ctx.case.heads > 1:
         out.append(ctx.H("alibi-reversed", "the ALiBi slopes in reverse head order",
                          ctx.fwd({"alibi_slopes": slopes[::-1].copy()})))

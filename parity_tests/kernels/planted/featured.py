@@ -149,6 +149,8 @@ def attend(q, k, v, *, causal, scale, align="top-left", window=None, softcap=Non
             slopes = slopes[torch.arange(hq) // group]
         sign = -1.0 if mistake == "alibi-sign" else 1.0
         dist = (i - j).abs() if mistake == "alibi-no-offset" else (i + off - j).abs()
+        if mistake == "alibi-signed":                      # right under a causal mask only
+            dist = i + off - j
         if mistake == "alibi-positions-bfloat16":          # positions from arange(..., dtype=bfloat16)
             dist = ((i + off).bfloat16() - j.bfloat16()).abs().to(work)
         S = S - sign * slopes[:, None, None] * dist
@@ -292,6 +294,7 @@ FEATURE_GALLERY = {
     "softcap-positive-only": ["softcap"],
     "softcap-clamped": ["softcap"],
     "alibi-sign": ["alibi"],
+    "alibi-signed": ["alibi"],
     "alibi-reversed": ["alibi"],
     "alibi-no-offset": ["alibi"],
     "alibi-per-kv-head": ["gqa", "alibi"],
