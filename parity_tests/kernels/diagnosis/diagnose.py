@@ -349,7 +349,7 @@ def _catalogue(rest, rows, ev):
         hyps += _last_tile_only(sub, rest, entry) + _backward_blocks(sub, rest, entry) + \
             _tile_factors(sub, rest, entry) + (_rows_weighted(sub, rest, entry) or _rows_rescaled(sub, rest, entry))
         hyps += mistakes.option_twins(_mistakes_context(sub), hyps) + _backward_products(sub, rest, entry) + \
-            _rows_read_as_zero(sub, rest, entry)
+            _rows_read_as_zero(sub, rest, entry) + _do_read_otherwise(sub, rest, entry)
         hyps += [h for n in rest if n in INPUT_GRADS for h in _broadcast_sum(sub, n)]
         hyps += [h for n in rest if n in ("dq", "dk", "dv") for h in _rows_moved(sub, n) + _tiles_accumulated(sub, n)]
     if "out" in rest and plain(["out"]):
@@ -1554,6 +1554,50 @@ def _rows_rescaled(sub, failing, found):
     return [mistakes.Hypothesis("rows-rescaled", f"each query row's P recomputed in the dK/dV pass from an lse {said} "
                                 f"(its share of dk and dv times {lo:.4g} .. {hi:.4g})", predict, tuple(preds),
                                 fitted=("dv",))]
+
+
+def _do_read_otherwise(sub, failing, found):
+    """A backward pass reading dO in another order of its (batch, head, row) axes than it has (a
+    layout's strides taken for another tensor's, a transposed view read as contiguous): for each
+    order p, dO laid out in that order and read back by reshape, or reshaped to it and its axes put
+    back (as `_axes_permuted`), its D = rowsum(dO ∘ O) right (a pass of its own) or from that dO;
+    dq's pass (dq = scale (P ∘ (dO' Vᵀ − D)) K) and the dK/dV pass (dv = Pᵀ dO', dk likewise) each
+    held to the bound on its failing tensors (`_backward_by_entry`)."""
+    if found is None or sub.case.seqlens:
+        return []
+    f, dout = found[3], sub.rounded["dout"]
+    shape = dout.shape
+    O = f["P"] @ f["V"]
+    out = []
+    for pass_, tensors in (("dq's pass", ("dq",)), ("the dK/dV pass", ("dk", "dv"))):
+        judged = [n for n in tensors if n in failing and np.isfinite(sub.arrays.get(n, np.nan)).all()]
+        if not judged:
+            continue
+        best = None
+        for p in itertools.permutations(range(3)):
+            if p == (0, 1, 2):
+                continue
+            moved = tuple(shape[i] for i in p) + shape[3:]
+            back = tuple(int(i) for i in np.argsort(p)) + (3,)
+            for form, x in ((f"laid out as {moved} and read back by reshape", dout.transpose(p + (3,)).reshape(shape)),
+                            (f"reshaped to {moved} and its axes put back", dout.reshape(moved).transpose(back))):
+                if np.array_equal(x, dout):
+                    continue
+                for d_said, D in (("", f["D"]), (", and D from it", (x * O).sum(-1) - (f["D"] - (dout * O).sum(-1)))):
+                    dS = f["P"] * (x @ np.swapaxes(f["V"], -1, -2) - D[..., None]) * sub.opts["scale"]
+                    preds = {"dq": dS @ f["K"], "dk": _per_kv(sub.case, np.swapaxes(dS, -1, -2) @ f["Q"]),
+                             "dv": _per_kv(sub.case, np.swapaxes(f["P"], -1, -2) @ x)}
+                    residual = max(slice_errors(sub.arrays[n], preds[n], sub.den[n]).max() / sub.bounds[n]
+                                   for n in judged)
+                    if best is None or residual < best[0]:
+                        best = (residual, form + d_said, preds)
+        if best is not None and best[0] <= 1.0:
+            preds = {n: best[2][n] for n in tensors}
+            out.append(mistakes.Hypothesis(
+                "dout-read-otherwise", f"{pass_} reading dO in another order: dO of shape {shape} {best[1]} (a "
+                "layout's strides taken for another tensor's, or a transposed view read as contiguous)",
+                lambda grads=True, preds=preds: {**sub.gold, **preds}, tensors))
+    return out
 
 
 def _tile_ratio(f, axis, tile, constants):

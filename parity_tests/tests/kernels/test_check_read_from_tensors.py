@@ -1122,3 +1122,34 @@ def test_a_row_term_read_past_the_head_dim_is_named_with_the_block():
         {n: d.sentence for n, d in said.items()}
     assert "each row's D also sums the next row's first 8 channels of dO ∘ O, rows in (batch, head, row) order: " \
            "a head-dim block of 32 for D = 24 with its loads unmasked" in said["dq"].sentence, said["dq"].sentence
+
+
+class _DqPassReadsDoAsRowMajor(torch.autograd.Function):
+    """Attention without a mask whose dq pass reads dO, (B, H, T, D) in memory, as if it were laid out
+    (B, T, H, D) (another tensor's strides); D and the dK/dV pass right."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, scale):
+        P = torch.softmax(q.double() @ k.double().transpose(-1, -2) * scale, -1)
+        ctx.save_for_backward(q, k, v, P)
+        ctx.scale = scale
+        return (P @ v.double()).to(q.dtype)
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, P = ctx.saved_tensors
+        dO, q64, k64, v64 = dout.double(), q.double(), k.double(), v.double()
+        D = (dO * (P @ v64)).sum(-1, keepdim=True)
+        dS = lambda do: P * (do @ v64.transpose(-1, -2) - D) * ctx.scale
+        read = dO.contiguous().reshape(dO.shape[0], dO.shape[2], dO.shape[1], -1).transpose(1, 2)
+        return (dS(read) @ k64).to(q.dtype), (dS(dO).transpose(-1, -2) @ q64).to(k.dtype), \
+            (P.transpose(-1, -2) @ dO).to(v.dtype), None
+
+
+def test_a_dq_pass_reading_do_in_another_order_is_named_with_the_order():
+    kernel = lambda q, k, v, *, causal, scale: _DqPassReadsDoAsRowMajor.apply(q, k, v, scale)
+    rows = runner.run_case(targets.resolve(kernel), Case(1, 2, 45, 77, 16, False, ()), "float32", "cpu")
+    said = {r.tensor: r.diagnosis for r in rows if not r.passed}
+    assert set(said) == {"dq"} and said["dq"].id == "dout-read-otherwise", {n: d.sentence for n, d in said.items()}
+    assert "dq's pass reading dO in another order: dO of shape (1, 2, 45, 16) reshaped to (1, 45, 2, 16) and its " \
+           "axes put back" in said["dq"].sentence, said["dq"].sentence
