@@ -26,6 +26,7 @@ case (a collective that never completes included).
 
 import inspect
 import math
+import os
 import pickle
 import sys
 import time
@@ -181,7 +182,8 @@ def _features(features, fn, name):
 
 
 def _target(fn, device):
-    """``(name, what each rank receives)``: a callable sent by reference, or a built-in's name."""
+    """``(name, what each rank receives, the callable)``: a callable sent by reference, a built-in's
+    name, or a file's ``path.py:callable`` (its path made absolute)."""
     from parity_tests.kernels.ranks import builtin as rank_targets
     if isinstance(fn, str) and fn in rank_targets.BUILTINS:
         rank_targets.available(fn, device)               # ValueError, with the reason, when not here
@@ -191,6 +193,9 @@ def _target(fn, device):
             raise ValueError(f"target across ranks must be module.path:callable or one of "
                              f"{', '.join(rank_targets.BUILTINS)}, got {fn!r}")
         name, fn = fn, targets.resolve(fn).fn
+        path, attr = name.rsplit(":", 1)
+        if path.endswith(".py"):                        # a file no rank can import by name: each loads it by path
+            return name, f"{os.path.abspath(path)}:{attr}", fn
     elif callable(fn):
         name = targets.user_target(fn).name
     else:

@@ -269,6 +269,9 @@ class WrongResult(Exception):
 
 
 def _target(fn):
+    if isinstance(fn, str) and ":" in fn:                # a file's path.py:callable, loaded here again
+        from parity_tests.kernels import targets
+        return targets.resolve(fn).fn
     if isinstance(fn, str):                              # a built-in, by name
         from parity_tests.kernels.ranks import builtin as rank_targets
         return rank_targets.builtin(fn)

@@ -90,6 +90,15 @@ def test_a_target_without_the_rank_keywords_or_not_importable_is_refused():
         check_ranks(ring_twins.single_device)
 
 
+def test_a_target_in_a_file_runs_on_every_rank(world, tmp_path):
+    # no rank can import a file by name: each loads it again by its path
+    path = tmp_path / "my_ring.py"
+    root = os.path.dirname(os.path.dirname(ring_attention.__file__))
+    path.write_text(f"import sys\nsys.path.insert(0, {root!r})\nfrom examples.ring_attention import attention\n")
+    report = check_ranks(f"{path}:attention", causal="yes", sharding="head-tail", world=world, **SMALL)
+    assert report.passed and report.rows, str(report)
+
+
 def test_the_ring_example_passes_with_both_shardings(world):
     report = check_ranks("examples.ring_attention:attention", causal="both", world=world, **SMALL)
     assert report.passed, str(report)
