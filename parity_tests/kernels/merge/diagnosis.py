@@ -22,7 +22,10 @@ For each failing tensor of a case (out, lse, dout_parts, dlse_parts), in order:
    ±(lse_a − lse_b), what the sigmoid form ``lse_a − logsigmoid(lse_a − lse_b)`` gives with
    its argument negated; or off by it only where it is positive (``log1p(exp(−d))`` where
    ``log1p(exp(−|d|))`` is meant); its out right per pair, the later merges weighing that lse.
-5. Otherwise "matches none of the merge mistakes", with the closest one when it
+5. *A weight from the merged lse* (out): the fold replayed with a piece weighed by
+   sigmoid(lse_x − lse), lse the merged one, where sigmoid(lse_x − lse_y) is meant (the
+   update of lse written before that of out).
+6. Otherwise "matches none of the merge mistakes", with the closest one when it
    comes closer than the reference.
 """
 
@@ -35,7 +38,7 @@ from numpy_ref import merge as ref
 from parity_tests.kernels.diagnosis.diagnose import Diagnosis, MATCH_SHARE
 
 __all__ = ["diagnose_case", "bad_entries", "base2_prediction", "unnormalised_prediction", "lse_off_prediction",
-           "naive_bad_rows"]
+           "merged_lse_weight_prediction", "naive_bad_rows"]
 
 LN2 = math.log(2.0)
 # The merged lse off by the difference of the two, everywhere or on one side (`lse_off_prediction`):
@@ -110,6 +113,24 @@ def lse_off_prediction(states, order, sign, one_sided=False):
         off = sign * (np.where(both, lse_a, 0.0) - np.where(both, lse_b, 0.0))
         work[i] = (out, np.where(both, lse + (np.maximum(off, 0.0) if one_sided else off), lse))
     return work[0]
+
+
+def merged_lse_weight_prediction(states, order, piece):
+    """out of a fold whose pair merge weighs ``piece`` ("a" or "b") by sigmoid(lse_x − lse) with lse
+    the merged one, where sigmoid(lse_x − lse_y) (its share, exp(lse_x − lse)) is meant: the
+    ring-attention update ``out = out − sigmoid(lse_b − lse)(out − out_b)`` written after
+    ``lse = lse − logsigmoid(lse − lse_b)`` instead of before.  Its lse right; a pair with an empty
+    partial right."""
+    work = list(states)
+    for i, j in ref.merge_plan(len(work), order):
+        (out_a, lse_a), (out_b, lse_b) = work[i], work[j]
+        out, lse = ref.merge_states(out_a, lse_a, out_b, lse_b)
+        both = np.isfinite(lse_a) & np.isfinite(lse_b)
+        mine, other = (out_b, out_a) if piece == "b" else (out_a, out_b)
+        lse_x = lse_b if piece == "b" else lse_a
+        w = 1.0 / (1.0 + np.exp(np.where(both, lse, 0.0) - np.where(both, lse_x, 0.0)))
+        work[i] = (np.where(both[..., None], other + w[..., None] * (mine - other), out), lse)
+    return work[0][0]
 
 
 def _unnormalised_pair(out_a, lse_a, out_b, lse_b):
@@ -194,7 +215,8 @@ def diagnose_case(rows, got, gold, denoms, states, dout, dlse, order, dtype):
     """Set ``.diagnosis`` on each failing row of one case that has a result."""
     lse_dtype = np.float64 if dtype == "float64" else np.float32
     predicted = {"base-2": base2_prediction(states, dout, dlse, order),       # {tensor: array}
-                 "unnormalised": unnormalised_prediction(states, order)}     # out
+                 "unnormalised": unnormalised_prediction(states, order),     # out
+                 **{("merged-lse-weight", x): merged_lse_weight_prediction(states, order, x) for x in "ab"}}
     for sign, kind in itertools.product((1, -1), LSE_OFF):                   # out and lse
         predicted[sign, kind] = dict(zip(("out", "lse"), lse_off_prediction(states, order, sign,
                                                                             kind == "lse-off-one-side")))
@@ -226,6 +248,7 @@ def _catalogue(t, got, gold, denom, error, bound, predicted):
         fitted, c = _row_scaled(got, gold)
         tried += [("weights-not-normalised", _residual(got, fitted, denom)),
                   ("weights-not-normalised", _residual(got, predicted["unnormalised"], denom))]
+        tried += [(f"merged-lse-weight-{x}", _residual(got, predicted["merged-lse-weight", x], denom)) for x in "ab"]
     if t == "dlse_parts" and predicted.get("detached") is not None:
         tried.append(("normaliser-detached", _residual(got, predicted["detached"], denom)))
     if t in ("out", "lse"):
@@ -238,6 +261,12 @@ def _catalogue(t, got, gold, denom, error, bound, predicted):
         said, why = LSE_OFF[kind](x, y)
         return Diagnosis(kind, f"{t} matches the reference with each merge's lse {said} to {fmt(res)} (bound "
                          f"{fmt(bound)}): {why}; the later merges weigh that lse", res, bound)
+    if explains(res) and name.startswith("merged-lse-weight"):
+        x, y = name[-1], "a" if name[-1] == "b" else "b"
+        return Diagnosis("merged-lse-weight", f"{t} matches the reference with {x}'s weight sigmoid(lse_{x} - lse) "
+                         f"taken from the merged lse, where sigmoid(lse_{x} - lse_{y}) is meant, to {fmt(res)} (bound "
+                         f"{fmt(bound)}): lse updated before out (out = out - sigmoid(lse_b - lse)(out - out_b) "
+                         "needs the running lse as it was); the later merges weigh that out", res, bound)
     if explains(res) and name == "normaliser-detached":
         return Diagnosis(name, f"{t} matches the reference with the merged lse held constant in the weights "
                          f"w_x = exp(lse_x - lse) (detached, as the stabilising maximum may be) to {fmt(res)} "

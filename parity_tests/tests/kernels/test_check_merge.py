@@ -194,3 +194,20 @@ def test_inputs_are_rounded_once_and_the_golden_is_their_float64_merge():
     out, lse, dout_parts, dlse_parts = merge_check.golden(t_states, t_dout, t_dlse, case.order)
     assert np.isfinite(out).all() and np.isfinite(dout_parts).all() and np.isfinite(dlse_parts).all()
     assert dout_parts.shape == (case.parts,) + out.shape
+
+
+def _lse_updated_before_out(out_a, lse_a, out_b, lse_b):
+    """ring-flash-attention's sigmoid update with its two lines swapped: lse merged first, then
+    out = out_a - sigmoid(lse_b - lse)(out_a - out_b) with that merged lse."""
+    out, lse = ex.merge(out_a, lse_a, out_b, lse_b)
+    both = torch.isfinite(lse_a) & torch.isfinite(lse_b)
+    w = torch.sigmoid(torch.where(both, lse_b - lse, 0.0)).unsqueeze(-1).to(out_a.dtype)
+    return torch.where(both.unsqueeze(-1), out_a - w * (out_a - out_b), out), lse
+
+
+def test_a_weight_taken_from_the_merged_lse_is_named_with_its_piece():
+    report = merge_check.check_merge(_lse_updated_before_out, dtypes=["float32"])
+    assert not report.passed and report.diagnosis == "merged-lse-weight", str(report)
+    out_row = next(r for r in report.failures if r.tensor == "out")
+    assert "b's weight sigmoid(lse_b - lse) taken from the merged lse, where sigmoid(lse_b - lse_a) is meant" in \
+        out_row.diagnosis.sentence, out_row.diagnosis.sentence
