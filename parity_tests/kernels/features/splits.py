@@ -10,7 +10,8 @@ has lse_s = −inf and weight 0.  Cases: 1, 2, 3, 7 and 133 splits of Tq = 5 aga
 Tk = 300; 133 splits of 7 keys (most ranges empty); 7 splits of a prefill chunk; forward
 only.  Invited mistakes: the partials merged without their rescaling exp(m_s − m) (each
 split's sums kept relative to its own maximum), an empty split's −inf turned into NaN
-(0/0 in its normalisation), the merge done in base 2 on natural-log partials."""
+(0/0 in its normalisation), or left at the workspace's 0 (its partial never written), the
+merge done in base 2 on natural-log partials."""
 
 import math
 from dataclasses import replace
@@ -62,6 +63,10 @@ def _merged(ctx, parts, how):
                 total = l_s.sum(0)
                 out = (out_s * l_s[..., None]).sum(0) / np.where(total > 0, total, 1.0)[..., None]
                 lse = np.logaddexp.reduce(lse_s, axis=0)
+            elif how == "empty-zero":                 # an empty split's lse 0 and out 0: a term exp(0) each
+                lse_0 = np.where(seen, lse_s, 0.0)
+                lse = np.logaddexp.reduce(lse_0, axis=0)
+                out = (np.exp(lse_0 - lse)[..., None] * np.where(seen[..., None], out_s, 0.0)).sum(0)
             else:                                     # base 2: lse = log2 Σ 2^lse_s, weights 2^(lse_s − lse)
                 top = np.where(seen, lse_s, -np.inf).max(0)
                 shift = np.where(np.isfinite(top), top, 0.0)
@@ -103,6 +108,9 @@ def mistakes(ctx, splits):
                   _merged(ctx, parts, "not-rescaled"), present("out")),
             Poisoned("splits-empty-nan", "an empty split's lse −inf turned into NaN (0/0 in a split that "
                      "sees no key, instead of weight 0)", _empty_nan(ctx, parts), present("out", "lse")),
+            ctx.H("splits-empty-lse-zero", "an empty split's partial never written: the merge reading its "
+                  "workspace's lse 0 (not −inf) and out 0, a term exp(0) in each row's sum",
+                  _merged(ctx, parts, "empty-zero"), present("out", "lse")),
             ctx.H("splits-lse-base-2", "the partial states merged in base 2 (lse = log2 Σ 2^lse_s, weights "
                   "2^(lse_s − lse)) while each split's lse is a natural log", _merged(ctx, parts, "base-2"),
                   present("out", "lse"))]

@@ -99,7 +99,7 @@ MISTAKES = {
     "in-bfloat16": Planted(_featured("in-bfloat16"), diagnosis="lower-precision"),
     **{hid: Planted(_split(m), None, ("splits",), hid)
        for m, hid in (("not-rescaled", "splits-not-rescaled"), ("empty-nan", "splits-empty-nan"),
-                      ("base-2", "splits-lse-base-2"))},
+                      ("empty-zero", "splits-empty-lse-zero"), ("base-2", "splits-lse-base-2"))},
     **{f"paged-{m}": Planted(_featured(None), "paged", ("paged",), f"paged-{m}") for m in PAGED_TWINS},
     # FP8's whole kernels (a slip in how the float8 inputs are read), their "layout" the FP8 form
     **{m if m.startswith("fp8-") else f"fp8-{m}": Planted(fn, "fp8", ("fp8",) + (("gqa",) if "head" in m else ()), m)

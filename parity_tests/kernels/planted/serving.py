@@ -119,6 +119,8 @@ def _split(q, k, v, causal, scale, num_splits, align, mistake=None):
              for s in range(num_splits)]
     outs = torch.stack([p[0] for p in parts])
     lses = torch.stack([p[1] for p in parts])                               # (S, B, H, Tq)
+    if mistake == "empty-zero":                       # an empty split's partial never written: 0 and lse 0
+        lses = torch.where(torch.isfinite(lses), lses, 0.0)
     if mistake == "not-rescaled":                     # Σ acc_s / Σ l_s, each against its own maximum
         ls = torch.stack([p[3] for p in parts])
         return (outs * ls[..., None]).sum(0) / torch.where(ls.sum(0) > 0, ls.sum(0), 1.0)[..., None]
@@ -146,6 +148,12 @@ def split_decode_not_rescaled(q, k, v, *, causal, scale, num_splits=1, align="to
 def split_decode_empty_nan(q, k, v, *, causal, scale, num_splits=1, align="top-left"):
     """Wrong: a split that sees no key gives 0/0 = NaN instead of weight 0."""
     return _split(q, k, v, causal, scale, num_splits, align, "empty-nan").to(q.dtype)
+
+
+def split_decode_empty_zero(q, k, v, *, causal, scale, num_splits=1, align="top-left"):
+    """Wrong: a split that sees no key returns early without writing its partial, so the merge reads
+    the workspace's zeros: lse 0 (not −inf) and out 0, each a term exp(0) in the sum."""
+    return _split(q, k, v, causal, scale, num_splits, align, "empty-zero").to(q.dtype)
 
 
 def split_decode_base_2(q, k, v, *, causal, scale, num_splits=1, align="top-left"):

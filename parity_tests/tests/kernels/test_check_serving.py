@@ -29,6 +29,7 @@ WORDS = {"paged-past-seqlens": "cache_seqlens ignored", "paged-off-by-one-page":
          "paged-table-stride": "row stride", "paged-page-size": "page size taken as", "paged-last-page-dropped": "last partial page dropped"}
 SPLIT_TWINS = {"splits-not-rescaled": ex.split_decode_not_rescaled,
                "splits-empty-nan": ex.split_decode_empty_nan,
+               "splits-empty-lse-zero": ex.split_decode_empty_zero,
                "splits-lse-base-2": ex.split_decode_base_2}
 
 
