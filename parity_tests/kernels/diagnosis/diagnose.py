@@ -1070,8 +1070,9 @@ def _values_from_other_slices(sub):
                              [((h,), {n: np.full_like(a, a[h])}, None) for h in range(len(a))]))
     scaled = {n: r[i.scale] for n, i in stored_inputs(case).items() if i.scale and n in r and r.get(i.scale) is not None
               and r[i.scale].size > 1}
-    # each descale alone, then all of them together (one slice's read for another's: a schedule's reordering)
-    for names in [(n,) for n in scaled] + ([tuple(scaled)] if len(scaled) > 1 else []):
+    # each descale alone, then each set of them together (one slice's read for another's: a schedule's
+    # reordering; the scores' two, q's and k's, kept from a persistent program's first tile)
+    for names in (c for size in range(1, len(scaled) + 1) for c in itertools.combinations(scaled, size)):
         shape = scaled[names[0]].shape                                      # (B, Hkv)
         moved = lambda b, g: {n: r[n] * per_head(np.full_like(scaled[n], scaled[n][b, g]) / scaled[n], r[n].shape[1])
                               for n in names}
