@@ -158,6 +158,10 @@ def chapter(ctx):
                 hid, says = named
                 break
         out.append(H(hid, says, fwd({"align": ctx.other_align})))
+    if case.causal and any(ctx.offsets):
+        out.append(H("offset-sign", "the alignment's offset with its sign flipped (query i seeing keys j <= i - "
+                     "offset, offset = Tk - Tq: Tq - Tk written where Tk - Tq is meant)",
+                     fwd(shift=[-2 * o for o in ctx.offsets])))
     d = case.head_dim
     if d > 1:
         default = 1.0 / math.sqrt(d)

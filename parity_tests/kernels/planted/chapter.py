@@ -76,6 +76,12 @@ def bottom_right(q, k, v, *, causal, scale):
     return attention(q, k, v, causal=causal, scale=scale, offset=k.shape[-2] - q.shape[-2])
 
 
+def offset_sign(q, k, v, *, causal, scale):
+    """Bottom-right alignment with its offset's sign flipped (Tq − Tk where Tk − Tq is meant): to be
+    checked with ``align="bottom-right"`` (its mistake, ``offset-sign``, exists only there)."""
+    return attention(q, k, v, causal=causal, scale=scale, offset=q.shape[-2] - k.shape[-2])
+
+
 def scale_one_over_d(q, k, v, *, causal, scale):
     return attention(q, k, v, causal=causal, scale=1.0 / q.shape[-1])
 

@@ -1153,3 +1153,10 @@ def test_a_dq_pass_reading_do_in_another_order_is_named_with_the_order():
     assert set(said) == {"dq"} and said["dq"].id == "dout-read-otherwise", {n: d.sentence for n, d in said.items()}
     assert "dq's pass reading dO in another order: dO of shape (1, 2, 45, 16) reshaped to (1, 45, 2, 16) and its " \
            "axes put back" in said["dq"].sentence, said["dq"].sentence
+
+
+def test_a_bottom_right_offset_with_its_sign_flipped_is_named():
+    from parity_tests.kernels.planted.chapter import offset_sign
+    report = parity_tests.check(offset_sign, tokens=["45x77", "77x45"], align="bottom-right", causal="yes", **ONE)
+    assert report.diagnosis == "offset-sign", str(report)
+    assert {r.tensor for r in report.failures if r.diagnosis.id == "offset-sign"} >= {"out"}, str(report)
