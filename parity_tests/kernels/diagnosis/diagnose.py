@@ -88,10 +88,9 @@ FIT_SHARE = 0.1
 # by one factor is also each row off by its own).
 FITTED = ("constant-factor", "lse-offset", "lse-max-factor", "axes-permuted", "state-carried", "keys-unseen",
           "last-tile-only", "keys-weighted", "sequence-offsets", "slice-values", "head-map", "broadcast-sum",
-          "backward-blocks", "tile-factors", "rows-weighted", "key-tile-ranges", "tile-masks", "key-spans",
-          "sink-counted",
-          "rows-moved", "scores-scaled", "denominator", "tiles-weighted", "wrong-delta", "dp-scaled",
-          "backward-p-scaled")
+          "backward-blocks", "tile-factors", "rows-weighted", "rows-rescaled", "key-tile-ranges", "tile-masks",
+          "key-spans", "sink-counted", "rows-moved", "scores-scaled", "denominator", "tiles-weighted", "tiles-left-out",
+          "tiles-scaled", "wrong-delta", "dp-scaled", "backward-p-scaled")
 
 # A catalogued mistake that leaves at most this share of the error against the
 # reference explains the tensor, even where its own rounding exceeds the bound
@@ -2662,6 +2661,9 @@ def _tiles_left_out(sub):
         told = np.abs(part).max(-1) / np.broadcast_to(sub.den["out"], (B, H))[..., None, None] > FIT_SHARE * bound
         kept = np.where(told, np.round(w), 1.0)          # a tile weighing a tenth of the bound or less: kept
         if not set(np.unique(kept)) <= {0.0, 1.0} or (kept == 1).all() or np.abs(w - kept)[told].max() > 0.25:
+            scaled = _tiles_scaled(sub, tile, part, w, told)
+            if scaled:
+                return scaled
             continue
         pred = np.einsum("bhqn,bhqnd->bhqd", kept, part)
         if slice_errors(got, pred, sub.den["out"]).max() > bound:
@@ -2680,6 +2682,29 @@ def _tiles_left_out(sub):
                                     lambda grads=True, pred=pred: {**sub.gold, "out": pred}, ("out",),
                                     fitted=("out",))]
     return []
+
+
+def _tiles_scaled(sub, tile, part, w, told):
+    """`_tiles_left_out`'s fit with its weights kept as fitted: row i's output Σ_t w_it Σ_{j in t}
+    P_ij v_j, each tile weighed by a positive factor of its own, not summing to 1 (partial states
+    merged without each divided by its own sum: a split's accumulator stored where its output is
+    meant).  Only with at most half as many tiles as channels, every weight of the tiles that weigh
+    (``told``) positive, and some row's weights unequal (one factor a row: a denominator)."""
+    got, bound = sub.arrays["out"], sub.bounds["out"]
+    if part.shape[-2] > got.shape[-1] // 2 or not told.any() or (w[told] <= 0).any():
+        return []
+    pred = np.einsum("bhqn,bhqnd->bhqd", w, part)
+    if slice_errors(got, pred, sub.den["out"]).max() > bound:
+        return []
+    lo = np.where(told, w, np.inf).min(-1)
+    hi = np.where(told, w, -np.inf).max(-1)
+    if not (hi > lo * (1 + FIT_SHARE)).any():
+        return []
+    return [mistakes.Hypothesis("tiles-scaled", f"each row's key tiles of {tile} weighed by factors of their own, "
+                                f"{float(w[told].min()):.3g} .. {float(w[told].max()):.3g} times their softmax weight "
+                                "(not summing to 1): partial states merged without each divided by its own sum (a "
+                                "split's accumulator stored where its normalised output is meant), or rescaled "
+                                "otherwise", lambda grads=True: {**sub.gold, "out": pred}, ("out",), fitted=("out",))]
 
 
 def _scores_scaled(sub):

@@ -1160,3 +1160,27 @@ def test_a_bottom_right_offset_with_its_sign_flipped_is_named():
     report = parity_tests.check(offset_sign, tokens=["45x77", "77x45"], align="bottom-right", causal="yes", **ONE)
     assert report.diagnosis == "offset-sign", str(report)
     assert {r.tensor for r in report.failures if r.diagnosis.id == "offset-sign"} >= {"out"}, str(report)
+
+
+def _splits_left_unnormalised(q, k, v, *, causal, scale):
+    """Split-K over 3 ranges of 48 keys, each split's accumulator Σ_j e^(S_ij − m_s) v_j stored
+    without dividing by its own sum l_s, merged with the weights exp(lse_s − lse) that assume it was."""
+    dt, q, k, v = q.dtype, q.double(), k.double(), v.double()
+    S = q @ k.transpose(-1, -2) * scale
+    parts, lses = [], []
+    for j0 in range(0, S.shape[-1], 48):
+        s = S[..., j0:j0 + 48]
+        m = s.amax(-1, keepdim=True)
+        e = (s - m).exp()
+        parts.append(e @ v[..., j0:j0 + 48, :])
+        lses.append(m + e.sum(-1, keepdim=True).log())
+    lse = torch.logsumexp(torch.stack(lses), 0)
+    return sum((l - lse).exp() * p for l, p in zip(lses, parts)).to(dt)
+
+
+def test_key_ranges_weighed_by_factors_of_their_own_are_said_so():
+    report = parity_tests.check(_splits_left_unnormalised, tokens=["100"], **ONE, causal="no")
+    outs = [r for r in report.failures if r.tensor == "out"]
+    assert outs and {r.diagnosis.id for r in outs} == {"tiles-scaled"}, [r.diagnosis.sentence for r in outs]
+    assert "each row's key tiles of 16 weighed by factors of their own" in outs[0].diagnosis.sentence, \
+        outs[0].diagnosis.sentence
