@@ -234,6 +234,21 @@ def _failing_ranks(a, ref, denom, bound, positions):
     return {r for r, pos in enumerate(positions) if diff[:, :, pos].max(initial=0.0) > bound}
 
 
+def _times_constant(n, a, ref, denom, bound, world_size):
+    """(words, residual) where ``a`` is the reference times one factor c ≠ 1 (fitted by least squares)
+    within the bound, c named where it is the world size or its inverse; else None."""
+    a4, r4 = _four(a), _four(ref)
+    c = float((a4 * r4).sum() / max((r4 * r4).sum(), 1e-300))
+    residual = runner.tensor_errors(a4, c * r4, denom)[0]
+    if residual > bound or abs(c - 1) <= 1e-3:
+        return None
+    why = {world_size: f" (the world size, {world_size}: a sum over the ranks taken where one rank's share is meant)",
+           1 / world_size: f" (1 / the world size, {world_size}: a gradient averaged over the ranks where it is "
+                           "summed)"}
+    said = next((w for f, w in why.items() if abs(c - f) <= 1e-3 * f), "")
+    return f"Matches the reference times {c:.4g}{said} (to {residual:.1e}, bound {bound:.1e})", residual
+
+
 def _best(n, a, ref, denom, bound, predictions, owner, positions, case):
     err = runner.tensor_errors(_four(a), _four(ref), denom)[0]
     _, where = locate(n, a, ref, denom, positions)
@@ -257,6 +272,9 @@ def _best(n, a, ref, denom, bound, predictions, owner, positions, case):
         return Diagnosis(hid, f"{n}: {where}. Matches '{title}' (to {residual:.1e}, bound {bound:.1e}), "
                               f"which predicts {pred_err:.1e} on rank {', '.join(map(str, sorted(failing)))} "
                               f"(worst at rank {owner[pi]}, row {pi}){keys}", residual, bound)
+    scaled = _times_constant(n, a, ref, denom, bound, len(positions))
+    if scaled is not None:
+        return Diagnosis("constant-factor", f"{n}: {where}. {scaled[0]}", scaled[1], bound)
     text = f"{n}: {where}. Matches none of the sharding mistakes"
     if closest:
         text += f" (closest: '{closest[2]}', {closest[0]:.1e} away against {err:.1e} from the reference)"

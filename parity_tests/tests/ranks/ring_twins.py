@@ -107,3 +107,23 @@ def scale_ignored(q, k, v, *, causal, scale, group, q_positions, k_positions):
     """Not a sharding mistake: 1/sqrt(D) left out. Nothing of the sharding catalogue may claim it."""
     return ring.attention(q, k, v, causal=causal, scale=1.0, group=group, q_positions=q_positions,
                           k_positions=k_positions)
+
+
+class _Averaged(torch.autograd.Function):
+    """The identity, its gradient divided by the world size (an all-reduce of dk, dv averaged)."""
+
+    @staticmethod
+    def forward(ctx, x, world):
+        ctx.world = world
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g / ctx.world, None
+
+
+def dkdv_averaged(q, k, v, *, causal, scale, group, q_positions, k_positions):
+    """dk and dv averaged over the ranks where they are summed."""
+    world = dist.get_world_size(group)
+    return _run(q, _Averaged.apply(k, world), _Averaged.apply(v, world),
+                dict(causal=causal, scale=scale, group=group, q_positions=q_positions, k_positions=k_positions))

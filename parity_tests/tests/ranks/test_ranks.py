@@ -99,6 +99,14 @@ def test_a_target_in_a_file_runs_on_every_rank(world, tmp_path):
     assert report.passed and report.rows, str(report)
 
 
+def test_a_gradient_averaged_over_the_ranks_is_named_with_the_world_size(world):
+    report = check_ranks(ring_twins.dkdv_averaged, causal="yes", sharding="head-tail", world=world, **SMALL)
+    said = {r.tensor: r.diagnosis for r in report.failures}
+    assert set(said) == {"dk", "dv"} and {d.id for d in said.values()} == {"constant-factor"}, str(report)
+    assert "Matches the reference times 0.5 (1 / the world size, 2: a gradient averaged over the ranks where it " \
+           "is summed)" in said["dk"].sentence, said["dk"].sentence
+
+
 def test_the_ring_example_passes_with_both_shardings(world):
     report = check_ranks("examples.ring_attention:attention", causal="both", world=world, **SMALL)
     assert report.passed, str(report)
