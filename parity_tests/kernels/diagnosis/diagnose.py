@@ -348,7 +348,8 @@ def _catalogue(rest, rows, ev):
         hyps += _last_tile_only(sub, rest, entry) + _backward_blocks(sub, rest, entry) + \
             _tile_factors(sub, rest, entry) + (_rows_weighted(sub, rest, entry) or _rows_rescaled(sub, rest, entry))
         hyps += mistakes.option_twins(_mistakes_context(sub), hyps) + _backward_products(sub, rest, entry) + \
-            _rows_read_as_zero(sub, rest, entry) + _do_read_otherwise(sub, rest, entry)
+            _rows_read_as_zero(sub, rest, entry) + _do_read_otherwise(sub, rest, entry) + \
+            _lse_across_tile(sub, rest, entry)
         hyps += [h for n in rest if n in INPUT_GRADS for h in _broadcast_sum(sub, n)]
         hyps += [h for n in rest if n in ("dq", "dk", "dv") for h in _rows_moved(sub, n) + _tiles_accumulated(sub, n)]
     if "out" in rest and plain(["out"]):
@@ -1554,6 +1555,33 @@ def _rows_rescaled(sub, failing, found):
     return [mistakes.Hypothesis("rows-rescaled", f"each query row's P recomputed in the dK/dV pass from an lse {said} "
                                 f"(its share of dk and dv times {lo:.4g} .. {hi:.4g})", predict, tuple(preds),
                                 fitted=("dv",))]
+
+
+def _lse_across_tile(sub, failing, found):
+    """dk and dv from a dK/dV pass that works on transposed square tiles (keys x queries) and
+    subtracts each query row's lse along the wrong axis of one: P'_ij = exp(S_ij − lse_r), r = qt·t +
+    (j mod t) the query row at key j's place in its tile (qt = i // t), +inf past Tq as a masked load
+    gives (``lse[:, None]`` where ``lse[None, :]`` is meant); then dv = P'ᵀ dO and dk = scale (P' ∘
+    (dP − D))ᵀ Q, D right.  One hypothesis per tile of `TILES` (`_backward_by_entry`)."""
+    if found is None or not {"dk", "dv"} & set(failing) or sub.case.seqlens:
+        return []
+    f, case = found[3], sub.case
+    lse = _dense_forward(sub)[1]                                                     # (B, Hq, Tq)
+    i, j = np.arange(case.tq)[:, None], np.arange(case.tk)[None, :]
+    dP = f["dO"] @ np.swapaxes(f["V"], -1, -2)
+    out = []
+    for t in (t for t in TILES if t < max(case.tq, case.tk)):
+        r = i // t * t + j % t                                                       # (Tq, Tk)
+        taken = np.where(r < case.tq, lse[..., np.minimum(r, case.tq - 1)], np.inf)  # (B, Hq, Tq, Tk)
+        with np.errstate(over="ignore", invalid="ignore"):
+            P = np.nan_to_num(f["P"] * np.exp(np.minimum(lse[..., None] - taken, 700.0)), nan=0.0)
+        preds = {"dv": _per_kv(case, np.swapaxes(P, -1, -2) @ f["dO"]),
+                 "dk": _per_kv(case, np.swapaxes(P * (dP - f["D"][..., None]) * sub.opts["scale"], -1, -2) @ f["Q"])}
+        out.append(mistakes.Hypothesis(
+            "lse-across-tile", f"the dK/dV pass's P with each query row's lse subtracted along the keys of its "
+            f"transposed {t} x {t} tile (key j given the lse of query row qt·{t} + (j mod {t}): lse[:, None] where "
+            "lse[None, :] is meant)", lambda grads=True, preds=preds: {**sub.gold, **preds}, ("dk", "dv")))
+    return out
 
 
 def _do_read_otherwise(sub, failing, found):

@@ -1184,3 +1184,39 @@ def test_key_ranges_weighed_by_factors_of_their_own_are_said_so():
     assert outs and {r.diagnosis.id for r in outs} == {"tiles-scaled"}, [r.diagnosis.sentence for r in outs]
     assert "each row's key tiles of 16 weighed by factors of their own" in outs[0].diagnosis.sentence, \
         outs[0].diagnosis.sentence
+
+
+class _LseAcrossTheTile(torch.autograd.Function):
+    """Attention without a mask whose dK/dV pass, on transposed 16 x 16 tiles (keys x queries),
+    subtracts lse along the keys: key j of a tile takes the lse of query row qt·16 + (j mod 16)
+    (+inf past Tq, as a masked load gives); dq right."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, scale):
+        S = q.double() @ k.double().transpose(-1, -2) * scale
+        ctx.save_for_backward(q, k, v, S)
+        ctx.scale = scale
+        return (torch.softmax(S, -1) @ v.double()).to(q.dtype)
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, S = ctx.saved_tensors
+        dO, q64, k64, v64 = dout.double(), q.double(), k.double(), v.double()
+        lse = S.logsumexp(-1)
+        i, j = torch.arange(S.shape[-2])[:, None], torch.arange(S.shape[-1])[None, :]
+        r = i // 16 * 16 + j % 16
+        taken = torch.where(r < S.shape[-2], lse[..., r.clamp(max=S.shape[-2] - 1)], torch.inf)
+        P, across = (S - lse[..., None]).exp(), (S - taken).exp()
+        D = (dO * (P @ v64)).sum(-1, keepdim=True)
+        dS = lambda p: p * (dO @ v64.transpose(-1, -2) - D) * ctx.scale
+        return (dS(P) @ k64).to(q.dtype), (dS(across).transpose(-1, -2) @ q64).to(k.dtype), \
+            (across.transpose(-1, -2) @ dO).to(v.dtype), None
+
+
+def test_an_lse_subtracted_along_the_wrong_axis_of_a_transposed_tile_is_named_with_the_tile():
+    kernel = lambda q, k, v, *, causal, scale: _LseAcrossTheTile.apply(q, k, v, scale)
+    rows = runner.run_case(targets.resolve(kernel), Case(1, 2, 45, 77, 16, False, ()), "float32", "cpu")
+    said = {r.tensor: r.diagnosis for r in rows if not r.passed}
+    assert set(said) == {"dk", "dv"} and {d.id for d in said.values()} == {"lse-across-tile"}, \
+        {n: d.sentence for n, d in said.items()}
+    assert "lse subtracted along the keys of its transposed 16 x 16 tile" in said["dv"].sentence, said["dv"].sentence
