@@ -100,8 +100,9 @@ FITTED = ("constant-factor", "lse-offset", "lse-max-factor", "axes-permuted", "s
 MATCH_SHARE = 1e-3
 # ... and never past this many bounds: on outlier inputs a tensor can be off by 50 times its scale,
 # and 1e-3 of that admitted a backward mistake 21 bounds away from a kernel whose real slip was in
-# its forward's accumulator (the sharpened softmaxes above sit within 1.5 bounds).
-MATCH_WITHIN = 10.0
+# its forward's accumulator; an FP8 split-KV kernel storing its partials unnormalised (an error of
+# 4e3) read as FP8's descales inverted at 7 bounds.  The sharpened softmaxes above sit within 1.5.
+MATCH_WITHIN = 4.0
 
 # A kernel computing in a lower precision than it is checked in: its error sits within
 # this factor of a plain computation's in that precision (measured: bfloat16 inside a
