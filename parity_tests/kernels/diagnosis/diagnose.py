@@ -87,7 +87,7 @@ FIT_SHARE = 0.1
 # explains as well wins over them, and among them the first that explains is named (a tensor off
 # by one factor is also each row off by its own).
 FITTED = ("constant-factor", "lse-offset", "lse-max-factor", "axes-permuted", "state-carried", "keys-unseen",
-          "last-tile-only", "keys-weighted", "sequence-offsets", "slice-values", "head-map", "broadcast-sum",
+          "last-tile-only", "keys-weighted", "sequence-offsets", "slice-values", "head-map", "dq-head-map", "broadcast-sum",
           "backward-blocks", "tile-factors", "rows-weighted", "rows-rescaled", "key-tile-ranges", "tile-masks",
           "key-spans", "sink-counted", "rows-moved", "scores-scaled", "denominator", "tiles-weighted", "tiles-left-out",
           "tiles-scaled", "wrong-delta", "dp-scaled", "backward-p-scaled")
@@ -345,6 +345,8 @@ def _catalogue(rest, rows, ev):
             hyps += _wrong_delta(sub) + _backward_p_scaled(sub) + _delta_per_tile(sub, rest) + _dp_scaled(sub)
         if "dk" in rest:
             hyps += _head_map(sub)
+        if "dq" in rest:
+            hyps += _dq_head_map(sub)
         entry = _backward_by_entry(sub, rest)           # one dense forward, shared by the readings of entries
         hyps += _last_tile_only(sub, rest, entry) + _backward_blocks(sub, rest, entry) + \
             _tile_factors(sub, rest, entry) + (_rows_weighted(sub, rest, entry) or _rows_rescaled(sub, rest, entry))
@@ -1046,6 +1048,31 @@ def _head_map(sub):
         return {**sub.gold, **{n: np.einsum("bhtd,hg->bgtd", wide[n], rounded) for n in ("dk", "dv")}}
     return [mistakes.Hypothesis("head-map", f"dk and dv summed over another map of query heads than the "
                                 f"forward's: {says}", predict, ("dk", "dv"), fitted=("dk",))]
+
+
+def _dq_head_map(sub):
+    """dq whose query heads are written into other heads' slots (an atomic add at the kv head's index
+    where the query head's is meant, a head index decoded wrong): each slot the sum of some heads'
+    reference dq, the map fitted by least squares over (batch, row, channel) and rounded to 0 or 1.
+    [] with one head, or where the map is the identity or not 0 or 1."""
+    got, ref = sub.arrays.get("dq"), sub.gold.get("dq")
+    hq = sub.case.heads
+    if got is None or ref is None or hq < 2 or not np.isfinite(got).all() or sub.rows is not None:
+        return []
+    A = np.moveaxis(ref, 1, -1).reshape(-1, hq)                                     # (B Tq D, Hq): sources
+    rounded = _zero_one_fit(A, np.moveaxis(got, 1, -1).reshape(-1, hq))              # (Hq, Hq): source -> slot
+    if rounded is None or np.array_equal(rounded, np.eye(hq)):
+        return []
+    pred = np.einsum("bhtd,hg->bgtd", ref, rounded)
+    heads = lambda g: ", ".join(str(h) for h in np.nonzero(rounded[:, g])[0])
+    slots = [f"head {g} holds heads {heads(g)}'s" for g in range(hq) if rounded[:, g].any() and
+             not (rounded[:, g] == np.eye(hq)[:, g]).all()]
+    empty = [g for g in range(hq) if not rounded[:, g].any()]
+    said = "; ".join(slots + ([f"heads {ranges(empty)} left 0"] if empty else []))
+    return [mistakes.Hypothesis("dq-head-map", f"dq of each query head written into another head's slot ({said}: "
+                                "an atomic add at the kv head's index where the query head's is meant, or a head "
+                                "index decoded wrong)", lambda grads=True: {**sub.gold, "dq": pred}, ("dq",),
+                                fitted=("dq",))]
 
 
 def _values_from_other_slices(sub):

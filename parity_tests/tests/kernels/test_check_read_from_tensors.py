@@ -1220,3 +1220,28 @@ def test_an_lse_subtracted_along_the_wrong_axis_of_a_transposed_tile_is_named_wi
     assert set(said) == {"dk", "dv"} and {d.id for d in said.values()} == {"lse-across-tile"}, \
         {n: d.sentence for n, d in said.items()}
     assert "lse subtracted along the keys of its transposed 16 x 16 tile" in said["dv"].sentence, said["dv"].sentence
+
+
+class _DqAtKvHead(torch.autograd.Function):
+    """The identity on q; backward, each query head's dq added into the slot of its kv head (group 2)."""
+
+    @staticmethod
+    def forward(ctx, q):
+        return q.view_as(q)
+
+    @staticmethod
+    def backward(ctx, g):
+        b, h, t, d = g.shape
+        return torch.cat([g.reshape(b, h // 2, 2, t, d).sum(2), torch.zeros_like(g[:, h // 2:])], 1)
+
+
+def test_dq_written_into_the_kv_heads_slots_is_named_with_the_map():
+    def dq_at_kv_head(q, k, v, *, causal, scale):
+        k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], 1) for x in (k, v))
+        return sdpa(_DqAtKvHead.apply(q), k, v, causal=causal, scale=scale)
+    rows = runner.run_case(targets.resolve(dq_at_kv_head), Case(1, 4, 45, 77, 16, False, (("gqa", 2),)),
+                           "float32", "cpu", wanted=("gqa",))
+    said = {r.tensor: r.diagnosis for r in rows if not r.passed}
+    assert set(said) == {"dq"} and said["dq"].id == "dq-head-map", {n: d.sentence for n, d in said.items()}
+    assert "head 0 holds heads 0, 1's; head 1 holds heads 2, 3's; heads 2 .. 3 left 0" in said["dq"].sentence, \
+        said["dq"].sentence
