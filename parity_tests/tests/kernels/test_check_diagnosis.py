@@ -195,8 +195,10 @@ def test_a_cause_is_named_only_well_inside_the_bound_and_clearly_closer_than_the
     assert _named([0.045, 0.5]).id == "h0"                    # 0.45 of the bound
 
 
-def test_a_share_of_a_large_error_is_a_match_only_within_ten_bounds():
+def test_a_share_of_a_large_error_is_a_match_only_within_four_bounds():
     assert diagnose.explains(1.5, 1e4, 1.0)                   # a sharper softmax rounds past the bound
+    assert diagnose.explains(3.5, 1e4, 1.0)
+    assert not diagnose.explains(7.0, 3e4, 1.0)               # 2e-4 of a huge error, 7 bounds off (an FP8 case)
     assert not diagnose.explains(21.0, 5e4, 1.0)              # 4e-4 of a huge error, but 21 bounds off
     assert diagnose.explains(0.9, 5e4, 1.0)
 
