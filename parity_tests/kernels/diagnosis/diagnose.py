@@ -1616,14 +1616,13 @@ def _do_read_otherwise(sub, failing, found):
     """A backward pass reading dO in another order of its (batch, head, row) axes than it has (a
     layout's strides taken for another tensor's, a transposed view read as contiguous): for each
     order p, dO laid out in that order and read back by reshape, or reshaped to it and its axes put
-    back (as `_axes_permuted`), its D = rowsum(dO ∘ O) right (a pass of its own) or from that dO;
+    back (as `_axes_permuted`), its D = rowsum(dO ∘ O) right (a pass of its own);
     dq's pass (dq = scale (P ∘ (dO' Vᵀ − D)) K) and the dK/dV pass (dv = Pᵀ dO', dk likewise) each
     held to the bound on its failing tensors (`_backward_by_entry`)."""
     if found is None or sub.case.seqlens:
         return []
     f, dout = found[3], sub.rounded["dout"]
     shape = dout.shape
-    O = f["P"] @ f["V"]
     out = []
     for pass_, tensors in (("dq's pass", ("dq",)), ("the dK/dV pass", ("dk", "dv"))):
         judged = [n for n in tensors if n in failing and np.isfinite(sub.arrays.get(n, np.nan)).all()]
@@ -1639,14 +1638,13 @@ def _do_read_otherwise(sub, failing, found):
                             (f"reshaped to {moved} and its axes put back", dout.reshape(moved).transpose(back))):
                 if np.array_equal(x, dout):
                     continue
-                for d_said, D in (("", f["D"]), (", and D from it", (x * O).sum(-1) - (f["D"] - (dout * O).sum(-1)))):
-                    dS = f["P"] * (x @ np.swapaxes(f["V"], -1, -2) - D[..., None]) * sub.opts["scale"]
-                    preds = {"dq": dS @ f["K"], "dk": _per_kv(sub.case, np.swapaxes(dS, -1, -2) @ f["Q"]),
-                             "dv": _per_kv(sub.case, np.swapaxes(f["P"], -1, -2) @ x)}
-                    residual = max(slice_errors(sub.arrays[n], preds[n], sub.den[n]).max() / sub.bounds[n]
-                                   for n in judged)
-                    if best is None or residual < best[0]:
-                        best = (residual, form + d_said, preds)
+                dS = f["P"] * (x @ np.swapaxes(f["V"], -1, -2) - f["D"][..., None]) * sub.opts["scale"]
+                preds = {"dq": dS @ f["K"], "dk": _per_kv(sub.case, np.swapaxes(dS, -1, -2) @ f["Q"]),
+                         "dv": _per_kv(sub.case, np.swapaxes(f["P"], -1, -2) @ x)}
+                residual = max(slice_errors(sub.arrays[n], preds[n], sub.den[n]).max() / sub.bounds[n]
+                               for n in judged)
+                if best is None or residual < best[0]:
+                    best = (residual, form, preds)
         if best is not None and best[0] <= 1.0:
             preds = {n: best[2][n] for n in tensors}
             out.append(mistakes.Hypothesis(
@@ -2622,10 +2620,8 @@ def _tile_masks(sub):
     return []
 
 
-# Key tiles weighed otherwise (`_tiles_weighted`): a fitted weight below WEIGHT_FLOOR is no softmax's (the
-# fit found noise); a tile's factor is said where its softmax mass is above MASS_FLOOR (a weight over a
-# mass of 1e-100 says nothing).
-WEIGHT_FLOOR = -0.05
+# Key tiles weighed otherwise (`_tiles_weighted`): a tile's factor is said where its softmax mass is above
+# MASS_FLOOR (a weight over a mass of 1e-100 says nothing).
 MASS_FLOOR = 1e-6
 
 
@@ -2667,8 +2663,8 @@ def _tiles_weighted(sub):
         rhs = np.concatenate([np.einsum("bhqnd,bhqd->bhqn", A, got), np.ones((B, H, Tq, 1))], -1)
         w = np.linalg.solve(K, rhs[..., None])[..., :n, 0]                       # a row seeing one tile: w = 1
         pred = np.einsum("bhqn,bhqnd->bhqd", w, A)
-        if slice_errors(got, pred, sub.den["out"]).max() > bound or (w[seen] < WEIGHT_FLOOR).any():
-            continue                                      # (a negative weight: a fit of noise, no softmax's)
+        if slice_errors(got, pred, sub.den["out"]).max() > bound:
+            continue
         first = np.argmax(seen, -1)[..., None]
         c = w / np.where(mass > MASS_FLOOR, mass, 1.0)
         c = c / np.where(np.take_along_axis(c, first, -1) != 0, np.take_along_axis(c, first, -1), 1.0)
@@ -2744,17 +2740,13 @@ def _tiles_scaled(sub, tile, part, w, told):
     """`_tiles_left_out`'s fit with its weights kept as fitted: row i's output Σ_t w_it Σ_{j in t}
     P_ij v_j, each tile weighed by a positive factor of its own, not summing to 1 (partial states
     merged without each divided by its own sum: a split's accumulator stored where its output is
-    meant).  Only with at most half as many tiles as channels, every weight of the tiles that weigh
-    (``told``) positive, and some row's weights unequal (one factor a row: a denominator)."""
+    meant).  Only with at most half as many tiles as channels, and every weight of the tiles that
+    weigh (``told``) positive (one factor a row reads first as `denominator`, earlier in FITTED)."""
     got, bound = sub.arrays["out"], sub.bounds["out"]
     if part.shape[-2] > got.shape[-1] // 2 or not told.any() or (w[told] <= 0).any():
         return []
     pred = np.einsum("bhqn,bhqnd->bhqd", w, part)
     if slice_errors(got, pred, sub.den["out"]).max() > bound:
-        return []
-    lo = np.where(told, w, np.inf).min(-1)
-    hi = np.where(told, w, -np.inf).max(-1)
-    if not (hi > lo * (1 + FIT_SHARE)).any():
         return []
     return [mistakes.Hypothesis("tiles-scaled", f"each row's key tiles of {tile} weighed by factors of their own, "
                                 f"{float(w[told].min()):.3g} .. {float(w[told].max()):.3g} times their softmax weight "

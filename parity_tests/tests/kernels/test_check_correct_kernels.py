@@ -3,6 +3,7 @@ and input class, at any seed, in float32 and bfloat16 (``kernels/planted/correct
 derivation: ``tolerances``, "the baseline's formulations")."""
 
 import itertools
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -116,6 +117,15 @@ def test_without_the_one_key_floor_flash2s_backward_fails_dq_and_dk_on_one_key_r
     assert all(r.passed for r in _one_key_rows(rowsum_d))
     monkeypatch.setattr(runner, "one_key_terms", lambda inputs, golden, opts: {})
     assert {r.tensor for r in _one_key_rows(rowsum_d) if not r.passed} == {"dq", "dk"}
+
+
+def test_the_one_key_floor_holds_only_where_every_row_sees_one_key():
+    for window, floored in (((0, 0), True), ((1, 0), False), ((0, 1), False)):
+        case = replace(ONE_KEY, features=(("window", window),))
+        inputs = runner.draw(case, wanted=("window", "lse_grad"))
+        opts = runner.reference_options(case, "top-left", inputs)
+        terms = runner.one_key_terms(inputs, runner.golden(inputs, opts), opts)
+        assert (set(terms) == {"dq", "dk"}) == floored, window
 
 
 def test_the_one_key_floor_still_fails_the_lse_gradient_dropped_on_one_key_rows():

@@ -1245,3 +1245,11 @@ def test_dq_written_into_the_kv_heads_slots_is_named_with_the_map():
     assert set(said) == {"dq"} and said["dq"].id == "dq-head-map", {n: d.sentence for n, d in said.items()}
     assert "head 0 holds heads 0, 1's; head 1 holds heads 2, 3's; heads 2 .. 3 left 0" in said["dq"].sentence, \
         said["dq"].sentence
+
+
+def test_a_key_range_weighed_negatively_is_not_read_as_tiles_scaled():
+    def last_keys_subtracted(q, k, v, *, causal, scale):         # no softmax gives a weight below 0
+        P = torch.softmax(q.double() @ k.double().transpose(-1, -2) * scale, -1)
+        return (P @ v.double() - 2 * P[..., 64:] @ v.double()[..., 64:, :]).to(q.dtype)
+    report = parity_tests.check(last_keys_subtracted, tokens=["100"], **ONE, causal="no")
+    assert report.failures and "tiles-scaled" not in {r.diagnosis.id for r in report.failures}, str(report)
