@@ -2740,11 +2740,13 @@ def _tiles_scaled(sub, tile, part, w, told):
     """`_tiles_left_out`'s fit with its weights kept as fitted: row i's output Σ_t w_it Σ_{j in t}
     P_ij v_j, each tile weighed by a positive factor of its own, not summing to 1 (partial states
     merged without each divided by its own sum: a split's accumulator stored where its output is
-    meant).  Only with at most half as many tiles as channels, and every weight of the tiles that
-    weigh (``told``) positive (one factor a row reads first as `denominator`, earlier in FITTED)."""
+    meant).  Only with at most half as many tiles as channels, every weight of the tiles that weigh
+    (``told``) positive, and one at least FIT_SHARE from 1 (closer, it fits an accumulator's rounding;
+    one factor a row reads first as `denominator`, earlier in FITTED)."""
     got, bound = sub.arrays["out"], sub.bounds["out"]
-    if part.shape[-2] > got.shape[-1] // 2 or not told.any() or (w[told] <= 0).any():
-        return []
+    if part.shape[-2] > got.shape[-1] // 2 or not told.any() or (w[told] <= 0).any() or \
+            not (np.abs(w[told] - 1) > FIT_SHARE).any():
+        return []                                # (factors within a tenth of 1: an accumulator's rounding)
     pred = np.einsum("bhqn,bhqnd->bhqd", w, part)
     if slice_errors(got, pred, sub.den["out"]).max() > bound:
         return []
