@@ -28,7 +28,8 @@ offset, or a list: to each batch entry's: the causal mask one diagonal off, a se
 with another's lengths), ``window_align`` (the window placed
 with another alignment than the causal mask), ``alibi_no_offset`` (the ALiBi
 distance |i − j| whatever the alignment), ``alibi_offset_sign=-1`` (|i − o − j|: the
-offset's sign flipped), ``alibi_signed`` (the distance i + o − j without its absolute value), ``axis`` (the softmax over queries), ``finite_mask`` (hidden
+offset's sign flipped), ``alibi_signed`` (the distance i + o − j without its absolute value),
+``axis`` (the softmax over queries), ``finite_mask`` (hidden
 scores set to finfo.min instead of −inf: a row that sees no key averages every v; or a number:
 hidden scores set to it, as a cap applied after the mask gives −c),
 ``no_delta`` (the backward's D = rowsum(dO ∘ O)

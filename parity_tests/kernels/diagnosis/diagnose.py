@@ -87,7 +87,8 @@ FIT_SHARE = 0.1
 # explains as well wins over them, and among them the first that explains is named (a tensor off
 # by one factor is also each row off by its own).
 FITTED = ("constant-factor", "lse-offset", "lse-max-factor", "axes-permuted", "state-carried", "keys-unseen",
-          "last-tile-only", "keys-weighted", "sequence-offsets", "slice-values", "head-map", "dq-head-map", "broadcast-sum",
+          "last-tile-only", "keys-weighted", "sequence-offsets", "slice-values", "head-map", "dq-head-map",
+          "broadcast-sum",
           "backward-blocks", "tile-factors", "rows-weighted", "rows-rescaled", "key-tile-ranges", "tile-masks",
           "key-spans", "sink-counted", "rows-moved", "scores-scaled", "denominator", "tiles-weighted", "tiles-left-out",
           "tiles-scaled", "wrong-delta", "dp-scaled", "backward-p-scaled")
