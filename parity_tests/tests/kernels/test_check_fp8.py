@@ -188,11 +188,12 @@ def test_the_bf16_tile_accumulator_prediction_keeps_the_causal_mask():
         np.testing.assert_allclose(out, want, rtol=0, atol=0.05)
 
 
+@needs_dtype("float16")
 def test_keys_weighed_otherwise_one_to_a_tile_are_not_read_as_tiles_weighed():
     # q rounded to e4m3 without a scale: on outlier inputs a few rows, each tile weighed by one key
     def q_as_the_cache(q, k, v, *, causal, scale, k_descale, v_descale):
         kd, vd = (x.float() * s.float()[:, :, None, None] for x, s in ((k, k_descale), (v, v_descale)))
-        q8 = q.to(torch.float8_e4m3fn).float()
+        q8 = q.clamp(-448, 448).to(torch.float8_e4m3fn).float()      # saturated: 2.1 casts past 448 to NaN
         return torch.nn.functional.scaled_dot_product_attention(q8, kd, vd, is_causal=causal, scale=scale).to(q.dtype)
     case = Case(1, 2, 77, 77, 64, False, (("inputs", "outliers"),))
     rows = runner.run_case(targets.resolve(q_as_the_cache), case, "float16", "cpu", wanted=("fp8_kv",))
