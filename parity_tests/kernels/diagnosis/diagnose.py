@@ -2626,6 +2626,24 @@ def _tile_masks(sub):
 MASS_FLOOR = 1e-6
 
 
+def _key_tile_parts(sub):
+    """(tile, Pt, part, wrong) for the key tiles out is read in (`_tiles_weighted`, `_tiles_left_out`):
+    each tile of `mistakes.KEY_TILES`, largest first, that cuts Tk into 2 .. RANGE_TILES tiles; Pt the
+    dense weights P in tiles (B, H, Tq, n, tile), part_it = Σ_{j in t} P_ij v_j (B, H, Tq, n, Dv), and
+    wrong (B, H, Tq) the rows past the bound.  Nothing with sinks, or where no row is wrong."""
+    found = _out_weights(sub) if sub.opts.get("sinks") is None else None
+    if found is None:
+        return
+    P, v, _, row_error = found
+    wrong = row_error > sub.bounds["out"]
+    if not wrong.any():
+        return
+    for tile in sorted(mistakes.KEY_TILES, reverse=True):
+        if 2 <= -(-P.shape[-1] // tile) <= RANGE_TILES:
+            Pt = _in_tiles(P, -1, tile)
+            yield tile, Pt, np.einsum("bhqnt,bhntd->bhqnd", Pt, _in_tiles(v, 2, tile)), wrong
+
+
 def _tiles_weighted(sub):
     """An out that mixes each row's key tiles with other weights than their softmax mass (an online
     softmax whose state is rescaled inconsistently across key tiles: a tile's weights taken against
@@ -2635,23 +2653,10 @@ def _tiles_weighted(sub):
     (relative to the row's first tile) said by its range; held
     to the bound, the largest tile of `mistakes.KEY_TILES` that explains first.  [] where every
     factor is 1, with sinks, with dropout, on a block of rows, or with weights too large to hold."""
-    found = _out_weights(sub) if sub.opts.get("sinks") is None else None
-    if found is None:
-        return []
-    P, v, O, row_error = found
     got, bound = sub.arrays["out"], sub.bounds["out"]
-    B, H, Tq, Tk = P.shape
-    wrong = row_error > bound
-    if not wrong.any():
-        return []
-    for tile in sorted(mistakes.KEY_TILES, reverse=True):
-        n = -(-Tk // tile)
-        if n < 2 or n > RANGE_TILES:
-            continue
-        Pt = _in_tiles(P, -1, tile)                                              # (B, H, Tq, n, tile)
-        vt = _in_tiles(v, 2, tile)                                               # (B, H, n, tile, Dv)
+    for tile, Pt, part, wrong in _key_tile_parts(sub):
+        B, H, Tq, n = part.shape[:4]
         mass = Pt.sum(-1)                                                         # (B, H, Tq, n)
-        part = np.einsum("bhqnt,bhntd->bhqnd", Pt, vt)                            # Σ_{j in t} P_ij v_j
         Ot = part / np.where(mass > 0, mass, 1.0)[..., None]
         seen = mass > 0
         A = np.where(seen[..., None], Ot, 0.0)                                    # (B, H, Tq, n, D)
@@ -2695,19 +2700,9 @@ def _tiles_left_out(sub):
     product dropped) while l counts it.  The tiles said by where they sit among those the row
     sees (its last ones).  Held to the bound, the largest tile of `mistakes.KEY_TILES` first; []
     with sinks, or where every weight is 1."""
-    found = _out_weights(sub) if sub.opts.get("sinks") is None else None
-    if found is None:
-        return []
-    P, v, O, row_error = found
     got, bound = sub.arrays["out"], sub.bounds["out"]
-    B, H, Tq, Tk = P.shape
-    if not (row_error > bound).any():
-        return []
-    for tile in sorted(mistakes.KEY_TILES, reverse=True):
-        n = -(-Tk // tile)
-        if n < 2 or n > RANGE_TILES:
-            continue
-        part = np.einsum("bhqnt,bhntd->bhqnd", _in_tiles(P, -1, tile), _in_tiles(v, 2, tile))   # (B, H, Tq, n, Dv)
+    for tile, _, part, _ in _key_tile_parts(sub):
+        B, H, n = part.shape[0], part.shape[1], part.shape[3]
         seen = np.abs(part).max(-1) > 0
         G = part @ np.swapaxes(part, -1, -2) + np.eye(n) * np.where(seen, 1e-12, 1.0)[..., None]
         w = np.linalg.solve(G, np.einsum("bhqnd,bhqd->bhqn", part, got)[..., None])[..., 0]
