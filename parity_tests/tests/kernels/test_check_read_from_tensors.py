@@ -622,24 +622,30 @@ def test_an_lse_off_by_one_constant_is_named_with_the_constant():
     assert "lse off by one constant, 5.54518 (8 ln 2)" in report.failures[0].diagnosis.sentence
 
 
-class _DqReadBack(torch.autograd.Function):
-    """q as it is; its gradient read back as from a padded accumulator with the wrong row stride:
-    head h's rows from 2h rows earlier, its first 2h rows 0."""
+class _GradientMapped(torch.autograd.Function):
+    """An input as it is; its gradient passed through ``mapped`` (a kernel writing it back wrong)."""
     @staticmethod
-    def forward(ctx, q):
-        return q.view_as(q)
+    def forward(ctx, x, mapped):
+        ctx.mapped = mapped
+        return x.view_as(x)
 
     @staticmethod
     def backward(ctx, g):
-        out = torch.zeros_like(g)
-        for h in range(g.shape[1]):
-            out[:, h, 2 * h:] = g[:, h, :g.shape[2] - 2 * h]
-        return out
+        return ctx.mapped(g), None
+
+
+def _read_back_shifted(g):
+    """dq read back as from a padded accumulator with the wrong row stride: head h's rows from 2h
+    rows earlier, its first 2h rows 0."""
+    out = torch.zeros_like(g)
+    for h in range(g.shape[1]):
+        out[:, h, 2 * h:] = g[:, h, :g.shape[2] - 2 * h]
+    return out
 
 
 def test_gradient_rows_read_back_from_other_places_are_named_with_the_shift():
     def shifted_dq(q, k, v, *, causal, scale):
-        return attend(_DqReadBack.apply(q), k, v, causal=causal, scale=scale)[0]
+        return attend(_GradientMapped.apply(q, _read_back_shifted), k, v, causal=causal, scale=scale)[0]
     rows = runner.run_case(targets.resolve(shifted_dq), Case(1, 3, 45, 77, 16, True, ()), "float32", "cpu")
     said = {r.tensor: r.diagnosis for r in rows if not r.passed}
     assert set(said) == {"dq"} and said["dq"].id == "rows-moved", {n: d.sentence for n, d in said.items()}
@@ -1008,25 +1014,18 @@ def test_a_key_bias_gradient_summed_across_its_tiles_is_named_with_the_tile():
         next(iter(said.values())).sentence
 
 
-class _AccumulatedAcrossTiles(torch.autograd.Function):
-    """The identity forward; backward, the gradient's tiles of 32 rows each summed with every tile
-    before it (a dQ loop's accumulator zeroed once per (batch, head), never per query tile)."""
-
-    @staticmethod
-    def forward(ctx, x):
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, g):
-        b, h, t, d = g.shape
-        n = -(-t // 32)
-        tiles = torch.nn.functional.pad(g, (0, 0, 0, n * 32 - t)).reshape(b, h, n, 32, d)
-        return tiles.cumsum(2).reshape(b, h, n * 32, d)[:, :, :t]
+def _accumulated_across_tiles(g):
+    """Each tile of 32 rows summed with every tile before it (a dQ loop's accumulator zeroed once per
+    (batch, head), never per query tile)."""
+    b, h, t, d = g.shape
+    n = -(-t // 32)
+    tiles = torch.nn.functional.pad(g, (0, 0, 0, n * 32 - t)).reshape(b, h, n, 32, d)
+    return tiles.cumsum(2).reshape(b, h, n * 32, d)[:, :, :t]
 
 
 def test_a_gradient_accumulated_across_its_tiles_is_named_with_the_tile():
     def dq_never_reset(q, k, v, *, causal, scale):
-        return sdpa(_AccumulatedAcrossTiles.apply(q), k, v, causal=causal, scale=scale)
+        return sdpa(_GradientMapped.apply(q, _accumulated_across_tiles), k, v, causal=causal, scale=scale)
     rows = runner.run_case(targets.resolve(dq_never_reset), Case(1, 2, 100, 100, 16, False, ()), "float32", "cpu")
     said = {r.tensor: r.diagnosis for r in rows if not r.passed}
     assert set(said) == {"dq"} and said["dq"].id == "tiles-accumulated", {n: d.sentence for n, d in said.items()}
@@ -1035,15 +1034,16 @@ def test_a_gradient_accumulated_across_its_tiles_is_named_with_the_tile():
 
 
 
-class _LseOfTileZero(torch.autograd.Function):
-    """Attention without a mask whose dK/dV pass recomputes P from the lse of row i mod 16, its
-    first query tile's, for every query tile (loaded once, before the loop); dq right."""
+class _OneSlip(torch.autograd.Function):
+    """Attention without a mask in float64, its backward written out (D = rowsum(dO ∘ O), dS = P ∘ (dP
+    − D)) with one slip: ``slip(S, lse, P, dO, O)`` -> a dict replacing some of "D" (both passes), "dO_dq"
+    (the dO dq's pass reads) and "P_kv" (the P the dK/dV pass recomputes)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, scale):
+    def forward(ctx, q, k, v, scale, slip):
         S = q.double() @ k.double().transpose(-1, -2) * scale
         ctx.save_for_backward(q, k, v, S)
-        ctx.scale = scale
+        ctx.scale, ctx.slip = scale, slip
         return (torch.softmax(S, -1) @ v.double()).to(q.dtype)
 
     @staticmethod
@@ -1051,17 +1051,30 @@ class _LseOfTileZero(torch.autograd.Function):
         q, k, v, S = ctx.saved_tensors
         dO, q64, k64, v64 = dout.double(), q.double(), k.double(), v.double()
         lse = S.logsumexp(-1, keepdim=True)
-        P, kept = (S - lse).exp(), (S - lse[..., torch.arange(S.shape[-2]) % 16, :]).exp()
-        D = (dO * (P @ v64)).sum(-1, keepdim=True)
-        dS = lambda p: p * (dO @ v64.transpose(-1, -2) - D) * ctx.scale
-        return (dS(P) @ k64).to(q.dtype), (dS(kept).transpose(-1, -2) @ q64).to(k.dtype), \
-            (kept.transpose(-1, -2) @ dO).to(v.dtype), None
+        P = (S - lse).exp()
+        O = P @ v64
+        parts = {"D": (dO * O).sum(-1, keepdim=True), "dO_dq": dO, "P_kv": P}
+        parts.update(ctx.slip(S, lse, P, dO, O))
+        dS = lambda p, do: p * (do @ v64.transpose(-1, -2) - parts["D"]) * ctx.scale
+        return (dS(P, parts["dO_dq"]) @ k64).to(q.dtype), (dS(parts["P_kv"], dO).transpose(-1, -2) @ q64).to(k.dtype), \
+            (parts["P_kv"].transpose(-1, -2) @ dO).to(v.dtype), None, None
+
+
+def _slip_said(slip, head_dim=16):
+    """{tensor: diagnosis} of the failing rows of `_OneSlip` with ``slip`` on B1 H2 T45x77, float32."""
+    kernel = lambda q, k, v, *, causal, scale: _OneSlip.apply(q, k, v, scale, slip)
+    rows = runner.run_case(targets.resolve(kernel), Case(1, 2, 45, 77, head_dim, False, ()), "float32", "cpu")
+    return {r.tensor: r.diagnosis for r in rows if not r.passed}
+
+
+def _lse_of_tile_zero(S, lse, P, dO, O):
+    """The dK/dV pass's P from the lse of row i mod 16, its first query tile's, for every query tile
+    (loaded once, before the loop)."""
+    return {"P_kv": (S - lse[..., torch.arange(S.shape[-2]) % 16, :]).exp()}
 
 
 def test_a_dk_dv_pass_taking_its_first_query_tiles_lse_for_every_tile_is_named_so():
-    rows = runner.run_case(targets.resolve(lambda q, k, v, *, causal, scale: _LseOfTileZero.apply(q, k, v, scale)),
-                           Case(1, 2, 45, 77, 16, False, ()), "float32", "cpu")
-    said = {r.tensor: r.diagnosis for r in rows if not r.passed}
+    said = _slip_said(_lse_of_tile_zero)
     assert set(said) == {"dk", "dv"}, {n: d.sentence for n, d in said.items()}
     assert {d.id for d in said.values()} == {"rows-rescaled"}, [d.sentence for d in said.values()]
     assert "from an lse of row i mod 16 for every row i: the first query tile's lse kept" in said["dk"].sentence, \
@@ -1097,66 +1110,30 @@ def test_key_tiles_counted_in_the_sum_but_left_out_of_the_output_are_named_so():
            "its output" in out.diagnosis.sentence, out.diagnosis.sentence
 
 
-class _DeltaPastHeadDim(torch.autograd.Function):
-    """Attention without a mask whose backward loads dO and O in a head-dim block of 32 for D = 24
-    without masking the channels past D: each row's D = rowsum(dO ∘ O) also sums the next row's
-    (in (batch, head, row) order) first 8 channels."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, scale):
-        P = torch.softmax(q.double() @ k.double().transpose(-1, -2) * scale, -1)
-        ctx.save_for_backward(q, k, v, P)
-        ctx.scale = scale
-        return (P @ v.double()).to(q.dtype)
-
-    @staticmethod
-    def backward(ctx, dout):
-        q, k, v, P = ctx.saved_tensors
-        dO, q64, k64, v64 = dout.double(), q.double(), k.double(), v.double()
-        terms = (dO * (P @ v64)).reshape(-1, v.shape[-1])
-        read = torch.cat([terms, torch.cat([terms[1:, :8], torch.zeros_like(terms[:1, :8])])], 1)
-        D = read.sum(-1).reshape(P.shape[:-1] + (1,))
-        dS = P * (dO @ v64.transpose(-1, -2) - D) * ctx.scale
-        return (dS @ k64).to(q.dtype), (dS.transpose(-1, -2) @ q64).to(k.dtype), \
-            (P.transpose(-1, -2) @ dO).to(v.dtype), None
+def _delta_past_head_dim(S, lse, P, dO, O):
+    """D loaded in a head-dim block of 32 for D = 24 without masking the channels past D: each row's
+    D = rowsum(dO ∘ O) also sums the next row's (in (batch, head, row) order) first 8 channels."""
+    terms = (dO * O).reshape(-1, O.shape[-1])
+    read = torch.cat([terms, torch.cat([terms[1:, :8], torch.zeros_like(terms[:1, :8])])], 1)
+    return {"D": read.sum(-1).reshape(P.shape[:-1] + (1,))}
 
 
 def test_a_row_term_read_past_the_head_dim_is_named_with_the_block():
-    rows = runner.run_case(targets.resolve(lambda q, k, v, *, causal, scale: _DeltaPastHeadDim.apply(q, k, v, scale)),
-                           Case(1, 2, 45, 77, 24, False, ()), "float32", "cpu")
-    said = {r.tensor: r.diagnosis for r in rows if not r.passed}
+    said = _slip_said(_delta_past_head_dim, head_dim=24)
     assert set(said) == {"dq", "dk"} and {d.id for d in said.values()} == {"wrong-delta"}, \
         {n: d.sentence for n, d in said.items()}
     assert "each row's D also sums the next row's first 8 channels of dO ∘ O, rows in (batch, head, row) order: " \
            "a head-dim block of 32 for D = 24 with its loads unmasked" in said["dq"].sentence, said["dq"].sentence
 
 
-class _DqPassReadsDoAsRowMajor(torch.autograd.Function):
-    """Attention without a mask whose dq pass reads dO, (B, H, T, D) in memory, as if it were laid out
-    (B, T, H, D) (another tensor's strides); D and the dK/dV pass right."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, scale):
-        P = torch.softmax(q.double() @ k.double().transpose(-1, -2) * scale, -1)
-        ctx.save_for_backward(q, k, v, P)
-        ctx.scale = scale
-        return (P @ v.double()).to(q.dtype)
-
-    @staticmethod
-    def backward(ctx, dout):
-        q, k, v, P = ctx.saved_tensors
-        dO, q64, k64, v64 = dout.double(), q.double(), k.double(), v.double()
-        D = (dO * (P @ v64)).sum(-1, keepdim=True)
-        dS = lambda do: P * (do @ v64.transpose(-1, -2) - D) * ctx.scale
-        read = dO.contiguous().reshape(dO.shape[0], dO.shape[2], dO.shape[1], -1).transpose(1, 2)
-        return (dS(read) @ k64).to(q.dtype), (dS(dO).transpose(-1, -2) @ q64).to(k.dtype), \
-            (P.transpose(-1, -2) @ dO).to(v.dtype), None
+def _do_read_as_row_major(S, lse, P, dO, O):
+    """dq's pass reading dO, (B, H, T, D) in memory, as if it were laid out (B, T, H, D) (another
+    tensor's strides); D and the dK/dV pass right."""
+    return {"dO_dq": dO.contiguous().reshape(dO.shape[0], dO.shape[2], dO.shape[1], -1).transpose(1, 2)}
 
 
 def test_a_dq_pass_reading_do_in_another_order_is_named_with_the_order():
-    kernel = lambda q, k, v, *, causal, scale: _DqPassReadsDoAsRowMajor.apply(q, k, v, scale)
-    rows = runner.run_case(targets.resolve(kernel), Case(1, 2, 45, 77, 16, False, ()), "float32", "cpu")
-    said = {r.tensor: r.diagnosis for r in rows if not r.passed}
+    said = _slip_said(_do_read_as_row_major)
     assert set(said) == {"dq"} and said["dq"].id == "dout-read-otherwise", {n: d.sentence for n, d in said.items()}
     assert "dq's pass reading dO in another order: dO of shape (1, 2, 45, 16) reshaped to (1, 45, 2, 16) and its " \
            "axes put back" in said["dq"].sentence, said["dq"].sentence
@@ -1192,59 +1169,31 @@ def test_key_ranges_weighed_by_factors_of_their_own_are_said_so():
         out.diagnosis.sentence
 
 
-class _LseAcrossTheTile(torch.autograd.Function):
-    """Attention without a mask whose dK/dV pass, on transposed 16 x 16 tiles (keys x queries),
-    subtracts lse along the keys: key j of a tile takes the lse of query row qt·16 + (j mod 16)
-    (+inf past Tq, as a masked load gives); dq right."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, scale):
-        S = q.double() @ k.double().transpose(-1, -2) * scale
-        ctx.save_for_backward(q, k, v, S)
-        ctx.scale = scale
-        return (torch.softmax(S, -1) @ v.double()).to(q.dtype)
-
-    @staticmethod
-    def backward(ctx, dout):
-        q, k, v, S = ctx.saved_tensors
-        dO, q64, k64, v64 = dout.double(), q.double(), k.double(), v.double()
-        lse = S.logsumexp(-1)
-        i, j = torch.arange(S.shape[-2])[:, None], torch.arange(S.shape[-1])[None, :]
-        r = i // 16 * 16 + j % 16
-        taken = torch.where(r < S.shape[-2], lse[..., r.clamp(max=S.shape[-2] - 1)], torch.inf)
-        P, across = (S - lse[..., None]).exp(), (S - taken).exp()
-        D = (dO * (P @ v64)).sum(-1, keepdim=True)
-        dS = lambda p: p * (dO @ v64.transpose(-1, -2) - D) * ctx.scale
-        return (dS(P) @ k64).to(q.dtype), (dS(across).transpose(-1, -2) @ q64).to(k.dtype), \
-            (across.transpose(-1, -2) @ dO).to(v.dtype), None
+def _lse_across_the_tile(S, lse, P, dO, O):
+    """The dK/dV pass, on transposed 16 x 16 tiles (keys x queries), subtracting lse along the keys: key
+    j of a tile takes the lse of query row qt·16 + (j mod 16) (+inf past Tq, as a masked load gives)."""
+    i, j = torch.arange(S.shape[-2])[:, None], torch.arange(S.shape[-1])[None, :]
+    r = i // 16 * 16 + j % 16
+    return {"P_kv": (S - torch.where(r < S.shape[-2], lse[..., 0][..., r.clamp(max=S.shape[-2] - 1)], torch.inf)).exp()}
 
 
 def test_an_lse_subtracted_along_the_wrong_axis_of_a_transposed_tile_is_named_with_the_tile():
-    kernel = lambda q, k, v, *, causal, scale: _LseAcrossTheTile.apply(q, k, v, scale)
-    rows = runner.run_case(targets.resolve(kernel), Case(1, 2, 45, 77, 16, False, ()), "float32", "cpu")
-    said = {r.tensor: r.diagnosis for r in rows if not r.passed}
+    said = _slip_said(_lse_across_the_tile)
     assert set(said) == {"dk", "dv"} and {d.id for d in said.values()} == {"lse-across-tile"}, \
         {n: d.sentence for n, d in said.items()}
     assert "lse subtracted along the keys of its transposed 16 x 16 tile" in said["dv"].sentence, said["dv"].sentence
 
 
-class _DqAtKvHead(torch.autograd.Function):
-    """The identity on q; backward, each query head's dq added into the slot of its kv head (group 2)."""
-
-    @staticmethod
-    def forward(ctx, q):
-        return q.view_as(q)
-
-    @staticmethod
-    def backward(ctx, g):
-        b, h, t, d = g.shape
-        return torch.cat([g.reshape(b, h // 2, 2, t, d).sum(2), torch.zeros_like(g[:, h // 2:])], 1)
+def _at_kv_head(g):
+    """Each query head's dq added into the slot of its kv head (group 2), the rest 0."""
+    b, h, t, d = g.shape
+    return torch.cat([g.reshape(b, h // 2, 2, t, d).sum(2), torch.zeros_like(g[:, h // 2:])], 1)
 
 
 def test_dq_written_into_the_kv_heads_slots_is_named_with_the_map():
     def dq_at_kv_head(q, k, v, *, causal, scale):
         k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], 1) for x in (k, v))
-        return sdpa(_DqAtKvHead.apply(q), k, v, causal=causal, scale=scale)
+        return sdpa(_GradientMapped.apply(q, _at_kv_head), k, v, causal=causal, scale=scale)
     rows = runner.run_case(targets.resolve(dq_at_kv_head), Case(1, 4, 45, 77, 16, False, (("gqa", 2),)),
                            "float32", "cpu", wanted=("gqa",))
     said = {r.tensor: r.diagnosis for r in rows if not r.passed}
