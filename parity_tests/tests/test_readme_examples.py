@@ -40,6 +40,7 @@ import os
 import pathlib
 import re
 import shlex
+import shutil
 import sys
 import tempfile
 
@@ -173,6 +174,8 @@ def _output(argv, files=(), cwd=None):
         sys.path.remove(folder)
         for name, _ in files:
             sys.modules.pop(name[:-3], None)
+        if cwd is None:
+            shutil.rmtree(folder, ignore_errors=True)
     return out.getvalue()
 
 

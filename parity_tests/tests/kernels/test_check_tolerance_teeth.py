@@ -15,6 +15,8 @@ import torch.nn.functional as F
 import parity_tests
 from parity_tests.common import capabilities
 from parity_tests.common import tolerances as tol
+from parity_tests.kernels import runner, targets
+from parity_tests.kernels.cases import Case
 
 from parity_tests.kernels.planted.correct import CORRECT
 from loosen import loosen
@@ -100,9 +102,9 @@ def _zero_wide_dq_row(rel):
             mask = (j >= i - window[0] if window[0] >= 0 else mask) & (j <= i + window[1] if window[1] >= 0 else mask)
         out = F.scaled_dot_product_attention(_DqSlip.apply(q, rel, seen), k, v, attn_mask=mask, scale=scale)
         return _SeeDout.apply(out, seen)
-    report = parity_tests.check(kernel, features=["window"], dtypes=["float32"], tokens=["17"], head_dims=[16],
-                                heads=[1], batch=[1], causal="no")
-    (row,) = [r for r in report.rows if r.tensor == "dq" and r.case == "B1 H2 T113 D64 full window(0,0)"]
+    rows = runner.run_case(targets.resolve(kernel), Case(1, 2, 113, 113, 64, False, (("window", (0, 0)),)),
+                           "float32", "cpu", wanted=("window",))
+    (row,) = [r for r in rows if r.tensor == "dq"]
     return row
 
 
