@@ -440,8 +440,7 @@ def _dq_to_fit(sub):
     tell anything apart (one key: dq is 0 whatever the backward) or is not computed (non-finite,
     a block of rows, per-sequence lengths)."""
     got = sub.arrays.get("dq")
-    if got is None or not np.isfinite(got).all() or sub.case.tk <= 1 or sub.rows is not None or \
-            sub.case.seqlens is not None or sub.opts.get("seqlens_k") is not None:
+    if got is None or not np.isfinite(got).all() or sub.case.tk <= 1 or sub.rows is not None:
         return None
     return got
 
@@ -463,23 +462,44 @@ def _wrong_delta(sub):
     scale = sub.opts["scale"]
     u = _dense_forward(sub, v=r["k"])[0]                                            # (B, Hq, Tq, D)
     delta = -((got - sub.gold["dq"]) * u).sum(-1) / np.maximum((u * u).sum(-1), 1e-300) / scale
-    d = (sub.gold["out"] * r["dout"]).sum(-1) if "out" in sub.gold else None
-    dlse = (r["dlse"] if r.get("dlse") is not None else 0.0) - delta
+    given = r["dlse"] if r.get("dlse") is not None else 0.0
+    dlse = given - delta
     q, k, v, dout = r["q"], r["k"], r["v"], r["dout"]
     ratio = ""
-    if d is not None:
-        big = np.abs(d) > 1e-3 * np.abs(d).max()
-        if big.any():
-            f = 1 + delta[big] / d[big]
-            ratio = f" (D' / D from {f.min():.3g} to {f.max():.3g}, median {np.median(f):.3g})"
-
-    if d is not None:
-        ratio += _delta_past_head_dim(delta, sub.gold["out"] * r["dout"])
+    if "out" in sub.gold:
+        terms = sub.gold["out"] * r["dout"]
+        ratio = _delta_rows(delta, terms.sum(-1) - given) + _delta_past_head_dim(delta, terms)
 
     def predict(grads=True):
         return as_4d(dense.run(q, k, v, dout, sub.opts, grads=grads, dlse=dlse))
     return [mistakes.Hypothesis("wrong-delta", "the backward's D = rowsum(dO ∘ O) off by each row's own amount"
                                 + ratio, predict, ("dq", "dk"), fitted=("dq",))]
+
+
+DELTA_OFF = 1e-3      # `_delta_rows`: a row's D off by more than this share of the largest |D|
+
+
+def _delta_rows(delta, meant):
+    """Words for a backward's D = ``meant`` + ``delta`` (B, H, T) where ``meant`` (rowsum(dO ∘ O)
+    less the lse gradient) is right: on which rows it is off (all, or which query rows of which
+    batch entries), and there by what factor, or "0: never written" where D' is 0 on each."""
+    top = np.abs(meant).max(initial=0.0)
+    off = np.abs(delta) > DELTA_OFF * top
+    if not off.any():
+        return ""
+    got = (meant + delta)[off]
+    if off.all():
+        where = ""
+    else:
+        b, _, i = np.nonzero(off)
+        where = f" on query rows {ranges(sorted(set(i.tolist())))}"
+        if len(set(b.tolist())) < off.shape[0]:
+            where += f" of batch entry {ranges(sorted(set(b.tolist())))}"
+        where += " only"
+    if np.abs(got).max() <= DELTA_OFF * top:
+        return f" (D' = 0{where}: never written there)"
+    f = got / np.where(meant[off] == 0, np.inf, meant[off])
+    return f" (D' / D from {f.min():.3g} to {f.max():.3g}, median {np.median(f):.3g}{where})"
 
 
 def _delta_past_head_dim(delta, terms):
@@ -2440,7 +2460,7 @@ def _lower_precision(result, rows, ev):
             if "lse" in base:
                 base["lse"] = np.where(ev.gold["lse"] == 0.0, 0.0, base["lse"])
             for n in unnamed:
-                if n in base:
+                if n in base and _spread_alike(ev.arrays[n], base[n], ev.gold[n], ev.den[n]):
                     low_errors[n, low, part] = float(np.abs(base[n] - ev.gold[n]).max(initial=0.0) / ev.den[n])
     for n in unnamed:                 # the precision whose plain computation errs the most alike
         fits = [(abs(np.log(rows[n].error / e)), low, part, e) for (m, low, part), e in low_errors.items()
@@ -2458,6 +2478,18 @@ def _lower_precision(result, rows, ev):
                     ": the kernel appears to compute some of it in a lower precision"
             result[n] = Diagnosis("lower-precision", f"{n}'s error {rows[n].error:.1e} is {said} inside this "
                                   f"{ev.dtype} check", rows[n].error, rows[n].bound)
+
+
+def _spread_alike(a, low, ref, den):
+    """Whether the error of ``a`` is spread over the (batch, head) slices as a lower precision's
+    (``low``) is: none of the slices where ``low`` errs at least half its most is left more than
+    LOWER_SHARE² below ``a``'s worst slice (a loss of precision errs wherever the computation
+    does; an error in one sequence or head of several alike is a slip there, whatever its size)."""
+    mine, theirs = slice_errors(a, ref, den), slice_errors(low, ref, den)
+    if mine.shape != theirs.shape:
+        return True
+    alike = theirs >= 0.5 * theirs.max(initial=0.0)
+    return not np.any(alike & (mine < mine.max(initial=0.0) / LOWER_SHARE ** 2))
 
 
 def _rounding_like(n, rows, ev):

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import parity_tests
-from parity_tests.kernels import cases
+from parity_tests.kernels import cases, runner, targets
 from parity_tests.kernels.diagnosis import diagnose
 import crashing_kernels as bad
 
@@ -150,6 +150,22 @@ def test_a_kernel_in_bfloat16_whatever_its_input_is_still_read_as_bfloat16():
     report = parity_tests.check(_in_bfloat16, tokens=["17", "45x77"], causal="yes", **ONE)
     named = [d for r, d in report.diagnoses if "outliers" not in r.case]
     assert named and all(d.id == "lower-precision" for d in named), [d.sentence for d in named]
+
+
+def test_an_error_of_bfloat16s_size_in_one_batch_entry_of_three_is_not_read_as_a_precision():
+    # a loss of precision errs in every entry alike: one entry rounded among three is a slip there
+    # (rounded one step down, float32 to bfloat16, float64 to float32: a float64 run shows no gap)
+    def one_entry(q, k, v, *, causal, scale):
+        out = bad.sdpa(q, k, v, causal=causal, scale=scale)
+        low = torch.bfloat16 if q.dtype == torch.float32 else torch.float32
+        one = bad.sdpa(*(x[1:2].to(low) for x in (q, k, v)), causal=causal, scale=scale).to(q.dtype)
+        return torch.cat([out[:1], one, out[2:]])
+    rows = runner.run_case(targets.resolve(one_entry), cases.Case(3, 2, 45, 77, 16, False), "float32", "cpu")
+    failing = [r for r in rows if not r.passed]
+    assert "out" in {r.tensor for r in failing}
+    assert not {r.diagnosis.id for r in failing} & PRECISION, [r.diagnosis.sentence for r in failing]
+    every = runner.run_case(targets.resolve(_in_bfloat16), cases.Case(3, 2, 45, 77, 16, False), "float32", "cpu")
+    assert {r.diagnosis.id for r in every if not r.passed} == {"lower-precision"}      # the guard blinds no one
 
 
 def test_a_diagnosis_that_raises_leaves_the_fail_and_says_it_could_not_diagnose(monkeypatch):

@@ -1080,6 +1080,31 @@ def test_a_dk_dv_pass_taking_its_first_query_tiles_lse_for_every_tile_is_named_s
         said["dk"].sentence
 
 
+def _delta_left_zero_from(first):
+    """D never written on query rows ``first`` .. (a preprocess grid of 16-row programs rounded down)."""
+    def slip(S, lse, P, dO, O):
+        D = (dO * O).sum(-1, keepdim=True)
+        D[..., first:, :] = 0
+        return {"D": D}
+    return slip
+
+
+def test_a_d_never_written_on_a_tail_of_rows_is_said_with_its_rows_on_packed_sequences():
+    def packed(q, k, v, *, causal, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+        first = max_seqlen_q // 16 * 16                                 # from the batch's longest sequence
+        cut = lambda x, c, b: x[int(c[b]):int(c[b + 1])].transpose(0, 1)[None]
+        outs = [_OneSlip.apply(cut(q, cu_seqlens_q, b), cut(k, cu_seqlens_k, b), cut(v, cu_seqlens_k, b), scale,
+                               _delta_left_zero_from(first))[0].transpose(0, 1) for b in range(len(cu_seqlens_q) - 1)]
+        return torch.cat(outs)
+    case = Case(2, 2, 40, 50, 16, False, (("varlen", ((40, 20), (50, 30))),))
+    rows = runner.run_case(targets.resolve(packed), case, "float32", "cpu", wanted=("varlen",))
+    said = {r.tensor: r.diagnosis for r in rows if not r.passed}
+    assert set(said) == {"dq", "dk"}, {n: d.sentence for n, d in said.items()}
+    assert {d.id for d in said.values()} == {"wrong-delta"}, [d.sentence for d in said.values()]
+    assert "(D' = 0 on query rows 32 .. 39 of batch entry 0 only: never written there)" in said["dq"].sentence, \
+        said["dq"].sentence
+
+
 def _out_row(kernel):
     """The failing out row of ``kernel`` on B1 H2 T100 D16, not causal, float32."""
     rows = runner.run_case(targets.resolve(kernel), Case(1, 2, 100, 100, 16, False, ()), "float32", "cpu")
