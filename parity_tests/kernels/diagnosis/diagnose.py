@@ -353,13 +353,14 @@ def _catalogue(rest, rows, ev):
             _tile_factors(sub, rest, entry) + (_rows_weighted(sub, rest, entry) or _rows_rescaled(sub, rest, entry))
         hyps += mistakes.option_twins(_mistakes_context(sub), hyps) + _backward_products(sub, rest, entry) + \
             _rows_read_as_zero(sub, rest, entry) + _do_read_otherwise(sub, rest, entry) + \
-            _lse_across_tile(sub, rest, entry)
+            _lse_across_tile(sub, rest, entry) + _inputs_rounded(sub, ("dout",))
         hyps += [h for n in rest if n in INPUT_GRADS for h in _broadcast_sum(sub, n)]
         hyps += [h for n in rest if n in ("dq", "dk", "dv") for h in _rows_moved(sub, n) + _tiles_accumulated(sub, n)]
     if "out" in rest and plain(["out"]):
         fitted = _keys_unseen(sub) + _sequence_offsets(sub) + _state_carried(sub) + _keys_weighted(sub) + \
             _key_tile_ranges(sub) + _tile_masks(sub) + _key_spans(sub) + _values_from_other_slices(sub) + \
-            _sink_counted(sub) + _rows_moved(sub) + _scores_scaled(sub) + _tiles_weighted(sub) + _tiles_left_out(sub)
+            _sink_counted(sub) + _rows_moved(sub) + _scores_scaled(sub) + _tiles_weighted(sub) + \
+            _tiles_left_out(sub) + _inputs_rounded(sub)
         hyps += [h for h in fitted if not _zeros_where_wrong(sub.arrays["out"], sub.gold["out"],   # rows left blank
                                                              _predict(h, cache, grads=False)["out"], sub.den["out"],
                                                              sub.bounds["out"])]
@@ -1872,6 +1873,50 @@ def _keys_unseen(sub):
     return [mistakes.Hypothesis("keys-unseen", f"keys {', '.join(said)} seen by no query (what a split, tile or page "
                                 "size rounded down, or a last partial tile skipped, gives)",
                                 predict, ("out", "lse", "dq", "dk", "dv"), fitted=("out",))]
+
+
+NARROW = ("bfloat16", "float16", "float8_e4m3fn", "float8_e5m2")     # `_inputs_rounded`'s dtypes
+
+
+def _narrowed(x, name):
+    """(``x`` rounded to torch dtype ``name`` and back to float64, whether any |x| past its largest
+    finite value was saturated there), as a cast with no scale gives."""
+    dt = getattr(torch, name)
+    big = torch.finfo(dt).max
+    t = torch.tensor(np.asarray(x), dtype=torch.float64)
+    return t.clamp(-big, big).to(dt).double().numpy(), bool((t.abs() > big).any())
+
+
+def _inputs_rounded(sub, names=("q", "k", "v")):
+    """Precision lost in one place: one input rounded to a dtype narrower than the case's before its
+    use (q cast to an FP8 cache's dtype with no scale, v kept in bfloat16 in a float32 kernel, dO
+    rounded in a backward): the reference on that input so rounded (the input's gradient too, as
+    autograd's cast back rounds it), one hypothesis per input of ``names`` and dtype of `NARROW`
+    that changes it; nothing fitted.  [] on a block of rows."""
+    if sub.rows is not None or not hasattr(torch, sub.dtype):
+        return []
+    r, own = sub.rounded, torch.finfo(getattr(torch, sub.dtype)).eps
+    out = []
+    for name, low in itertools.product(names, NARROW):
+        if r.get(name) is None or not hasattr(torch, low) or torch.finfo(getattr(torch, low)).eps <= own:
+            continue
+        narrowed, saturated = _narrowed(r[name], low)
+        if np.array_equal(narrowed, r[name]):
+            continue
+        given = {**r, name: narrowed}
+
+        def predict(grads=True, given=given, name=name, low=low):
+            found = as_4d(dense.run(given["q"], given["k"], given["v"], given["dout"] if grads else None, sub.opts,
+                                    grads=grads, dlse=given.get("dlse") if grads else None))
+            if f"d{name}" in found:                          # its gradient back through the cast, as autograd's
+                found[f"d{name}"] = _narrowed(found[f"d{name}"], low)[0]
+            return found
+        how = ("with no scale" + (f", |{name}| past {torch.finfo(getattr(torch, low)).max:g} saturated"
+                                  if saturated else "")) if low.startswith("float8") else "in the kernel"
+        tensors = ("dq", "dk", "dv") if name == "dout" else ("out", "lse", "dq", "dk", "dv")
+        out.append(mistakes.Hypothesis("input-rounded", f"{'dO' if name == 'dout' else name} rounded to {low} "
+                                       f"({how}) before its use, the rest in {sub.dtype}", predict, tensors))
+    return out
 
 
 MAX_COUNT = 8          # `_keys_weighted`: a key counted up to this many times (split ranges overlapping by a tile)

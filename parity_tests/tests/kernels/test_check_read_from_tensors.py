@@ -1232,3 +1232,31 @@ def test_a_key_range_weighed_negatively_is_not_read_as_tiles_scaled():
         return (P @ v.double() - 1.5 * P[..., 64:] @ v.double()[..., 64:, :]).to(q.dtype)
     out = _out_row(last_keys_subtracted)
     assert out.diagnosis.id != "tiles-scaled", out.diagnosis.sentence
+
+
+class _DoutInBfloat16(torch.autograd.Function):
+    """The identity, its backward handing on dO rounded to bfloat16 (a backward loading dO in it)."""
+
+    @staticmethod
+    def forward(ctx, out):
+        return out.clone()
+
+    @staticmethod
+    def backward(ctx, dout):
+        return dout.bfloat16().to(dout.dtype)
+
+
+def test_one_input_rounded_to_a_narrower_dtype_is_named_with_the_input_and_the_dtype():
+    def v_in_bfloat16(q, k, v, *, causal, scale):
+        return sdpa(q, k, v.bfloat16().to(v.dtype), causal=causal, scale=scale)
+
+    def dout_in_bfloat16(q, k, v, *, causal, scale):
+        return _DoutInBfloat16.apply(sdpa(q, k, v, causal=causal, scale=scale))
+    case = Case(1, 2, 45, 77, 16, False, ())
+    for kernel, failing, words in ((v_in_bfloat16, {"out", "dq", "dk", "dv"}, "v rounded to bfloat16 (in the kernel)"),
+                                   (dout_in_bfloat16, {"dq", "dk", "dv"}, "dO rounded to bfloat16 (in the kernel)")):
+        said = {r.tensor: r.diagnosis for r in runner.run_case(targets.resolve(kernel), case, "float32", "cpu")
+                if not r.passed}
+        assert set(said) == failing, {n: d.sentence for n, d in said.items()}
+        assert {d.id for d in said.values()} == {"input-rounded"}, [d.sentence for d in said.values()]
+        assert all(words in d.sentence for d in said.values()), [d.sentence for d in said.values()]
