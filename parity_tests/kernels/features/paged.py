@@ -80,12 +80,16 @@ def pages(case, value):
     return table, num
 
 
-def slots(table, size, b, length, column=0, step=None, stride=None):
+def slots(table, size, b, length, column=0, step=None, stride=None, tile=None):
     """The flat slot (page · size + offset) of each key position of sequence b; ``column``
     shifts the table column read, ``step`` is the page size the positions are cut by,
-    ``stride`` the row stride the table is read with (its flat entries)."""
+    ``stride`` the row stride the table is read with (its flat entries); ``tile``: each key
+    tile of that many read as contiguous slots from its first key's slot."""
     step = step or size
     pos = np.arange(length)
+    if tile is not None:
+        first = pos - pos % tile
+        return table[b, first // step] * size + first % step + pos % tile
     if stride is not None:
         return table.reshape(-1)[b * stride + pos // step] * size + pos % step
     return table[b, pos // step + column] * size + pos % step
@@ -125,13 +129,14 @@ def reference(case, paged):
 
 def _read(ctx, value, hid, says, positions):
     """The kernel reading sequence b's keys from the flat slots ``positions(table, b)``,
-    on the poisoned cache (NaN where nothing was written), lengths its own."""
+    on the poisoned cache (NaN where nothing was written, and past its end), lengths its own."""
     size, lengths = value
     q, k, v, _ = ctx.inputs
     table, num = pages(ctx.case, value)
-    flat = {n: cache(torch.from_numpy(x).transpose(1, 2), table, size, num, lengths).reshape(
-        (num * size,) + x.shape[1:2] + x.shape[3:]).numpy() for n, x in (("k", k), ("v", v))}
-    read = [positions(table, b) for b in range(ctx.case.batch)]
+    flat = {n: np.concatenate([cache(torch.from_numpy(x).transpose(1, 2), table, size, num, lengths).reshape(
+        (num * size,) + x.shape[1:2] + x.shape[3:]).numpy(), np.full((1,) + x.shape[1:2] + x.shape[3:], np.nan)])
+        for n, x in (("k", k), ("v", v))}
+    read = [np.minimum(positions(table, b), num * size) for b in range(ctx.case.batch)]
     longest = max(1, max(len(s) for s in read))
     got = {n: np.zeros(x.shape[:2] + (longest,) + x.shape[3:]) for n, x in (("k", k), ("v", v))}
     for n in got:
@@ -191,6 +196,11 @@ def mistakes(ctx, value):
             _read(ctx, value, "paged-page-size", f"the page size taken as {2 * size} instead of {size} "
                   "(positions cut into pages of the wrong size)",
                   lambda t, b: slots(t, size, b, lengths[b], step=2 * size))]
+    out += [_read(ctx, value, "paged-tile-in-one-page", f"each key tile of {t} read as {t} contiguous slots from "
+                  f"the page of its first key (pages of {size} slots: a tile crossing a page boundary reads the "
+                  "slots after its first page, not the next page of the block table)",
+                  lambda tb, b, t=t: slots(tb, size, b, lengths[b], tile=t))
+            for t in (16, 32, 64, 128) if size < t < max(lengths, default=0)]
     whole = [n // size * size for n in lengths]
     if size > 1 and whole != list(lengths):
         out.append(ctx.H("paged-last-page-dropped", f"the last partial page dropped (keys {whole} "

@@ -43,7 +43,10 @@ def _paged(q, k_cache, v_cache, block_table, cache_seqlens, causal, scale, mista
         pos = torch.arange(n)
         cut = 2 * page if mistake == "page-size" else page
         column = pos // cut + (1 if mistake == "off-by-one-page" else 0)
-        if mistake == "table-stride":                    # rows of the table max_pages - 1 apart
+        if mistake == "tile-in-one-page":                # a tile of 32 keys read on from its first key's slot
+            first = pos - pos % 32
+            slot = block_table[b].long()[first // page] * page + first % page + pos % 32
+        elif mistake == "table-stride":                  # rows of the table max_pages - 1 apart
             slot = block_table.reshape(-1).long()[b * (block_table.shape[1] - 1) + column] * page + pos % cut
         else:
             slot = block_table[b].long()[column] * page + pos % cut
@@ -87,6 +90,12 @@ def paged_decode_page_size(q, k_cache, v_cache, *, block_table, cache_seqlens, c
 def paged_decode_last_page_dropped(q, k_cache, v_cache, *, block_table, cache_seqlens, causal, scale):
     """Wrong: only whole pages read, the last partial page dropped."""
     return _paged(q, k_cache, v_cache, block_table, cache_seqlens, causal, scale, "last-page-dropped")
+
+
+def paged_decode_tile_in_one_page(q, k_cache, v_cache, *, block_table, cache_seqlens, causal, scale):
+    """Wrong: each tile of 32 keys read as 32 contiguous slots from its first key's page (a tile
+    crossing a page boundary runs on into the slots after that page)."""
+    return _paged(q, k_cache, v_cache, block_table, cache_seqlens, causal, scale, "tile-in-one-page")
 
 
 def _partial(q, k, v, j0, j1, causal, scale, offset, mistake):
