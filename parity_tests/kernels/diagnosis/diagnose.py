@@ -858,9 +858,12 @@ def _diagnose_tensor(t, hyps, cache, got, ref, denom, bound, sel, constants=()):
         # any kernel returning zeros: it cannot be told apart, so it is not claimed
         if t not in hyp.tensors:
             continue
-        pred = _predict(hyp, cache, grads=t not in ("out", "lse")).get(t)
+        pred, says = _predict(hyp, cache, grads=t not in ("out", "lse")).get(t), hyp.says
+        if isinstance(hyp, poisoned.Poisoned) and pred is not None and np.isnan(pred).any() and np.isfinite(a).all():
+            pred = np.where(poisoned.rows_non_finite(pred)[..., None], 0.0, pred)     # NaN rows a guard zeroes
+            says += " (the rows that read a NaN slot returned as 0, as a guard such as l > 0 gives)"
         if pred is not None and np.any(pred):
-            candidates.append((slice_errors(a, pred, _own_scale(pred, denom)), hyp.id, hyp.says, pred))
+            candidates.append((slice_errors(a, pred, _own_scale(pred, denom)), hyp.id, says, pred))
         elif pred is not None and hyp.id not in zeros and hyp.id not in FITTED:
             zeros.append(hyp.id)
     if t == "out":

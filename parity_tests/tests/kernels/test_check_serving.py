@@ -113,6 +113,16 @@ def test_a_wrong_paged_kernel_fails_and_is_named(mistake):
     assert rows[0].verdict == "FAIL" and rows[0].diagnosis.id == mistake, rows[0].diagnosis.sentence
 
 
+def test_a_paged_mistake_whose_nan_rows_a_guard_returns_as_zero_is_still_named():
+    def guarded(q, k_cache, v_cache, *, block_table, cache_seqlens, causal, scale):     # o = l > 0 ? acc / l : 0
+        out = ex.paged_decode_tile_in_one_page(q, k_cache, v_cache, block_table=block_table,
+                                               cache_seqlens=cache_seqlens, causal=causal, scale=scale)
+        return torch.where(out.isnan().any(-1, keepdim=True), 0.0, out)
+    (row,) = _run(guarded, _own_cases("paged", guarded)[TELLING], "paged")
+    assert row.verdict == "FAIL" and row.diagnosis.id == "paged-tile-in-one-page", row.diagnosis.sentence
+    assert "(the rows that read a NaN slot returned as 0, as a guard such as l > 0 gives)" in row.diagnosis.sentence
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mistake", list(PAGED_TWINS))
 def test_every_wrong_paged_kernel_is_named_on_the_cases_that_tell(mistake):
