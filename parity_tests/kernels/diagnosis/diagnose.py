@@ -91,7 +91,7 @@ FITTED = ("constant-factor", "lse-offset", "lse-max-factor", "axes-permuted", "s
           "broadcast-sum",
           "backward-blocks", "tile-factors", "rows-weighted", "rows-rescaled", "key-tile-ranges", "tile-masks",
           "key-spans", "sink-counted", "rows-moved", "scores-scaled", "denominator", "tiles-weighted", "tiles-left-out",
-          "tiles-scaled", "wrong-delta", "dp-scaled", "backward-p-scaled")
+          "tiles-scaled", "values-read-as-zero", "wrong-delta", "dp-scaled", "backward-p-scaled")
 
 # A catalogued mistake that leaves at most this share of the error against the
 # reference explains the tensor, even where its own rounding exceeds the bound
@@ -360,7 +360,7 @@ def _catalogue(rest, rows, ev):
         fitted = _keys_unseen(sub) + _sequence_offsets(sub) + _state_carried(sub) + _keys_weighted(sub) + \
             _key_tile_ranges(sub) + _tile_masks(sub) + _key_spans(sub) + _values_from_other_slices(sub) + \
             _sink_counted(sub) + _rows_moved(sub) + _scores_scaled(sub) + _tiles_weighted(sub) + \
-            _tiles_left_out(sub) + _inputs_rounded(sub)
+            _tiles_left_out(sub) + _values_read_as_zero(sub) + _inputs_rounded(sub)
         hyps += [h for h in fitted if not _zeros_where_wrong(sub.arrays["out"], sub.gold["out"],   # rows left blank
                                                              _predict(h, cache, grads=False)["out"], sub.den["out"],
                                                              sub.bounds["out"])]
@@ -2807,6 +2807,39 @@ def _tiles_left_out(sub):
         return [mistakes.Hypothesis("tiles-left-out", f"{where} (tiles of {tile}) counted in the softmax's sum but "
                                     "left out of its output (their P V never added to the accumulator: a partial "
                                     "sum not flushed after the loop, or a tile's product dropped)",
+                                    lambda grads=True, pred=pred: {**sub.gold, "out": pred}, ("out",),
+                                    fitted=("out",))]
+    return []
+
+
+def _values_read_as_zero(sub):
+    """V read as 0 in whole (key tile, channel) blocks, the same for every row, head and batch entry
+    (a load's mask built from the wrong offsets: the key bound applied to the channel offsets, a
+    channel mask taken from another tile): out is linear in each channel of v, so out_ic = O_ic −
+    Σ_t z_tc part_itc with part_itc = Σ_{j in t} P_ij v_jc, and z_tc is fitted by least squares over
+    every row, channel by channel, then rounded to 0 or 1; held to the bound, the largest tile of
+    `mistakes.KEY_TILES` that explains first.  [] where no block is 0."""
+    got, bound = sub.arrays["out"], sub.bounds["out"]
+    for tile, _, part, _ in _key_tile_parts(sub):
+        n, tk = part.shape[3], sub.case.tk
+        O = part.sum(3)
+        A = part.reshape(-1, n, part.shape[-1])                                    # (rows, n, Dv)
+        G = np.einsum("rtc,rsc->cts", A, A) + 1e-12 * np.eye(n)
+        rhs = np.einsum("rtc,rc->ct", A, (O - got).reshape(-1, part.shape[-1]))
+        z = np.round(np.clip(np.linalg.solve(G, rhs[..., None])[..., 0], 0, 1)).T    # (n, Dv)
+        if not z.any():
+            return []
+        pred = O - np.einsum("bhqtc,tc->bhqc", part, z)
+        if slice_errors(got, pred, sub.den["out"]).max() > bound:
+            continue
+        blocks = [f"keys {t * tile} .. {min(tk, (t + 1) * tile) - 1}, channels {ranges(np.nonzero(z[t])[0].tolist())}"
+                  for t in range(n) if z[t].any()]
+        starts = np.arange(n)[:, None] * tile + np.arange(z.shape[1])[None, :]
+        why = (f"channel c of the tile from key s read as 0 where s + c >= Tk = {tk}: the key bound applied to the "
+               "channel offsets") if np.array_equal(z > 0, starts >= tk) else \
+            "a load's mask built from other offsets than its own"
+        return [mistakes.Hypothesis("values-read-as-zero", f"V read as 0 in whole (key tile, channel) blocks "
+                                    f"(tiles of {tile}: {'; '.join(blocks)}): {why}",
                                     lambda grads=True, pred=pred: {**sub.gold, "out": pred}, ("out",),
                                     fitted=("out",))]
     return []

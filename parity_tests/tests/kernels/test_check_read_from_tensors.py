@@ -1260,3 +1260,17 @@ def test_one_input_rounded_to_a_narrower_dtype_is_named_with_the_input_and_the_d
         assert set(said) == failing, {n: d.sentence for n, d in said.items()}
         assert {d.id for d in said.values()} == {"input-rounded"}, [d.sentence for d in said.values()]
         assert all(words in d.sentence for d in said.values()), [d.sentence for d in said.values()]
+
+
+def test_values_read_as_zero_in_key_tile_and_channel_blocks_are_named_with_the_blocks():
+    def channel_mask_from_key_offsets(q, k, v, *, causal, scale):      # Vᵀ tile mask: (start + c < Tk), c a channel
+        start = torch.arange(k.shape[2]) // 32 * 32
+        kept = (start[:, None] + torch.arange(v.shape[-1])[None, :]) < k.shape[2]
+        return sdpa(q, k, v * kept, causal=causal, scale=scale)
+    rows = runner.run_case(targets.resolve(channel_mask_from_key_offsets), Case(1, 2, 45, 77, 64, False, ()),
+                           "float32", "cpu")
+    out = next(r for r in rows if r.tensor == "out")
+    assert not out.passed and out.diagnosis.id == "values-read-as-zero", out.diagnosis.sentence
+    assert "(tiles of 32: keys 32 .. 63, channels 45 .. 63; keys 64 .. 76, channels 13 .. 63): channel c of the " \
+        "tile from key s read as 0 where " \
+        "s + c >= Tk = 77" in out.diagnosis.sentence, out.diagnosis.sentence
