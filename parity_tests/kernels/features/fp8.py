@@ -30,6 +30,7 @@ tiles in 8 significant bits (bfloat16's, or truncated as Hopper's FP8 tensor cor
 long case shows it).
 An output in float8 or float32 FAILS on its dtype (``output-dtype``)."""
 
+import itertools
 import math
 
 import numpy as np
@@ -191,6 +192,47 @@ def tiles_in_bf16(ctx, block, truncate):
     return predict
 
 
+MAX_TILES = ((64, 32), (64, 64), (128, 32), (128, 64), (128, 128))   # (query, key) tiles: the maximum before the mask
+
+
+def max_before_mask(ctx, block_m, block_n, offset):
+    """out of FlashAttention-3's loop whose running maximum is taken over each key tile before
+    its mask: m = max(m, rowmax(S_tile)) over every key of each tile a query tile of ``block_m``
+    visits (causal: up to its last row's reach), E = exp(S − m + offset) masked after, rounded to
+    e4m3 for E V, l = Σ E unrounded.  The maximum cancels in exact arithmetic; in e4m3 a row
+    whose hidden keys score far above its visible ones has their weights in the subnormals or
+    0.  None where no row's maximum moves, or on a block of rows."""
+    if ctx.rows is not None:
+        return None
+    q, k, v, _ = (torch.as_tensor(a) for a in ctx.inputs)
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    S = ctx.opts["scale"] * q @ k.transpose(-1, -2)
+    rows, tk = torch.arange(q.shape[2]), k.shape[2]
+    seen = torch.stack([dense.visible(rows, tk, causal=True, offset=o) for o in ctx.offsets])[:, None]
+    reach = (rows // block_m * block_m + block_m - 1).clamp(max=q.shape[2] - 1)        # a query tile's last row
+    last = torch.stack([(reach + o).clamp(-1, tk - 1) for o in ctx.offsets])[:, None, :, None]
+    visited = torch.arange(tk) // block_n * block_n <= last                            # the key tiles it walks
+    moved = torch.where(visited, S, -torch.inf).amax(-1) > torch.where(seen, S, -torch.inf).amax(-1)
+    if not moved.any():
+        return None
+
+    def predict(grads=False):
+        acc = torch.zeros(q.shape[:3] + (v.shape[-1],), dtype=torch.float64)
+        m = torch.full(q.shape[:3] + (1,), -torch.inf, dtype=torch.float64)
+        l = torch.zeros_like(m)
+        for t0 in range(0, tk, block_n):
+            St = torch.where(visited[..., t0:t0 + block_n], S[..., t0:t0 + block_n], -torch.inf)
+            new = torch.maximum(m, St.amax(-1, keepdim=True))
+            base = torch.where(torch.isfinite(new), new, 0.0)
+            alpha = torch.where(torch.isfinite(m), torch.exp(m - base), 0.0)
+            E = torch.exp(St - base + offset) * seen[..., t0:t0 + block_n]
+            acc = acc * alpha + E.to(torch.float8_e4m3fn).double() @ v[..., t0:t0 + block_n, :]
+            l, m = l * alpha + E.sum(-1, keepdim=True), new
+        return ctx.as_4d({"out": (acc / torch.where(l > 0, l, 1.0)).numpy()})
+    return predict
+
+
 def mistakes(ctx, fp8):
     if "q_descale" not in ctx.arrays:
         return []
@@ -216,6 +258,15 @@ def weight_mistakes(ctx):
         out.append(ctx.H(hid, f"{n} folded into P before its cast to float8 e4m3 (P x {n} rounded: the weights "
                          "pushed toward e4m3's subnormals)", ctx.fwd(weights="fp8", fp8_prescale=folded), ("out",)))
     plain = all(ctx.opts.get(n) is None for n in ("softcap", "alibi_slopes", "bias", "sinks"))
+    if plain and ctx.opts["causal"] and ctx.opts.get("window") is None and ctx.opts.get("seqlens_k") is None:
+        for (bm, bn), offset in itertools.product(MAX_TILES, (0.0, 8 * math.log(2))):
+            predict = max_before_mask(ctx, bm, bn, offset) if bn < ctx.case.tk else None
+            if predict is not None:
+                out.append(ctx.H("fp8-max-before-mask", f"each row's running maximum taken over whole key tiles "
+                                 f"before the causal mask (query tiles of {bm}, key tiles of {bn}"
+                                 f"{', P offset by 2^8' if offset else ''}): the mask applied to P after exp, so a "
+                                 "row whose hidden keys score above its visible ones has their e4m3 weights "
+                                 "flushed toward 0", predict, ("out",)))
     if plain and ctx.case.tk > min(TILES):
         out += [ctx.H("fp8-pv-narrow-accumulator", f"P V accumulated across key tiles of {b} in 8 significant bits "
                       f"({how}: an accumulator narrower than float32, its error growing with the keys)",

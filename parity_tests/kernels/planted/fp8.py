@@ -47,11 +47,38 @@ def _attend(Q, K, V, causal, scale, p_fp8=True, subtract_max=True, narrow=None, 
     return ((P @ V) / l).to(out_dtype)
 
 
-def fp8_kernel(missing=(), twice=(), by_query_head=False, v_into_p=False, inverted=False, **attend):
+def _max_before_mask(Q, K, V, causal, scale, block_m=64, block_n=32, out_dtype=torch.bfloat16):
+    """FlashAttention-3's loop over (query tile, key tile) blocks with its running maximum taken over
+    the whole key tile before the causal mask (wrong: the mask applied to E after exp), E rounded to
+    e4m3 for E V; top-left causal only."""
+    group = Q.shape[1] // K.shape[1]
+    K, V = K.repeat_interleave(group, 1), V.repeat_interleave(group, 1)
+    S = scale * Q @ K.transpose(-1, -2)
+    tq, tk = S.shape[-2:]
+    out = torch.empty(S.shape[:-1] + (V.shape[-1],), device=S.device)
+    for m0 in range(0, tq, block_m):
+        rows = torch.arange(m0, min(m0 + block_m, tq), device=S.device)[:, None]
+        m = torch.full(S.shape[:2] + (len(rows), 1), -torch.inf, device=S.device)
+        l, acc = torch.zeros_like(m), torch.zeros(S.shape[:2] + (len(rows), V.shape[-1]), device=S.device)
+        for n0 in range(0, min(tk, m0 + block_m) if causal else tk, block_n):
+            St = S[..., m0:m0 + block_m, n0:n0 + block_n]
+            new = torch.maximum(m, St.amax(-1, keepdim=True))              # before the mask
+            keys = torch.arange(n0, n0 + St.shape[-1], device=S.device)[None, :]
+            E = torch.exp(St - new) * (keys <= rows if causal else 1.0)
+            alpha = torch.exp(m - new)
+            acc = acc * alpha + E.to(torch.float8_e4m3fn).float() @ V[..., n0:n0 + block_n, :]
+            l, m = l * alpha + E.sum(-1, keepdim=True), new
+        out[..., m0:m0 + block_m, :] = acc / l
+    return out.to(out_dtype)
+
+
+def fp8_kernel(missing=(), twice=(), by_query_head=False, v_into_p=False, inverted=False, max_before_mask=False,
+               **attend):
     """A FlashAttention-3-convention kernel: ``missing`` descales not applied, ``twice`` applied
     twice, every one divided by (``inverted``: another library's scale convention), q's descale
     read at query head h % Hkv (``by_query_head``), v's folded into P before its cast to e4m3
-    (``v_into_p``: the weights multiplied by ~1e-2 first)."""
+    (``v_into_p``: the weights multiplied by ~1e-2 first), its running maximum taken before the
+    causal mask (``max_before_mask``: `_max_before_mask`)."""
     def kernel(q, k, v, *, causal, scale, q_descale, k_descale, v_descale):
         h = q.shape[1]
         group = h // k.shape[1]
@@ -62,6 +89,8 @@ def fp8_kernel(missing=(), twice=(), by_query_head=False, v_into_p=False, invert
             times = -1 if inverted else (n not in missing) + (n in twice) - (n == "v" and v_into_p)
             x[n] = x[n] * ds[n][:, :, None, None] ** times
         folded = {"prescale": v_descale.repeat_interleave(group, 1)[:, :, None, None]} if v_into_p else {}
+        if max_before_mask:
+            return _max_before_mask(x["q"], x["k"], x["v"], causal, scale)
         return _attend(x["q"], x["k"], x["v"], causal, scale, **attend, **folded)
     return kernel
 
@@ -105,6 +134,7 @@ GALLERY = {
     "fp8-p-normalised": fp8_kernel(prescale="normalised"),
     "fp8-p-times-v-descale": fp8_kernel(v_into_p=True),
     "fp8-pv-narrow-accumulator": fp8_kernel(narrow=128),
+    "fp8-max-before-mask": fp8_kernel(max_before_mask=True),
     "output-dtype": fp8_kernel(out_dtype=torch.float32),
 }
 GALLERY_KV = {
