@@ -2986,6 +2986,26 @@ def _float64_run(ev):
     return ev.in_float64
 
 
+def _group_heads(n, ev):
+    """[words] where tensor ``n`` fails in some query heads of a GQA case only, each past the first
+    of its kv group (a per-group value updated in place in a loop over the group's heads), or each
+    the first (a group's result written once, for its first head); else []."""
+    case = ev.case
+    if case.hkv == case.heads or n not in ev.arrays or ev.arrays[n].shape[1] != case.heads:
+        return []
+    per_head = slice_errors(ev.arrays[n], ev.gold[n], ev.den[n]).max(axis=0)
+    bad = [int(h) for h in np.nonzero(per_head > ev.bounds[n])[0]]
+    group = case.heads // case.hkv
+    if not bad or len(bad) == case.heads:
+        return []
+    heads = f"(heads {ranges(bad)} of {case.heads}, groups of {group} sharing a kv head)"
+    if all(h % group for h in bad):
+        return [f"only query heads past the first of their kv group {heads}"]
+    if all(h % group == 0 for h in bad):
+        return [f"only the first query head of each kv group {heads}"]
+    return []
+
+
 def _summaries(result, rows, ev):
     """What a user asks first, ahead of the sentence."""
     forward_ok = all(rows[n].passed for n in ("out", "lse") if n in rows)
@@ -3006,6 +3026,7 @@ def _summaries(result, rows, ev):
                     said += (f", none before the empty sequence {empty[0]} (what an empty sequence shifting the ones "
                              "after it gives)")
                 lead.append(said)
+        lead += _group_heads(n, ev)
         r = rows[n]
         if r.cosine is not None and r.cosine < WRONG_WAY:
             d.sentence += f"; {n} points the wrong way (cosine {r.cosine:.2f} with the reference)"

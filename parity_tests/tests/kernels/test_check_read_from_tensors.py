@@ -1274,3 +1274,16 @@ def test_values_read_as_zero_in_key_tile_and_channel_blocks_are_named_with_the_b
     assert "(tiles of 32: keys 32 .. 63, channels 45 .. 63; keys 64 .. 76, channels 13 .. 63): channel c of the " \
         "tile from key s read as 0 where " \
         "s + c >= Tk = 77" in out.diagnosis.sentence, out.diagnosis.sentence
+
+
+def test_heads_past_the_first_of_each_kv_group_are_said_so():
+    def scale_grown_per_group(q, k, v, *, causal, scale):       # `scale *= 2` in the loop over a group's heads
+        group = q.shape[1] // k.shape[1]
+        grown = torch.tensor([2.0 ** (h % group) for h in range(q.shape[1])])[:, None, None]
+        k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+        return sdpa(q * grown, k, v, causal=causal, scale=scale)
+    rows = runner.run_case(targets.resolve(scale_grown_per_group), Case(1, 6, 45, 77, 16, False, (("gqa", 2),)),
+                           "float32", "cpu", wanted=("gqa",))
+    said = [r.diagnosis.sentence for r in rows if not r.passed and r.tensor in ("out", "dq")]   # per query head
+    assert len(said) == 2 and all(s.startswith("only query heads past the first of their kv group (heads 1 .. 2, "
+                                               "4 .. 5 of 6, groups of 3 sharing a kv head)") for s in said), said
