@@ -1442,15 +1442,17 @@ def _last_tile_only(sub, failing, found):
 
 def _tile_factors(sub, failing, found):
     """A gradient whose share from each tile of its loop is multiplied by a factor of its own,
-    the same for every row counting back from the last tile it visits (an epilogue's scale
+    the same for every row counting back from the last tile its loop visits (an epilogue's scale
     applied inside the tile loop, a rescale taken once per tile):
 
         dq_i = Σ_t f(last_i - t) dq_i^(t)   over the key tiles t row i visits (dk_j, dv_j: query tiles),
 
-    c_it fitted per row by least squares over every (batch, head) and channel, then held to one f;
-    the largest tile of `mistakes.KEY_TILES` that fits (a smaller one fits whatever a larger one
-    does) (`_backward_by_entry`).  Left to `_last_tile_only` and `_backward_blocks` where every
-    factor is 0 or 1."""
+    last_i the last tile row i sees, or the last that any row of its block of `mistakes.KEY_TILES`
+    rows sees (a causal loop runs per block of rows: a row early in it is carried through tiles
+    it does not see); c_it fitted per row by least squares over every (batch, head) and channel,
+    then held to one f; the largest tile of `mistakes.KEY_TILES` that fits (a smaller one fits
+    whatever a larger one does) (`_backward_by_entry`).  Left to `_last_tile_only` and
+    `_backward_blocks` where every factor is 0 or 1."""
     if found is None:
         return []
     _, grad, _, _ = found
@@ -1475,29 +1477,18 @@ def _tile_factors(sub, failing, found):
             A = np.moveaxis(np.stack(parts), 3, 0)                   # (rows, tiles, B, H, D)
             A = A.reshape(A.shape[:2] + (-1,))
             y = np.moveaxis(got, 2, 0).reshape(got.shape[2], -1)     # (rows, B H D)
-            visited = np.abs(A).max(-1) > 0
-            back = {}                                                # tiles from the row's last -> factors
-            for i in range(len(A)):
-                on = np.nonzero(visited[i])[0]
-                if len(on) > 1:
-                    c = np.linalg.lstsq(A[i, on].T, y[i], rcond=None)[0]
-                    for k, x in enumerate(c[::-1]):
-                        back.setdefault(k, []).append(x)
-            if not back or any(not np.allclose(v, np.median(v), rtol=1e-3, atol=1e-6) for v in back.values()):
-                continue
-            f = np.array([float(np.median(back[k])) for k in range(len(back))])
-            c = np.zeros(visited.shape)
-            for i in range(len(A)):
-                on = np.nonzero(visited[i])[0]
-                c[i, on] = f[:len(on)][::-1] if len(on) > 1 else 1.0
-            pred = np.moveaxis(np.einsum("rt,rtx->rx", c, A).reshape((got.shape[2],) + got.shape[:2] + got.shape[3:]),
-                               0, 2)
-            if slice_errors(got, pred, sub.den[n]).max() > sub.bounds[n]:
+            visited = np.abs(A).max(-1) > 1e-9 * np.abs(A).max(initial=0.0)     # (a row whose dq is 0 by theory: none)
+            for f, c, block in _tile_factor_fits(A, y, visited):
+                pred = np.moveaxis(np.einsum("rt,rtx->rx", c, A).reshape((got.shape[2],) + got.shape[:2] +
+                                                                       got.shape[3:]), 0, 2)
+                if slice_errors(got, pred, sub.den[n]).max() <= sub.bounds[n]:
+                    break
+            else:
                 continue
             if np.all(np.isclose(f, 0, atol=1e-3) | np.isclose(f, 1, rtol=1e-3)):
                 break                                                # tiles kept or left out: said there
             preds[n] = pred
-            words.append(f"{n}: " + _tile_ratio(f, "key" if n == "dq" else "query", tile, _constants(sub)))
+            words.append(f"{n}: " + _tile_ratio(f, "key" if n == "dq" else "query", tile, _constants(sub), block))
             break
     if not preds:
         return []
@@ -1506,6 +1497,45 @@ def _tile_factors(sub, failing, found):
         return {**sub.gold, **preds}
     return [mistakes.Hypothesis("tile-factors", f"each tile's share of {' and '.join(preds)} multiplied by a factor "
                                 f"of its own ({'; '.join(words)})", predict, tuple(preds), fitted=tuple(preds))]
+
+
+def _tile_factor_fits(A, y, visited):
+    """Each (f, c, block) of `_tile_factors` for one tile size: f[k], the factor of the tile k before
+    the loop's last, fitted by least squares over every row at once (A (rows, tiles, x), y (rows,
+    x)), the loop running per row (block None) or per block of rows (the last tile any of its rows
+    visits); c (rows, tiles) the factor of each tile of each row."""
+    on = [np.nonzero(v)[0] for v in visited]
+    own = np.array([o.max() if len(o) else -1 for o in on])
+    rows = [i for i, o in enumerate(on) if len(o)]
+    if not rows:
+        return
+    for block in (None,) + tuple(sorted(mistakes.KEY_TILES)):
+        last = own if block is None else \
+            np.repeat(_in_tiles(own, 0, block, fill=-1).max(-1), block)[:len(own)]
+        if block is not None and np.array_equal(last, own):
+            continue                                                # as the rows' own loops: tried
+        back = np.where(visited, last[:, None] - np.arange(visited.shape[1])[None, :], -1)   # (rows, tiles)
+        K = int(back.max()) + 1
+        if K < 2:
+            continue                                                # one tile a loop: a constant factor
+        M = np.stack([np.einsum("rt,rtx->rx", back == k, A) for k in range(K)], -1)          # (rows, x, K)
+        f = np.linalg.lstsq(M[rows].reshape(-1, K), y[rows].reshape(-1), rcond=None)[0]
+        c = np.where(visited, f[np.maximum(back, 0)], 0.0)
+        yield f, c, block
+
+
+def _tile_ratio(f, axis, tile, constants, block=None):
+    """The words for the tile factors ``f`` (f[k]: the tile k before the loop's last): one ratio r
+    where f[k] = f[0] r^k (an epilogue applied in the loop, once per tile), else the factors; the
+    loop a row's own, or its ``block``'s of rows."""
+    ratio = f[1:] / f[:-1] if np.all(f[:-1]) else np.array([np.nan])
+    whose = "a row visits" if block is None else f"the row's block of {block} visits"
+    if np.allclose(ratio, ratio[0], rtol=1e-3):
+        named = _named_constant(float(ratio[0]), constants)
+        return (f"the last {axis} tile of {tile} {whose} times {f[0]:.6g}, each earlier one times "
+                f"{ratio[0]:.6g} once more{f' ({named})' if named else ''}: a factor applied in the tile loop, "
+                "once per tile, where it is meant once after it")
+    return f"{axis} tiles of {tile}, from the last {whose} back: " + ", ".join(f"{x:.6g}" for x in f)
 
 
 ROWS_WEIGHTED_LIMIT = 2 ** 24     # `_rows_weighted`: each query row's share of dk and dv held apart, entries
@@ -1677,18 +1707,6 @@ def _do_read_otherwise(sub, failing, found):
                 "layout's strides taken for another tensor's, or a transposed view read as contiguous)",
                 lambda grads=True, preds=preds: {**sub.gold, **preds}, tensors))
     return out
-
-
-def _tile_ratio(f, axis, tile, constants):
-    """The words for the tile factors ``f`` (f[k]: the tile k before a row's last): one ratio r
-    where f[k] = f[0] r^k (an epilogue applied in the loop, once per tile), else the factors."""
-    ratio = f[1:] / f[:-1] if np.all(f[:-1]) else np.array([np.nan])
-    if np.allclose(ratio, ratio[0], rtol=1e-3):
-        named = _named_constant(float(ratio[0]), constants)
-        return (f"the last {axis} tile of {tile} a row visits times {f[0]:.6g}, each earlier one times "
-                f"{ratio[0]:.6g} once more{f' ({named})' if named else ''}: a factor applied in the tile loop, "
-                "once per tile, where it is meant once after it")
-    return f"{axis} tiles of {tile}, from the last a row visits back: " + ", ".join(f"{x:.6g}" for x in f)
 
 
 # The right product of each gradient (`_backward_products`): (weights, transposed, operand).

@@ -440,7 +440,8 @@ class _ByHand(torch.autograd.Function):
     test: dS = P ∘ (``dp_factor`` dP − D), D = ``row_term(P, dP, dlse)`` (right: rowsum(P ∘ dP) −
     dlse); ``dk_tile``: dk = scale dS Q on each tile of that size (Tq for the whole: the transpose
     of dS left out) where scale dSᵀ Q is meant; ``dq_tile``: dq summed over key tiles of that size
-    with its scale applied inside the loop, once per tile, where it is meant once after it;
+    with its scale applied inside the loop, once per tile, where it is meant once after it (a pair:
+    (key tile, query tile), each query tile looping over the key tiles its causal mask reaches);
     ``dk_v_rows``: dk's dP formed with v's rows from that one on read as 0."""
     @staticmethod
     def forward(ctx, q, k, v, scale, causal, row_term, dp_factor, dk_tile, dq_tile=None, dk_v_rows=None):
@@ -449,7 +450,7 @@ class _ByHand(torch.autograd.Function):
             S = S.masked_fill(torch.ones_like(S, dtype=torch.bool).triu(1), -math.inf)
         P = torch.softmax(S, -1)
         ctx.save_for_backward(q, k, v, P)
-        ctx.forms = scale, row_term, dp_factor, dk_tile, dq_tile, dk_v_rows
+        ctx.forms, ctx.causal = (scale, row_term, dp_factor, dk_tile, dq_tile, dk_v_rows), causal
         return (P @ v.double()).to(q.dtype), torch.logsumexp(S, -1).float()
 
     @staticmethod
@@ -472,9 +473,11 @@ class _ByHand(torch.autograd.Function):
                     dk[..., ks:ks + t, :] += dS[..., qs:qs + t, ks:ks + t] @ q[..., qs:qs + t, :] * scale
         dq = dS @ k * scale
         if dq_tile:
-            dq = torch.zeros_like(q)
-            for ks in range(0, k.shape[2], dq_tile):
-                dq = (dq + dS[..., ks:ks + dq_tile] @ k[..., ks:ks + dq_tile, :]) * scale
+            (t, m), dq = (dq_tile if isinstance(dq_tile, tuple) else (dq_tile, q.shape[2])), torch.zeros_like(q)
+            for qs in range(0, q.shape[2], m):           # causal: the key tiles up to the query tile's last row
+                for ks in range(0, min(k.shape[2], qs + m) if ctx.causal else k.shape[2], t):
+                    dq[..., qs:qs + m, :] = (dq[..., qs:qs + m, :] + dS[..., qs:qs + m, ks:ks + t] @
+                                             k[..., ks:ks + t, :]) * scale
         return (dq.to(q.dtype), dk.to(q.dtype), (P.transpose(-1, -2) @ dout).to(q.dtype),
                 None, None, None, None, None, None, None)
 
@@ -594,6 +597,13 @@ def test_a_scale_applied_in_the_tile_loop_is_named_with_its_ratio_and_tile():
     assert ("the last key tile of 32 a row visits times 1, each earlier one times 0.25 once more (scale = 0.25): "
             "a factor applied in the tile loop, once per tile") in said["dq"].sentence, said["dq"].sentence
     assert all(r.passed for r in runner.run_case(targets.resolve(_by_hand()), case, "float32", "cpu"))
+    # causal, the loop per query tile of 32: its early rows carried through key tiles they do not see
+    rows = runner.run_case(targets.resolve(_by_hand(dq_tile=(16, 32))), Case(1, 2, 77, 77, 16, True, ()), "float32",
+                           "cpu")
+    said = {r.tensor: r.diagnosis for r in rows if not r.passed}
+    assert set(said) == {"dq"} and said["dq"].id == "tile-factors", {n: d.sentence for n, d in said.items()}
+    assert "the last key tile of 16 the row's block of 32 visits times 1, each earlier one times 0.25 once more" in \
+        said["dq"].sentence, said["dq"].sentence
 
 
 def test_a_query_row_counted_more_than_once_in_dk_and_dv_is_named_with_its_count():
