@@ -217,7 +217,8 @@ class Report:
         NaN on some cases is named by the mistake), or None when no failing row is named
         (each row's own ``.diagnosis`` says why).  A description heads the run only when it covers
         at least as many failing rows as no name covers (one row read as a lower precision
-        among three unnamed is not the run's cause), a catalogued mistake when it covers at least
+        among three unnamed is not the run's cause; a gradient of a case whose out is named is
+        covered: it follows from out), a catalogued mistake when it covers at least
         1/`HEADLINE_SHARE` of as many, and when it explains no fewer failing cases than it is
         contradicted on: a case where a failing tensor was tried against it and not reproduced
         (``Diagnosis.against``; a mistake that reproduces dk and dv while dq fails, or 5 cases of 30,
@@ -225,7 +226,8 @@ class Report:
         judged = [(r, d) for r, d in self.diagnoses if not (r.bound or 0.0) >= LOOSE_BOUND]
         ids = Counter(d.id for r, d in judged if d.id not in UNNAMED)
         specific = Counter({i: c for i, c in ids.items() if i not in GENERIC})
-        unnamed = sum(1 for _, d in self.diagnoses if d.id in UNNAMED)
+        named_out = {(r.case, r.dtype) for r, d in self.diagnoses if r.tensor == "out" and d.id not in UNNAMED}
+        unnamed = sum(1 for r, d in self.diagnoses if d.id in UNNAMED and (r.case, r.dtype) not in named_out)
         cases = {}                         # (case, dtype) -> (ids named, ids named on out, ids against)
         for r, d in judged:
             named, on_out, against = cases.setdefault((r.case, r.dtype), (set(), set(), set()))

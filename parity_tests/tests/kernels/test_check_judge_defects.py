@@ -131,6 +131,14 @@ def test_the_headline_is_the_catalogued_cause_of_most_failing_rows_not_the_first
     rows = [failing(i, "none") for i in range(25)] + [failing(25, "sinks-scaled")]
     assert Report("k", rows).diagnosis is None
     assert Report("k", rows[20:]).diagnosis == "sinks-scaled"
+    # a gradient of a case whose out is named follows from out: not a row no name covers
+    grads = [Row("k", f"case {i}", {}, "float32", "cpu", n, verdict="FAIL", diagnosis=Diagnosis("none", "none"))
+             for i in range(2) for n in ("dq", "dk", "dv")]
+    rows = [failing(i, "key-tile-ranges") for i in range(2)] + grads + [failing(i, "none") for i in range(2, 8)]
+    assert Report("k", rows).diagnosis == "key-tile-ranges"
+    for r in grads:
+        r.case = "case 9"                                      # the same rows, of a case whose out is not named
+    assert Report("k", rows).diagnosis is None
 
 
 def test_a_mistake_contradicted_on_more_cases_than_it_explains_heads_nothing():
