@@ -28,7 +28,8 @@ offset, or a list: to each batch entry's: the causal mask one diagonal off, a se
 with another's lengths), ``window_align`` (the window placed
 with another alignment than the causal mask), ``alibi_no_offset`` (the ALiBi
 distance |i − j| whatever the alignment), ``alibi_offset_sign=-1`` (|i − o − j|: the
-offset's sign flipped), ``alibi_signed`` (the distance i + o − j without its absolute value),
+offset's sign flipped), ``alibi_align`` (the ALiBi offset of that alignment, the mask's
+its own), ``alibi_signed`` (the distance i + o − j without its absolute value),
 ``axis`` (the softmax over queries), ``finite_mask`` (hidden
 scores set to finfo.min instead of −inf: a row that sees no key averages every v; or a number:
 hidden scores set to it, as a cap applied after the mask gives −c),
@@ -308,7 +309,8 @@ def _own_scores(given, changes, like):
 def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, softcap=None,
               alibi_slopes=None, bias=None, sinks=None, seqlens_q=None, seqlens_k=None, rows=None,
               kv_map="interleave", softcap_first=False, softcap_no_grad=False, shift=0,
-              window_align=None, alibi_no_offset=False, alibi_offset_sign=1, alibi_signed=False, axis=-1,
+              window_align=None, alibi_no_offset=False, alibi_offset_sign=1, alibi_signed=False, alibi_align=None,
+              axis=-1,
               no_delta=False, finite_mask=False, with_max=False, keys=None, online=None, backward_options=None,
               softcap_last=False, weights="softmax", keep=None, dropout_p=0.0, softcap_form="tanh",
               positions_dtype=None, backward_lse=None, unseen_from=None, key_range=None,
@@ -373,7 +375,9 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
         wide = torch.promote_types(S.dtype, torch.float32)
         slopes = alibi_slopes.to(wide)
         slopes = slopes.expand(b, hq) if slopes.dim() == 1 else slopes          # (B, Hq)
-        a_offs = [0] * b if alibi_no_offset else [alibi_offset_sign * o for o in offs]
+        a_offs = offs if alibi_align is None else \
+            _shifted(offsets(total, tk_case, seqlens_q, seqlens_k, alibi_align, b), shift)
+        a_offs = [0] * b if alibi_no_offset else [alibi_offset_sign * o for o in a_offs]
         j = torch.arange(tk, device=q.device, dtype=wide)[None, :]
         if positions_dtype is None:
             dist = torch.stack([(i.to(wide)[:, None] + o - j) for o in a_offs])         # (B, Tq, Tk)
@@ -465,8 +469,8 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
 VISIBILITY = ("causal", "window", "align", "shift", "window_align", "mask_positions_dtype")
 # ... and those that change only the scores the softmax takes (`backward_options`).
 SCORES = VISIBILITY + ("scale", "softcap", "alibi_slopes", "bias", "sinks", "softcap_first", "softcap_form",
-                       "softcap_last", "alibi_no_offset", "alibi_offset_sign", "alibi_signed", "positions_dtype",
-                       "finite_mask")
+                       "softcap_last", "alibi_no_offset", "alibi_offset_sign", "alibi_signed", "alibi_align",
+                       "positions_dtype", "finite_mask")
 
 # weights= of `attention`: E = exp(S − m) rounded to a half dtype before P V (the rest in the
 # dtype run): how a kernel that keeps only its P in a lower precision errs

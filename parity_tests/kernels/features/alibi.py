@@ -42,6 +42,11 @@ def mistakes(ctx, on):
     if max(ctx.case.tq, ctx.case.tk) + max(abs(o) for o in ctx.offsets) > 256:     # bfloat16's integers end at 256
         out.append(ctx.H("alibi-positions-bfloat16", "the ALiBi positions, and |i - j|, in bfloat16 (positions past "
                          "256 rounded to its 8 bits)", ctx.fwd(positions_dtype=torch.bfloat16)))
+    lens = ctx.case.seqlens or (None, None)
+    if any(offsets(ctx.case.tq, ctx.case.tk, lens[0], lens[1], ctx.other_align, ctx.case.batch)):
+        out.append(ctx.H("alibi-other-alignment", f"the ALiBi distance with the {ctx.other_align} alignment's offset "
+                         f"while the mask keeps its own ({ctx.align}): |i + offset - j| with the other offset",
+                         ctx.fwd(alibi_align=ctx.other_align)))
     if any(ctx.offsets):
         out += [ctx.H("alibi-no-offset", "the ALiBi distance |i - j| without the alignment's offset "
                       "(|i + offset - j| is meant)", ctx.fwd(alibi_no_offset=True)),

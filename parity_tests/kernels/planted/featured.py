@@ -149,6 +149,9 @@ def attend(q, k, v, *, causal, scale, align="top-left", window=None, softcap=Non
             slopes = slopes[torch.arange(hq) // group]
         sign = -1.0 if mistake == "alibi-sign" else 1.0
         dist = (i - j).abs() if mistake == "alibi-no-offset" else (i + off - j).abs()
+        if mistake == "alibi-other-alignment":             # FlashAttention's bottom-right offset whatever align is
+            other = "top-left" if align == "bottom-right" else "bottom-right"
+            dist = (i + _offset(tq, tk, other) - j).abs()
         if mistake == "alibi-signed":                      # right under a causal mask only
             dist = i + off - j
         if mistake == "alibi-positions-bfloat16":          # positions from arange(..., dtype=bfloat16)
@@ -297,6 +300,7 @@ FEATURE_GALLERY = {
     "alibi-signed": ["alibi"],
     "alibi-reversed": ["alibi"],
     "alibi-no-offset": ["alibi"],
+    "alibi-other-alignment": ["alibi"],
     "alibi-per-kv-head": ["gqa", "alibi"],
     "bias-no-grad": ["bias"],
     "dbias-after-softcap-derivative": ["softcap", "bias"],
