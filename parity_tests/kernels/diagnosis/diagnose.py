@@ -439,7 +439,7 @@ def _mistakes_context(sub):
 def _dq_to_fit(sub):
     """The target's dq, which a backward hypothesis is fitted to, or None where the fit cannot
     tell anything apart (one key: dq is 0 whatever the backward) or is not computed (non-finite,
-    a block of rows, per-sequence lengths)."""
+    a block of rows)."""
     got = sub.arrays.get("dq")
     if got is None or not np.isfinite(got).all() or sub.case.tk <= 1 or sub.rows is not None:
         return None
@@ -1449,10 +1449,10 @@ def _tile_factors(sub, failing, found):
 
     last_i the last tile row i sees, or the last that any row of its block of `mistakes.KEY_TILES`
     rows sees (a causal loop runs per block of rows: a row early in it is carried through tiles
-    it does not see); c_it fitted per row by least squares over every (batch, head) and channel,
-    then held to one f; the largest tile of `mistakes.KEY_TILES` that fits (a smaller one fits
-    whatever a larger one does) (`_backward_by_entry`).  Left to `_last_tile_only` and
-    `_backward_blocks` where every factor is 0 or 1."""
+    it does not see); f fitted by least squares over every row, (batch, head) and channel at once
+    (`_tile_factor_fits`), then held to the bound; the largest tile of `mistakes.KEY_TILES` that
+    fits (a smaller one fits whatever a larger one does) (`_backward_by_entry`).  Left to
+    `_last_tile_only` and `_backward_blocks` where every factor is 0 or 1."""
     if found is None:
         return []
     _, grad, _, _ = found
@@ -1477,7 +1477,7 @@ def _tile_factors(sub, failing, found):
             A = np.moveaxis(np.stack(parts), 3, 0)                   # (rows, tiles, B, H, D)
             A = A.reshape(A.shape[:2] + (-1,))
             y = np.moveaxis(got, 2, 0).reshape(got.shape[2], -1)     # (rows, B H D)
-            visited = np.abs(A).max(-1) > 1e-9 * np.abs(A).max(initial=0.0)     # (a row whose dq is 0 by theory: none)
+            visited = np.abs(A).max(-1) > 1e-9 * np.abs(A).max(initial=0.0)     # (a row 0 by theory: none)
             for f, c, block in _tile_factor_fits(A, y, visited):
                 pred = np.moveaxis(np.einsum("rt,rtx->rx", c, A).reshape((got.shape[2],) + got.shape[:2] +
                                                                        got.shape[3:]), 0, 2)

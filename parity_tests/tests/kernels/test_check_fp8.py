@@ -58,7 +58,8 @@ def test_a_right_fp8_kv_kernel_passes_with_flashinfers_head_dims(dtype):
 FP8_SHOWN_ON = {"fp8-q-descale-missing": "fp8", "fp8-k-descale-missing": "fp8", "fp8-v-descale-missing": "fp8",
                 "fp8-q-descale-twice": "fp8", "fp8-k-descale-twice": "fp8", "fp8-v-descale-twice": "fp8",
                 "fp8-p-without-max": "fp8 logits x32", "output-dtype": "fp8", "fp8-p-times-v-descale": "fp8",
-                "fp8-p-offset-in-base-e": "fp8", "fp8-descales-inverted": "fp8", "fp8-max-before-mask": "fp8 logits x32"}
+                "fp8-p-offset-in-base-e": "fp8", "fp8-descales-inverted": "fp8",
+                "fp8-max-before-mask": "fp8 logits x32"}
 
 
 @pytest.mark.parametrize("mistake", [pytest.param(m, marks=pytest.mark.slow) if "accumulator" in m else m

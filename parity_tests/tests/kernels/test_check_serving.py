@@ -27,7 +27,8 @@ PAGED_TWINS = {"paged-past-seqlens": ex.paged_decode_past_seqlens,
                "paged-last-page-dropped": ex.paged_decode_last_page_dropped,
                "paged-tile-in-one-page": ex.paged_decode_tile_in_one_page}
 WORDS = {"paged-past-seqlens": "cache_seqlens ignored", "paged-off-by-one-page": "one page off",
-         "paged-table-stride": "row stride", "paged-page-size": "page size taken as", "paged-last-page-dropped": "last partial page dropped",
+         "paged-table-stride": "row stride", "paged-page-size": "page size taken as",
+         "paged-last-page-dropped": "last partial page dropped",
          "paged-tile-in-one-page": "from the page of its first key"}
 SPLIT_TWINS = {"splits-not-rescaled": ex.split_decode_not_rescaled,
                "splits-empty-nan": ex.split_decode_empty_nan,
