@@ -47,10 +47,10 @@ def _attend(Q, K, V, causal, scale, p_fp8=True, subtract_max=True, narrow=None, 
     return ((P @ V) / l).to(out_dtype)
 
 
-def _max_before_mask(Q, K, V, causal, scale, block_m=64, block_n=32, out_dtype=torch.bfloat16):
+def _max_before_mask(Q, K, V, causal, scale, block_m=64, block_n=32, offset=0.0, out_dtype=torch.bfloat16):
     """FlashAttention-3's loop over (query tile, key tile) blocks with its running maximum taken over
-    the whole key tile before the causal mask (wrong: the mask applied to E after exp), E rounded to
-    e4m3 for E V; top-left causal only."""
+    the whole key tile before the causal mask (wrong: the mask applied to E after exp), E = exp(S −
+    m + ``offset``) rounded to e4m3 for E V; top-left causal only."""
     group = Q.shape[1] // K.shape[1]
     K, V = K.repeat_interleave(group, 1), V.repeat_interleave(group, 1)
     S = scale * Q @ K.transpose(-1, -2)
@@ -64,7 +64,7 @@ def _max_before_mask(Q, K, V, causal, scale, block_m=64, block_n=32, out_dtype=t
             St = S[..., m0:m0 + block_m, n0:n0 + block_n]
             new = torch.maximum(m, St.amax(-1, keepdim=True))              # before the mask
             keys = torch.arange(n0, n0 + St.shape[-1], device=S.device)[None, :]
-            E = torch.exp(St - new) * (keys <= rows if causal else 1.0)
+            E = torch.exp(St - new + offset) * (keys <= rows if causal else 1.0)
             alpha = torch.exp(m - new)
             acc = acc * alpha + E.to(torch.float8_e4m3fn).float() @ V[..., n0:n0 + block_n, :]
             l, m = l * alpha + E.sum(-1, keepdim=True), new
@@ -72,13 +72,13 @@ def _max_before_mask(Q, K, V, causal, scale, block_m=64, block_n=32, out_dtype=t
     return out.to(out_dtype)
 
 
-def fp8_kernel(missing=(), twice=(), by_query_head=False, v_into_p=False, inverted=False, max_before_mask=False,
+def fp8_kernel(missing=(), twice=(), by_query_head=False, v_into_p=False, inverted=False, max_before_mask=None,
                **attend):
     """A FlashAttention-3-convention kernel: ``missing`` descales not applied, ``twice`` applied
     twice, every one divided by (``inverted``: another library's scale convention), q's descale
     read at query head h % Hkv (``by_query_head``), v's folded into P before its cast to e4m3
     (``v_into_p``: the weights multiplied by ~1e-2 first), its running maximum taken before the
-    causal mask (``max_before_mask``: `_max_before_mask`)."""
+    causal mask (``max_before_mask``: `_max_before_mask`'s keywords)."""
     def kernel(q, k, v, *, causal, scale, q_descale, k_descale, v_descale):
         h = q.shape[1]
         group = h // k.shape[1]
@@ -89,8 +89,8 @@ def fp8_kernel(missing=(), twice=(), by_query_head=False, v_into_p=False, invert
             times = -1 if inverted else (n not in missing) + (n in twice) - (n == "v" and v_into_p)
             x[n] = x[n] * ds[n][:, :, None, None] ** times
         folded = {"prescale": v_descale.repeat_interleave(group, 1)[:, :, None, None]} if v_into_p else {}
-        if max_before_mask:
-            return _max_before_mask(x["q"], x["k"], x["v"], causal, scale)
+        if max_before_mask is not None:
+            return _max_before_mask(x["q"], x["k"], x["v"], causal, scale, **max_before_mask)
         return _attend(x["q"], x["k"], x["v"], causal, scale, **attend, **folded)
     return kernel
 
@@ -134,7 +134,7 @@ GALLERY = {
     "fp8-p-normalised": fp8_kernel(prescale="normalised"),
     "fp8-p-times-v-descale": fp8_kernel(v_into_p=True),
     "fp8-pv-narrow-accumulator": fp8_kernel(narrow=128),
-    "fp8-max-before-mask": fp8_kernel(max_before_mask=True),
+    "fp8-max-before-mask": fp8_kernel(max_before_mask={}),
     "output-dtype": fp8_kernel(out_dtype=torch.float32),
 }
 GALLERY_KV = {

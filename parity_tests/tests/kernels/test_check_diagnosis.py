@@ -167,6 +167,14 @@ def test_an_error_of_bfloat16s_size_in_one_batch_entry_of_three_is_not_read_as_a
     every = runner.run_case(targets.resolve(_in_bfloat16), cases.Case(3, 2, 45, 77, 16, False), "float32", "cpu")
     assert {r.diagnosis.id for r in every if not r.passed} == {"lower-precision"}      # the guard blinds no one
 
+    def one_entry_coarse(q, k, v, *, causal, scale):           # the other two with 1/50 of bfloat16's error
+        out = one_entry(q, k, v, causal=causal, scale=scale)
+        share = torch.tensor([0.02, 0.0, 0.02], dtype=q.dtype)[:, None, None, None]
+        return out + (_in_bfloat16(q, k, v, causal=causal, scale=scale) - out) * share
+    rows = runner.run_case(targets.resolve(one_entry_coarse), cases.Case(3, 2, 45, 77, 16, False), "float32", "cpu")
+    out = next(r for r in rows if r.tensor == "out")
+    assert not out.passed and out.diagnosis.id not in PRECISION, out.diagnosis.sentence
+
 
 def test_a_diagnosis_that_raises_leaves_the_fail_and_says_it_could_not_diagnose(monkeypatch):
     from parity_tests.kernels import runner

@@ -3,7 +3,10 @@ kernels written from the convention alone pass; each catalogued FP8 mistake FAIL
 that shows it and is named; the quantisation's own error is reported beside the verdict; the
 declarations FP8 needs (its dtypes, its baseline, its inputs in float8) are what the runner asks."""
 
+import math
+
 import numpy as np
+
 import pytest
 import torch
 
@@ -87,6 +90,15 @@ def test_each_fp8_mistake_fails_and_is_named(mistake):
         assert all(r.diagnosis.also == (mistake,) for r in report.failures), str(report)
         named = {"scores-flat"}
     assert {r.diagnosis.id for r in report.failures} == named, str(report)
+
+
+@pytest.mark.parametrize("tiles, offset", [((64, 32), 0.0), ((128, 64), 8 * math.log(2))])
+def test_a_maximum_taken_before_the_causal_mask_is_named_with_its_tiles_and_offset(tiles, offset):
+    kernel = fp8_gallery.fp8_kernel(max_before_mask=dict(block_m=tiles[0], block_n=tiles[1], offset=offset))
+    report = run_cases(kernel, ["fp8"], [own_case("fp8", "fp8 logits x32")])
+    (row,) = report.failures
+    words = f"key tiles of {tiles[1]}{', P offset by 2^8' if offset else ''})"     # (query tiles 64, 128: alike here)
+    assert row.diagnosis.id == "fp8-max-before-mask" and words in row.diagnosis.sentence, row.diagnosis.sentence
 
 
 @pytest.mark.parametrize("mistake", [pytest.param(m, marks=pytest.mark.slow) if "accumulator" in m else m

@@ -16,7 +16,7 @@ from parity_tests.kernels import runner, targets
 from parity_tests.kernels.cases import Case
 from parity_tests.kernels.features import REGISTRY, Plan
 from parity_tests.kernels.diagnosis import diagnose
-from parity_tests.kernels.planted.featured import attend
+from parity_tests.kernels.planted.featured import attend, wrong_kernel
 from crashing_kernels import sdpa, with_backward
 
 pytestmark = pytest.mark.usefixtures("without_input_classes")   # (conftest.py)
@@ -1113,6 +1113,8 @@ def test_a_d_never_written_on_a_tail_of_rows_is_said_with_its_rows_on_packed_seq
     assert {d.id for d in said.values()} == {"wrong-delta"}, [d.sentence for d in said.values()]
     assert "(D' = 0 on query rows 32 .. 39 of batch entry 0 only: never written there)" in said["dq"].sentence, \
         said["dq"].sentence
+    said = _slip_said(_delta_left_zero_from(32))                  # one batch entry: no entry said
+    assert "(D' = 0 on query rows 32 .. 44 only: never written there)" in said["dq"].sentence, said["dq"].sentence
 
 
 def _out_row(kernel):
@@ -1297,3 +1299,22 @@ def test_heads_past_the_first_of_each_kv_group_are_said_so():
     said = [r.diagnosis.sentence for r in rows if not r.passed and r.tensor in ("out", "dq")]   # per query head
     assert len(said) == 2 and all(s.startswith("only query heads past the first of their kv group (heads 1 .. 2, "
                                                "4 .. 5 of 6, groups of 3 sharing a kv head)") for s in said), said
+
+    def first_group_only(q, k, v, *, causal, scale):             # heads 0, 1, 2: a first and two past it
+        group = q.shape[1] // k.shape[1]
+        grown = torch.tensor([2.0 if h < group else 1.0 for h in range(q.shape[1])])[:, None, None]
+        return sdpa(q * grown, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), causal=causal, scale=scale)
+    rows = runner.run_case(targets.resolve(first_group_only), Case(1, 6, 45, 77, 16, False, (("gqa", 2),)),
+                           "float32", "cpu", wanted=("gqa",))
+    said = [r.diagnosis.sentence for r in rows if not r.passed and r.tensor in ("out", "dq")]
+    assert said and not any("kv group" in s for s in said), said
+
+
+def test_alibis_offset_from_the_other_alignment_under_the_right_mask_is_named_so():
+    fn, features = wrong_kernel("alibi-other-alignment")              # bottom-right's offset in a top-left run
+    rows = runner.run_case(targets.resolve(fn), Case(1, 2, 77, 45, 16, True, (("alibi", True),)), "float32", "cpu",
+                           wanted=tuple(features))
+    said = {r.tensor: r.diagnosis for r in rows if not r.passed}
+    assert said and {d.id for d in said.values()} == {"alibi-other-alignment"}, [d.sentence for d in said.values()]
+    assert "the ALiBi distance with the bottom-right alignment's offset while the mask keeps its own (top-left)" in \
+        said["out"].sentence
