@@ -1477,7 +1477,7 @@ def _tile_factors(sub, failing, found):
             A = np.moveaxis(np.stack(parts), 3, 0)                   # (rows, tiles, B, H, D)
             A = A.reshape(A.shape[:2] + (-1,))
             y = np.moveaxis(got, 2, 0).reshape(got.shape[2], -1)     # (rows, B H D)
-            visited = np.abs(A).max(-1) > 1e-9 * np.abs(A).max(initial=0.0)     # (a row 0 by theory: none)
+            visited = np.abs(A).max(-1) > 0
             for f, c, block in _tile_factor_fits(A, y, visited):
                 pred = np.moveaxis(np.einsum("rt,rtx->rx", c, A).reshape((got.shape[2],) + got.shape[:2] +
                                                                        got.shape[3:]), 0, 2)
