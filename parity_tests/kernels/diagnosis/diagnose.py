@@ -457,8 +457,9 @@ def _wrong_delta(sub):
     (the lse gradient enters dS as P_ij dlse_i): the prediction of every gradient.  [] where dq
     cannot be fitted (`_dq_to_fit`)."""
     got = _dq_to_fit(sub)
-    if got is None:
-        return []
+    P = None if got is None else _dense_weights(sub)
+    if got is None or (P is not None and ((P > 0).sum(-1) <= 1).all()):
+        return []                       # one key a row: dq_i ∥ k_j whatever dS is, and a D per row fits any
     r = sub.rounded
     scale = sub.opts["scale"]
     u = _dense_forward(sub, v=r["k"])[0]                                            # (B, Hq, Tq, D)
@@ -469,25 +470,33 @@ def _wrong_delta(sub):
     ratio = ""
     if "out" in sub.gold:
         terms = sub.gold["out"] * r["dout"]
-        ratio = _delta_rows(delta, terms.sum(-1) - given) + _delta_past_head_dim(delta, terms)
+        ratio = _delta_rows(delta, terms.sum(-1) - given, given, _constants(sub)) + _delta_past_head_dim(delta, terms)
 
     def predict(grads=True):
         return as_4d(dense.run(q, k, v, dout, sub.opts, grads=grads, dlse=dlse))
     return [mistakes.Hypothesis("wrong-delta", "the backward's D = rowsum(dO ∘ O) off by each row's own amount"
-                                + ratio, predict, ("dq", "dk"), fitted=("dq",))]
+                                + ratio, predict, ("dq", "dk") + INPUT_GRADS, fitted=("dq",))]
 
 
 DELTA_OFF = 1e-3      # `_delta_rows`: a row's D off by more than this share of the largest |D|
 
 
-def _delta_rows(delta, meant):
+def _delta_rows(delta, meant, dlse=0.0, constants=()):
     """Words for a backward's D = ``meant`` + ``delta`` (B, H, T) where ``meant`` (rowsum(dO ∘ O)
-    less the lse gradient) is right: on which rows it is off (all, or which query rows of which
-    batch entries), and there by what factor, or "0: never written" where D' is 0 on each."""
+    less the lse gradient ``dlse``) is right: its lse gradient's term multiplied by one factor
+    (delta = (1 − c) dlse), else on which rows it is off (all, or which query rows of which batch
+    entries), and there by what factor, or "0: never written" where D' is 0 on each."""
     top = np.abs(meant).max(initial=0.0)
     off = np.abs(delta) > DELTA_OFF * top
     if not off.any():
         return ""
+    dlse = np.broadcast_to(dlse, delta.shape)
+    if np.any(dlse):
+        c = 1 - float((delta * dlse).sum() / (dlse * dlse).sum())
+        if np.abs(delta - (1 - c) * dlse).max() <= DELTA_OFF * np.abs(delta).max():
+            named = _named_constant(c, constants)
+            return (f" (its lse gradient's term multiplied by {c:.6g}{f' ({named})' if named else ''}: "
+                    "D = rowsum(dO ∘ O) - c dlse)")
     got = (meant + delta)[off]
     if off.all():
         where = ""
@@ -1727,8 +1736,9 @@ def _backward_products(sub, failing, found):
     tl.dot(tl.trans(ds), q) on square tiles of `mistakes.KEY_TILES` (each tile's own product
     transposed); dv = Pᵀ V where Pᵀ dO is meant (one operand for another): each product of dS or
     P, transposed or not, with Q, K, V or dO that gives the gradient's shape, the right one
-    (`PRODUCTS`) left out; dk and dv summed onto the kv heads.  Nothing is fitted: each is a
-    hypothesis on its gradient alone."""
+    (`PRODUCTS`) left out; and dq's or dk's pass forming dP = dO Kᵀ where dO Vᵀ is meant (D = Dv);
+    dk and dv summed onto the kv heads.  Nothing is fitted: each is a hypothesis on its gradient
+    alone."""
     if found is None:
         return []
     factors, case = found[3], sub.case
@@ -1759,6 +1769,14 @@ def _backward_products(sub, failing, found):
                      f": {short} transposed")
             out.append(mistakes.Hypothesis("backward-product", f"{n} = {own}{on} instead of {name(*right)}{wrong}",
                                            lambda grads=True, n=n, pred=pred: {**sub.gold, n: pred}, (n,)))
+    K, Q = factors["K"], factors["Q"]
+    if K.shape[-1] == factors["V"].shape[-1]:            # dP = dO Kᵀ has dP's shape: K copied for V
+        dS = sub.opts["scale"] * factors["P"] * (factors["dO"] @ np.swapaxes(K, -1, -2) - factors["D"][..., None])
+        for n, pred in (("dq", dS @ K), ("dk", _per_kv(case, np.swapaxes(dS, -1, -2) @ Q))):
+            if n in failing and n in sub.gold:
+                out.append(mistakes.Hypothesis("backward-product", f"{n}'s pass forming dP = dO K^T instead of dO V^T: "
+                                               "K where V is meant (the operand of S = Q K^T copied)",
+                                               lambda grads=True, n=n, pred=pred: {**sub.gold, n: pred}, (n,)))
     return out
 
 

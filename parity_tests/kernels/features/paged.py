@@ -80,13 +80,16 @@ def pages(case, value):
     return table, num
 
 
-def slots(table, size, b, length, column=0, step=None, stride=None, tile=None):
+def slots(table, size, b, length, column=0, step=None, stride=None, tile=None, within=None):
     """The flat slot (page · size + offset) of each key position of sequence b; ``column``
     shifts the table column read, ``step`` is the page size the positions are cut by,
     ``stride`` the row stride the table is read with (its flat entries); ``tile``: each key
-    tile of that many read as contiguous slots from its first key's slot."""
+    tile of that many read as contiguous slots from its first key's slot; ``within``: the
+    offset in the page taken modulo that instead of the page size."""
     step = step or size
     pos = np.arange(length)
+    if within is not None:
+        return table[b, pos // step] * size + pos % within
     if tile is not None:
         first = pos - pos % tile
         return table[b, first // step] * size + first % step + pos % tile
@@ -201,6 +204,10 @@ def mistakes(ctx, value):
                   "slots after its first page, not the next page of the block table)",
                   lambda tb, b, t=t: slots(tb, size, b, lengths[b], tile=t))
             for t in (16, 32, 64, 128) if size < t < max(lengths, default=0)]
+    out += [_read(ctx, value, "paged-offset-mod-tile", f"the offset in a page taken as position % {t} (a key "
+                  f"tile's size) instead of % {size} (the page size): a cache block and a key block mixed up",
+                  lambda tb, b, t=t: slots(tb, size, b, lengths[b], within=t))
+            for t in (16, 32, 64, 128) if t != size and min(t, size) < max(lengths, default=0)]
     whole = [n // size * size for n in lengths]
     if size > 1 and whole != list(lengths):
         out.append(ctx.H("paged-last-page-dropped", f"the last partial page dropped (keys {whole} "

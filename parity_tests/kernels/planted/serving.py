@@ -43,7 +43,9 @@ def _paged(q, k_cache, v_cache, block_table, cache_seqlens, causal, scale, mista
         pos = torch.arange(n)
         cut = 2 * page if mistake == "page-size" else page
         column = pos // cut + (1 if mistake == "off-by-one-page" else 0)
-        if mistake == "tile-in-one-page":                # a tile of 32 keys read on from its first key's slot
+        if mistake == "offset-mod-tile":                 # the offset in the page taken modulo a key tile of 16
+            slot = (block_table[b].long()[column] * page + pos % 16).clamp(max=flat_k.shape[0] - 1)
+        elif mistake == "tile-in-one-page":              # a tile of 32 keys read on from its first key's slot
             first = pos - pos % 32
             slot = block_table[b].long()[first // page] * page + first % page + pos % 32
         elif mistake == "table-stride":                  # rows of the table max_pages - 1 apart
@@ -96,6 +98,11 @@ def paged_decode_tile_in_one_page(q, k_cache, v_cache, *, block_table, cache_seq
     """Wrong: each tile of 32 keys read as 32 contiguous slots from its first key's page (a tile
     crossing a page boundary runs on into the slots after that page)."""
     return _paged(q, k_cache, v_cache, block_table, cache_seqlens, causal, scale, "tile-in-one-page")
+
+
+def paged_decode_offset_mod_tile(q, k_cache, v_cache, *, block_table, cache_seqlens, causal, scale):
+    """Wrong: the offset in a page taken as position % 16 (a key tile's size) instead of % the page size."""
+    return _paged(q, k_cache, v_cache, block_table, cache_seqlens, causal, scale, "offset-mod-tile")
 
 
 def _partial(q, k, v, j0, j1, causal, scale, offset, mistake):

@@ -1318,3 +1318,54 @@ def test_alibis_offset_from_the_other_alignment_under_the_right_mask_is_named_so
     assert said and {d.id for d in said.values()} == {"alibi-other-alignment"}, [d.sentence for d in said.values()]
     assert "the ALiBi distance with the bottom-right alignment's offset while the mask keeps its own (top-left)" in \
         said["out"].sentence
+
+
+class _DpWithK(torch.autograd.Function):
+    """Attention without a mask in float64, its dQ pass forming dP = dO Kᵀ where dO Vᵀ is meant (the
+    operand of S = Q Kᵀ copied); ``one_key``: a window of (0, 0) (each row sees its own key), its
+    dq half the term dO Kᵀ alone, along k_i as every one-key row's dq is ("half")."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, scale, one_key):
+        S = q.double() @ k.double().transpose(-1, -2) * scale
+        if one_key:
+            S = S.masked_fill(~torch.eye(S.shape[-1], dtype=torch.bool), -math.inf)
+        P = torch.softmax(S, -1)
+        ctx.save_for_backward(q, k, v, P)
+        ctx.scale, ctx.one_key = scale, one_key
+        return (P @ v.double()).to(q.dtype)
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, P = (x.double() for x in ctx.saved_tensors)
+        dO = dout.double()
+        D = (dO * (P @ v)).sum(-1, keepdim=True)
+        dS = P * (dO @ v.transpose(-1, -2) - D) * ctx.scale
+        dS_q = P * (dO @ k.transpose(-1, -2) - (0 if ctx.one_key == "half" else D)) * ctx.scale / (
+            2 if ctx.one_key == "half" else 1)
+        return (dS_q @ k).to(q.dtype), (dS.transpose(-1, -2) @ q).to(k.dtype), (P.transpose(-1, -2) @ dO).to(v.dtype), \
+            None, None
+
+
+def test_a_dq_pass_forming_dp_with_k_for_v_is_named_so_and_one_key_rows_fit_no_row_term():
+    rows = runner.run_case(targets.resolve(lambda q, k, v, *, causal, scale: _DpWithK.apply(q, k, v, scale, False)),
+                           Case(1, 2, 45, 77, 16, False, ()), "float32", "cpu")
+    said = {r.tensor: r.diagnosis for r in rows if not r.passed}
+    assert set(said) == {"dq"} and said["dq"].id == "backward-product", {n: d.sentence for n, d in said.items()}
+    assert "dq's pass forming dP = dO K^T instead of dO V^T: K where V is meant" in said["dq"].sentence
+    # each row sees one key: dq_i is along k_i whatever dS is, and a D of its own per row would fit any
+    def one_key(q, k, v, *, causal, scale, window):
+        return _DpWithK.apply(q, k, v, scale, "half")
+    rows = runner.run_case(targets.resolve(one_key), Case(1, 2, 45, 45, 16, False, (("window", (0, 0)),)),
+                           "float32", "cpu", wanted=("window",))
+    said = {r.tensor: r.diagnosis for r in rows if not r.passed}
+    assert set(said) == {"dq"} and said["dq"].id == "none", said["dq"].sentence
+
+
+def test_a_row_term_whose_lse_gradient_is_scaled_is_named_with_the_factor():
+    ln2_term = lambda P, dP, dlse: (P * dP).sum(-1, keepdim=True) - math.log(2) * dlse[..., None]
+    report = parity_tests.check(_by_hand(returns_lse=True, row_term=ln2_term), features=["lse_grad"],
+                                tokens=["45x77"], causal="no", **ONE)
+    said = [d for r, d in report.diagnoses if r.tensor in ("dq", "dk")]
+    assert said and {d.id for d in said} == {"wrong-delta"}, [d.sentence for d in said]
+    assert all("its lse gradient's term multiplied by 0.693147 (ln 2)" in d.sentence for d in said), said[0].sentence

@@ -25,11 +25,12 @@ PAGED_TWINS = {"paged-past-seqlens": ex.paged_decode_past_seqlens,
                "paged-table-stride": ex.paged_decode_table_stride,
                "paged-page-size": ex.paged_decode_page_size,
                "paged-last-page-dropped": ex.paged_decode_last_page_dropped,
-               "paged-tile-in-one-page": ex.paged_decode_tile_in_one_page}
+               "paged-tile-in-one-page": ex.paged_decode_tile_in_one_page,
+               "paged-offset-mod-tile": ex.paged_decode_offset_mod_tile}
 WORDS = {"paged-past-seqlens": "cache_seqlens ignored", "paged-off-by-one-page": "one page off",
          "paged-table-stride": "row stride", "paged-page-size": "page size taken as",
          "paged-last-page-dropped": "last partial page dropped",
-         "paged-tile-in-one-page": "from the page of its first key"}
+         "paged-tile-in-one-page": "from the page of its first key", "paged-offset-mod-tile": "position % 16"}
 SPLIT_TWINS = {"splits-not-rescaled": ex.split_decode_not_rescaled,
                "splits-empty-nan": ex.split_decode_empty_nan,
                "splits-empty-lse-zero": ex.split_decode_empty_zero,
@@ -105,12 +106,13 @@ def test_paged_asks_for_its_keywords_before_any_case():
 # Lengths 32 (two full pages) and 200 (a partial last page): a case whose finite rows tell
 # every paged reading apart (where every row is NaN, nothing can).
 TELLING = 4
+PAGES_256 = 1           # pages of 256 slots: an offset taken modulo a key tile of 16 shows
 
 
 @pytest.mark.parametrize("mistake", list(PAGED_TWINS))
 def test_a_wrong_paged_kernel_fails_and_is_named(mistake):
     fn = PAGED_TWINS[mistake]
-    rows = _run(fn, _own_cases("paged", fn)[TELLING], "paged")
+    rows = _run(fn, _own_cases("paged", fn)[PAGES_256 if mistake == "paged-offset-mod-tile" else TELLING], "paged")
     assert rows[0].verdict == "FAIL" and rows[0].diagnosis.id == mistake, rows[0].diagnosis.sentence
 
 
