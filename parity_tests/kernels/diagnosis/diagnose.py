@@ -2396,12 +2396,21 @@ def _key_tile_ranges(sub):
     said = "; ".join(f"query rows {ranges(sorted(rows))} read {tiles(a, b)}, their keys span {tiles(oa, ob)}"
                      for (a, b, oa, ob), rows in list(groups.items())[:3]) + ("; ..." if len(groups) > 3 else "")
     opts = sub.opts
+    # the tiles kept from the last that raised the row's running maximum on: the rescale came to 0
+    top = _in_tiles(np.where(seen, np.log(np.where(seen, P, 1.0)), -np.inf), -1, tile, fill=-np.inf).max(-1)
+    before = np.concatenate([np.full(top.shape[:-1] + (1,), -np.inf), np.maximum.accumulate(top, -1)[..., :-1]], -1)
+    raised = top > before
+    last_raise = raised.shape[-1] - 1 - np.argmax(raised[..., ::-1], -1)
+    why = "each row's key tiles before the last one that raised its running maximum dropped: a rescale " \
+          "exp(m_old - m_new) that comes to 0 (its exponent in other units, or underflowing)" if \
+        (lo[changed] == last_raise[changed]).all() and (hi[changed] == own_hi[changed]).all() else \
+        "a tile loop's start or end off"
 
     def predict(grads=True):
         return as_4d(dense.run(r["q"], r["k"], r["v"], r["dout"] if grads else None, opts, grads=grads,
                                dlse=r.get("dlse") if grads else None, key_range=(first, end)))
     return [mistakes.Hypothesis("key-tile-ranges", f"query rows reading another range of key tiles of {tile} than "
-                                f"they see ({said}): a tile loop's start or end off", predict,
+                                f"they see ({said}): {why}", predict,
                                 ("out", "lse", "dq", "dk", "dv"), fitted=("out",))]
 
 

@@ -1369,3 +1369,21 @@ def test_a_row_term_whose_lse_gradient_is_scaled_is_named_with_the_factor():
     said = [d for r, d in report.diagnoses if r.tensor in ("dq", "dk")]
     assert said and {d.id for d in said} == {"wrong-delta"}, [d.sentence for d in said]
     assert all("its lse gradient's term multiplied by 0.693147 (ln 2)" in d.sentence for d in said), said[0].sentence
+
+
+def test_tiles_dropped_before_the_last_that_raised_the_maximum_are_said_so():
+    def rescale_to_zero(q, k, v, *, causal, scale):       # alpha = exp2(m_old - m_new) on raw-unit maxima: 0 or 1
+        S = q.double() @ k.double().transpose(-1, -2) * scale
+        m = torch.full(S.shape[:-1] + (1,), -math.inf, dtype=S.dtype)
+        l, acc = torch.zeros_like(m), torch.zeros(S.shape[:-1] + (v.shape[-1],), dtype=S.dtype)
+        for j in range(0, S.shape[-1], 32):
+            St = S[..., j:j + 32]
+            new = torch.maximum(m, St.amax(-1, keepdim=True))
+            alpha = (new == m).double()                    # the factor underflows to 0 wherever the maximum rose
+            E = torch.exp(St - new)
+            l, acc, m = l * alpha + E.sum(-1, keepdim=True), acc * alpha + E @ v.double()[..., j:j + 32, :], new
+        return (acc / l).to(q.dtype)
+    rows = runner.run_case(targets.resolve(rescale_to_zero), Case(1, 2, 45, 77, 16, False, ()), "float32", "cpu")
+    out = next(r for r in rows if r.tensor == "out")
+    assert not out.passed and out.diagnosis.id == "key-tile-ranges", out.diagnosis.sentence
+    assert "each row's key tiles before the last one that raised its running maximum dropped" in out.diagnosis.sentence
