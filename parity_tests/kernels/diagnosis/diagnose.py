@@ -360,7 +360,7 @@ def _catalogue(rest, rows, ev):
         fitted = _keys_unseen(sub) + _sequence_offsets(sub) + _state_carried(sub) + _keys_weighted(sub) + \
             _key_tile_ranges(sub) + _tile_masks(sub) + _key_spans(sub) + _values_from_other_slices(sub) + \
             _sink_counted(sub) + _rows_moved(sub) + _scores_scaled(sub) + _tiles_weighted(sub) + \
-            _tiles_left_out(sub) + _values_read_as_zero(sub) + _inputs_rounded(sub)
+            _tiles_left_out(sub) + _values_read_as_zero(sub) + _inputs_rounded(sub) + _channels_permuted(sub)
         hyps += [h for h in fitted if not _zeros_where_wrong(sub.arrays["out"], sub.gold["out"],   # rows left blank
                                                              _predict(h, cache, grads=False)["out"], sub.den["out"],
                                                              sub.bounds["out"])]
@@ -1955,6 +1955,49 @@ def _inputs_rounded(sub, names=("q", "k", "v")):
         tensors = ("dq", "dk", "dv") if name == "dout" else ("out", "lse", "dq", "dk", "dv")
         out.append(mistakes.Hypothesis("input-rounded", f"{'dO' if name == 'dout' else name} rounded to {low} "
                                        f"({how}) before its use, the rest in {sub.dtype}", predict, tensors))
+    return out
+
+
+def _channel_orders(d):
+    """(words, order) for the channel orders a layout slip gives on a head dim of ``d``: each group of
+    n = 4, 8, .. d channels read even channels first, then odd (a de-interleave not put back), or
+    its two halves interleaved (put back where it was not taken apart); order[p]: the channel read
+    at position p."""
+    out, n = [], 4
+    while n <= d:
+        if d % n == 0:
+            idx = np.arange(d).reshape(-1, n)
+            split = np.concatenate([idx[:, 0::2], idx[:, 1::2]], -1).reshape(-1)
+            for order in (split, np.argsort(split)):
+                if not any(np.array_equal(order, o) for _, o in out):
+                    first = ", ".join(map(str, order[:min(n, 8)])) + (", .." if n > 8 else "")
+                    out.append((f"the channels of each group of {n} in the order {first}", order))
+        n *= 2
+    return out
+
+
+def _channels_permuted(sub):
+    """A layout slip in the head dim: q, k or v, or k and v together (one loader), read with their
+    channels in another order (`_channel_orders`: a vectorised conversion's lanes left un-permuted,
+    rotary's interleaved and split halves taken for each other): the reference on inputs so read,
+    one hypothesis each; nothing fitted.  [] on a block of rows."""
+    if sub.rows is not None:
+        return []
+    r, out = sub.rounded, []
+    for names in (("k", "v"), ("k",), ("v",), ("q",)):
+        d = r[names[0]].shape[-1]
+        if any(r[n].shape[-1] != d for n in names):
+            continue
+        for words, order in _channel_orders(d):
+            given = {**r, **{n: np.ascontiguousarray(r[n][..., order]) for n in names}}
+
+            def predict(grads=True, given=given):
+                return as_4d(dense.run(given["q"], given["k"], given["v"], given["dout"] if grads else None,
+                                       sub.opts, grads=grads, dlse=given.get("dlse") if grads else None))
+            out.append(mistakes.Hypothesis("channels-permuted", f"{' and '.join(names)} read with {words} (a layout "
+                                           "slip in the head dim: lanes of a vectorised load or conversion left "
+                                           "un-permuted, or interleaved and split halves taken for each other)",
+                                           predict, ("out", "lse")))
     return out
 
 

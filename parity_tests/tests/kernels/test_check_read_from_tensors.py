@@ -1387,3 +1387,13 @@ def test_tiles_dropped_before_the_last_that_raised_the_maximum_are_said_so():
     out = next(r for r in rows if r.tensor == "out")
     assert not out.passed and out.diagnosis.id == "key-tile-ranges", out.diagnosis.sentence
     assert "each row's key tiles before the last one that raised its running maximum dropped" in out.diagnosis.sentence
+
+
+def test_k_and_v_read_with_their_channels_in_another_order_are_named_with_the_order():
+    def lanes_not_put_back(q, k, v, *, causal, scale):     # a widening that leaves [c0, c2, c1, c3] per 4 channels
+        order = torch.arange(k.shape[-1]).reshape(-1, 4)[:, [0, 2, 1, 3]].reshape(-1)
+        return sdpa(q, k[..., order], v[..., order], causal=causal, scale=scale)
+    rows = runner.run_case(targets.resolve(lanes_not_put_back), Case(1, 2, 45, 77, 16, False, ()), "float32", "cpu")
+    out = next(r for r in rows if r.tensor == "out")
+    assert not out.passed and out.diagnosis.id == "channels-permuted", out.diagnosis.sentence
+    assert "k and v read with the channels of each group of 4 in the order 0, 2, 1, 3" in out.diagnosis.sentence
