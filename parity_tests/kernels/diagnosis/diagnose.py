@@ -1960,19 +1960,18 @@ def _inputs_rounded(sub, names=("q", "k", "v")):
 
 def _channel_orders(d):
     """(words, order) for the channel orders a layout slip gives on a head dim of ``d``: each group of
-    n = 4, 8, .. d channels read even channels first, then odd (a de-interleave not put back), or
-    its two halves interleaved (put back where it was not taken apart); order[p]: the channel read
-    at position p."""
-    out, n = [], 4
-    while n <= d:
-        if d % n == 0:
+    n channels, 4 (a vectorised conversion's lanes) or d (rotary's halves), read even channels first,
+    then odd (a de-interleave not put back), or its two halves interleaved (put back where it was
+    not taken apart); order[p]: the channel read at position p."""
+    out = []
+    for n in sorted({4, d}):
+        if d % n == 0 and n >= 4:
             idx = np.arange(d).reshape(-1, n)
             split = np.concatenate([idx[:, 0::2], idx[:, 1::2]], -1).reshape(-1)
             for order in (split, np.argsort(split)):
                 if not any(np.array_equal(order, o) for _, o in out):
                     first = ", ".join(map(str, order[:min(n, 8)])) + (", .." if n > 8 else "")
                     out.append((f"the channels of each group of {n} in the order {first}", order))
-        n *= 2
     return out
 
 
