@@ -1246,24 +1246,12 @@ def test_a_key_range_weighed_negatively_is_not_read_as_tiles_scaled():
     assert out.diagnosis.id != "tiles-scaled", out.diagnosis.sentence
 
 
-class _DoutInBfloat16(torch.autograd.Function):
-    """The identity, its backward handing on dO rounded to bfloat16 (a backward loading dO in it)."""
-
-    @staticmethod
-    def forward(ctx, out):
-        return out.clone()
-
-    @staticmethod
-    def backward(ctx, dout):
-        return dout.bfloat16().to(dout.dtype)
-
-
 def test_one_input_rounded_to_a_narrower_dtype_is_named_with_the_input_and_the_dtype():
     def v_in_bfloat16(q, k, v, *, causal, scale):
         return sdpa(q, k, v.bfloat16().to(v.dtype), causal=causal, scale=scale)
 
     def dout_in_bfloat16(q, k, v, *, causal, scale):
-        return _DoutInBfloat16.apply(sdpa(q, k, v, causal=causal, scale=scale))
+        return _GradientMapped.apply(sdpa(q, k, v, causal=causal, scale=scale), lambda g: g.bfloat16().to(g.dtype))
     case = Case(1, 2, 45, 77, 16, False, ())
     for kernel, failing, words in ((v_in_bfloat16, {"out", "dq", "dk", "dv"}, "v rounded to bfloat16 (in the kernel)"),
                                    (dout_in_bfloat16, {"dq", "dk", "dv"}, "dO rounded to bfloat16 (in the kernel)")):
@@ -1374,16 +1362,7 @@ def test_a_row_term_whose_lse_gradient_is_scaled_is_named_with_the_factor():
 
 def test_tiles_dropped_before_the_last_that_raised_the_maximum_are_said_so():
     def rescale_to_zero(q, k, v, *, causal, scale):       # alpha = exp2(m_old - m_new) on raw-unit maxima: 0 or 1
-        S = q.double() @ k.double().transpose(-1, -2) * scale
-        m = torch.full(S.shape[:-1] + (1,), -math.inf, dtype=S.dtype)
-        l, acc = torch.zeros_like(m), torch.zeros(S.shape[:-1] + (v.shape[-1],), dtype=S.dtype)
-        for j in range(0, S.shape[-1], 32):
-            St = S[..., j:j + 32]
-            new = torch.maximum(m, St.amax(-1, keepdim=True))
-            alpha = (new == m).double()                    # the factor underflows to 0 wherever the maximum rose
-            E = torch.exp(St - new)
-            l, acc, m = l * alpha + E.sum(-1, keepdim=True), acc * alpha + E @ v.double()[..., j:j + 32, :], new
-        return (acc / l).to(q.dtype)
+        return _base_2_online(q, k, v, causal=causal, scale=scale, rescale=lambda d: (d == 0).double())
     rows = runner.run_case(targets.resolve(rescale_to_zero), Case(1, 2, 45, 77, 16, False, ()), "float32", "cpu")
     out = next(r for r in rows if r.tensor == "out")
     assert not out.passed and out.diagnosis.id == "key-tile-ranges", out.diagnosis.sentence
