@@ -65,6 +65,7 @@ from parity_tests.common import capabilities
 from parity_tests.common import tolerances as tol
 import parity_tests.kernels.diagnosis.mistakes as mistakes
 from parity_tests.kernels import dense, targets
+from parity_tests.kernels.cases import offset_of
 from parity_tests.kernels.diagnosis import poisoned, row_block
 from parity_tests.kernels.diagnosis.location import TILES, locate, ranges
 from parity_tests.kernels.features import INPUT_GRADS, INPUTS, NO_GRAD, PER_HEAD, per_head, stored_inputs
@@ -281,7 +282,7 @@ def diagnose(failing, rows, ev):
                                   "the kernel is not deterministic (atomic adds, or a reduction in varying order)")
         elif n in ev.arrays and not np.isfinite(ev.arrays[n]).all():
             rejected = []
-            result[n] = name_non_finite(n, ev, rejected) or \
+            result[n] = name_non_finite(n, ev, rejected) or _padding_rows_seen(n, rows, ev) or \
                 _non_finite(n, ev.arrays[n], ev.case, ev.align, ev.keyless)
             result[n].against = tuple(rejected)
     rest = [n for n in failing if n not in result and n in ev.arrays]
@@ -360,7 +361,8 @@ def _catalogue(rest, rows, ev):
         fitted = _keys_unseen(sub) + _sequence_offsets(sub) + _state_carried(sub) + _keys_weighted(sub) + \
             _key_tile_ranges(sub) + _tile_masks(sub) + _key_spans(sub) + _values_from_other_slices(sub) + \
             _sink_counted(sub) + _rows_moved(sub) + _scores_scaled(sub) + _tiles_weighted(sub) + \
-            _tiles_left_out(sub) + _values_read_as_zero(sub) + _inputs_rounded(sub) + _channels_permuted(sub)
+            _tiles_left_out(sub) + _values_read_as_zero(sub) + _values_from_other_tiles(sub) + _inputs_rounded(sub) + \
+            _channels_permuted(sub)
         hyps += [h for h in fitted if not _zeros_where_wrong(sub.arrays["out"], sub.gold["out"],   # rows left blank
                                                              _predict(h, cache, grads=False)["out"], sub.den["out"],
                                                              sub.bounds["out"])]
@@ -736,6 +738,48 @@ def _non_finite(t, a, case, align, keyless=None):
         sentence += ("; its sequence has query rows that see no key (its bottom-right causal mask with more queries "
                      f"than keys): a NaN returned there reaches dk and dv through those rows' weights {zeroed}")
     return Diagnosis("non-finite", sentence, float("inf"), float("nan"))
+
+
+def _padding_rows_seen(n, rows, ev):
+    """dk or dv non-finite on exactly the keys that the padding rows of a last partial query tile
+    (rows Tq .. Tq' - 1, Tq' = Tq rounded up to a tile of `mistakes.KEY_TILES`) would see under the
+    case's mask, the output and dq right: a dK/dV pass whose masked loads fill those rows so that
+    their weights do not vanish (an lse or maximum loaded as -inf: exp(s - (-inf)) = inf, times their
+    dO of 0, NaN).  Said only where the keys tell the tile apart (some key not among them); the
+    smallest such tile.  None otherwise (packed sequences: not tried)."""
+    case, a = ev.case, ev.arrays.get(n)
+    if n not in ("dk", "dv") or a is None or case.seqlens is not None or not (rows["out"].passed if "out" in rows
+                                                                              else False):
+        return None
+    if "dq" in ev.arrays and not np.isfinite(ev.arrays["dq"]).all():
+        return None
+    bad = (~np.isfinite(a)).any(axis=(0, 1, 3))                        # keys non-finite in some slice
+    if bad.all() or not bad.any():
+        return None
+    for tile in (t for t in mistakes.KEY_TILES if case.tq % t):
+        padded = np.arange(case.tq, -(-case.tq // tile) * tile)
+        if (_seen_by_rows_past_tq(ev, len(padded)) == bad).all():
+            keys = ranges(sorted(int(j) for j in np.nonzero(bad)[0]))
+            return Diagnosis("padding-rows-seen", f"{n} is non-finite on keys {keys} of {case.tk} only, exactly the "
+                             f"keys that query rows {case.tq} .. {padded[-1]} would see: the padding rows of the last "
+                             f"query tile of {tile} (Tq = {case.tq}) weighed in the dK/dV pass (their masked loads "
+                             "filled so that P does not vanish: an lse or maximum loaded as -inf gives exp(+inf), "
+                             "times their dO of 0, NaN); dq is right", float("inf"), float("nan"))
+    return None
+
+
+def _seen_by_rows_past_tq(ev, count):
+    """(Tk,) bool: the keys that some of ``count`` query rows past Tq would see under the case's mask
+    (its alignment's offset kept: the rows as those of a case that is longer by ``count``)."""
+    case, r = ev.case, ev.rounded
+    kw = dense.keywords({n: x for n, x in ev.opts.items() if n not in ("keep", "dropout_p")}, arrays=())
+    total = case.tq + count
+    kw["shift"] = kw.get("shift", 0) + case.offset(ev.align) - offset_of(total, case.tk, case.align or ev.align)
+    q = torch.zeros(r["q"].shape[:2] + (count, r["q"].shape[-1]), dtype=torch.float64)
+    k, v = (torch.as_tensor(np.asarray(r[n]), dtype=torch.float64) for n in ("k", "v"))
+    with torch.no_grad():
+        S = dense.attention(q, k, v, rows=(case.tq, total), scores_only=True, **kw)[..., :case.tk]
+    return torch.isfinite(S).any(dim=(0, 1, 2)).numpy()
 
 
 # ----------------------------------------------------------------------------
@@ -2006,20 +2050,87 @@ MAX_COUNT = 8          # `_keys_weighted`: a key counted up to this many times (
 def _keys_weighted(sub):
     """Keys that every query row of a batch entry counts twice, or none sees (split bounds that
     overlap by a key, a merge that keeps one split alone, a page read twice): each key's extra
-    weight e_j fitted per batch entry by least squares over its rows (a ridge of 1e-6: with few
-    rows, many keys are told apart by little), rounded to −1 (seen by no query), 0 or 1 (counted
-    twice; k - 1, k times, up to `MAX_COUNT`), the keys counted once (most of them, or the fewest
-    counted) setting the weights' common factor; then held to the bound.  With the weights, row i's
-    output is out_i = (O_i + Σ_j e_j P_ij v_j) / (1 + Σ_j e_j P_ij), so
-    out_i − O_i = Σ_j e_j P_ij (v_j − out_i): linear in e, the target's own out_i on the right
-    (its channels projected on `PROJECTIONS` random directions, or as many as give four equations
-    a key, up to all of them).  From one dense forward's weights P (v the identity).  [] with
+    weight e_j fitted per batch entry (`_key_counts`), then held to the bound.  Where that does not
+    hold, the same fit with each extra count taken whatever the row's mask (weights P_ij + e_j U_ij,
+    U the unmasked scores' weights against the row's own sum: a loop's last partial tile bounded by
+    a later length than its own, its keys seen unmasked, then again by the next loop).  [] with
     dropout, on a block of rows, or with weights too large to hold."""
-    case, got, r = sub.case, sub.arrays.get("out"), sub.rounded
+    case, r = sub.case, sub.rounded
     found = _out_weights(sub)
     if found is None:
         return []
     P, v, O, _ = found
+    weights = _key_counts(sub, P, v, O)
+    if not weights.any():
+        return []
+    w = P * (1 + weights[:, None, None, :])
+    unmasked = None
+    if not _weights_hold(sub, w, v):
+        W = _dense_weights(sub, unmasked=True)
+        if W is None or not ((P == 0) & (W > 0)).any():
+            return []
+        within = (W * (P > 0)).sum(-1, keepdims=True)
+        with np.errstate(over="ignore"):
+            U = np.where(within > 0, W / np.where(within > 0, within, 1.0), 0.0)   # exp(S_ij - lse_i), every key
+        if not np.isfinite(U).all() or U.max() > 1 / FIT_SHARE:        # hidden keys far above those seen
+            return []
+        weights = _key_counts(sub, U, v, O)
+        extra = weights[:, None, None, :]
+        w = np.where(extra < 0, P * (1 + extra), P + extra * U)
+        if not weights.any() or not _weights_hold(sub, w, v):
+            return []
+        unmasked = w
+    said = []
+    for b in range(case.batch):
+        of = "" if case.batch == 1 else f" of batch entry {b}"
+        for value in [1] + list(range(2, MAX_COUNT)) + [-1]:
+            keys = [int(j) for j in np.nonzero(weights[b] == value)[0]]
+            words = {1: "counted twice", -1: "seen by no query"}.get(value, f"counted {value + 1} times")
+            if keys:
+                said.append(f"{'key' if len(keys) == 1 else 'keys'} {ranges(keys)}{of} {words}")
+    if unmasked is not None:
+        pred = _weighted_out(unmasked, v)
+        return [mistakes.Hypothesis("keys-weighted", f"{'; '.join(said)} by every query row whatever its mask (once "
+                                    "unmasked, once as its mask says: a loop's last partial tile bounded by a later "
+                                    "length than its own, its keys then seen again by the next loop)",
+                                    lambda grads=True: {**sub.gold, "out": pred}, ("out",), fitted=("out",))]
+    with np.errstate(divide="ignore"):
+        extra = torch.as_tensor(np.log1p(weights))[:, None, None, :]          # (B, 1, 1, Tk): log 2, 0, -inf
+    opts = sub.opts
+
+    def predict(grads=True):
+        bias = extra if opts.get("bias") is None else torch.as_tensor(opts["bias"]) + extra
+        found = as_4d(dense.run(r["q"], r["k"], r["v"], r["dout"] if grads else None, {**opts, "bias": bias.numpy()},
+                                grads=grads, dlse=r.get("dlse") if grads else None, autograd=True))
+        if "lse" in found and "lse" in sub.gold:
+            found["lse"] = _judged_lse(sub, found["lse"])
+        return {n: a for n, a in found.items() if n in sub.gold}        # (the bias added here has no gradient)
+    return [mistakes.Hypothesis("keys-weighted", f"{'; '.join(said)} (the same for every query row: split or page "
+                                "bounds that overlap, or skip, the keys between them)", predict,
+                                ("out", "lse", "dq", "dk", "dv"), fitted=("out",))]
+
+
+def _weighted_out(w, v):
+    """out with the rows' weights ``w`` (B, Hq, Tq, Tk), normalised here (0 on a row of none)."""
+    total = w.sum(-1)
+    return np.where(total[..., None] > 0, (w @ v) / np.where(total > 0, total, 1.0)[..., None], 0.0)
+
+
+def _weights_hold(sub, w, v):
+    """Whether out with the rows' weights ``w`` is within its bound (`_weighted_out`)."""
+    return slice_errors(sub.arrays["out"], _weighted_out(w, v), sub.den["out"]).max() <= sub.bounds["out"]
+
+
+def _key_counts(sub, P, v, O):
+    """(B, Tk): each key's extra count e_j (−1: seen by no query; 1: counted twice; k − 1: k times, up
+    to `MAX_COUNT`), fitted per batch entry by least squares over its rows (a ridge of 1e-6: with few
+    rows, many keys are told apart by little) and rounded, the keys counted once (most of them, or
+    the fewest counted) setting the weights' common factor.  With the weights, row i's output is
+    out_i = (O_i + Σ_j e_j P_ij v_j) / (1 + Σ_j e_j P_ij), so out_i − O_i = Σ_j e_j P_ij (v_j − out_i):
+    linear in e, the target's own out_i on the right (its channels projected on `PROJECTIONS` random
+    directions, or as many as give four equations a key, up to all of them); v with a copy per query
+    head, O the reference's out (`_out_weights`)."""
+    case, got = sub.case, sub.arrays["out"]
     dv = v.shape[-1]
     m = min(dv, max(PROJECTIONS, -(-4 * case.tk // (case.heads * case.tq))))     # 4 equations a key at least
     directions = np.eye(dv) if m == dv else np.random.default_rng(0).standard_normal((dv, m))
@@ -2039,35 +2150,7 @@ def _keys_weighted(sub):
             e = (1 + e) / once - 1
         rounded = np.clip(np.round(e), -1, MAX_COUNT - 1)
         weights[b] = np.where(np.abs(e - rounded) < 0.25, rounded, 0.0)        # only the weights fitted clearly
-    if not weights.any():
-        return []
-    w = P * (1 + weights[:, None, None, :])
-    total = w.sum(-1)
-    pred = np.where(total[..., None] > 0, (w @ v) / np.where(total > 0, total, 1.0)[..., None], 0.0)
-    if slice_errors(got, pred, sub.den["out"]).max() > sub.bounds["out"]:
-        return []
-    said = []
-    for b in range(case.batch):
-        of = "" if case.batch == 1 else f" of batch entry {b}"
-        for value in [1] + list(range(2, MAX_COUNT)) + [-1]:
-            keys = [int(j) for j in np.nonzero(weights[b] == value)[0]]
-            words = {1: "counted twice", -1: "seen by no query"}.get(value, f"counted {value + 1} times")
-            if keys:
-                said.append(f"{'key' if len(keys) == 1 else 'keys'} {ranges(keys)}{of} {words}")
-    with np.errstate(divide="ignore"):
-        extra = torch.as_tensor(np.log1p(weights))[:, None, None, :]          # (B, 1, 1, Tk): log 2, 0, -inf
-    opts = sub.opts
-
-    def predict(grads=True):
-        bias = extra if opts.get("bias") is None else torch.as_tensor(opts["bias"]) + extra
-        found = as_4d(dense.run(r["q"], r["k"], r["v"], r["dout"] if grads else None, {**opts, "bias": bias.numpy()},
-                                grads=grads, dlse=r.get("dlse") if grads else None, autograd=True))
-        if "lse" in found and "lse" in sub.gold:
-            found["lse"] = _judged_lse(sub, found["lse"])
-        return {n: a for n, a in found.items() if n in sub.gold}        # (the bias added here has no gradient)
-    return [mistakes.Hypothesis("keys-weighted", f"{'; '.join(said)} (the same for every query row: split or page "
-                                "bounds that overlap, or skip, the keys between them)", predict,
-                                ("out", "lse", "dq", "dk", "dv"), fitted=("out",))]
+    return weights
 
 
 def _key_spans(sub):
@@ -2930,6 +3013,90 @@ def _values_read_as_zero(sub):
                                     lambda grads=True, pred=pred: {**sub.gold, "out": pred}, ("out",),
                                     fitted=("out",))]
     return []
+
+
+# `_values_from_other_tiles`: at most this many key tiles (the fit holds (rows, n, n, Dv) terms)
+SWAP_TILES = 12
+
+
+def _values_from_other_tiles(sub):
+    """V of some key tiles read from another key tile's rows, K's right (a V pointer not advanced with
+    K's, or from another start; a V offset taken from another block): out is linear in v, so reading
+    tile t's values from tile s moves row i by d_its = Σ_{j in t} P_ij (v_{j + (s − t)·tile} − v_j).
+    Each row's swaps (t -> s, each t at most once) are taken greedily, the one that lowers the row's
+    squared error most first, while it lowers it by more than half of what is left; the swaps of each
+    query tile of `TILES` then said together, the smallest tile whose rows agree.  Held to the bound,
+    the largest key tile of `mistakes.KEY_TILES` that explains first.  [] where no swap is taken."""
+    got, bound = sub.arrays["out"], sub.bounds["out"]
+    for tile, Pt, part, wrong in _key_tile_parts(sub):
+        n, tk = part.shape[3], sub.case.tk
+        if n > SWAP_TILES:
+            continue
+        v = np.repeat(sub.rounded["v"], sub.case.heads // sub.case.hkv, 1)
+        moved = np.einsum("bhqtk,bhskd->bhqtsd", Pt, _in_tiles(v, 2, tile)) - part[..., None, :]   # d_its
+        moved[..., np.arange(n), np.arange(n), :] = 0.0
+        moved[..., (np.arange(n) + 1) * tile > tk, :] = 0.0             # no source past the keys' end
+        rows = moved.reshape((-1, n * n, moved.shape[-1]))
+        left = (got - part.sum(3)).reshape(-1, moved.shape[-1])
+        size = (rows ** 2).sum(-1)
+        floor = NAMED_WITHIN * bound * sub.den["out"]                      # a row within it is left as it is
+        swaps = np.full((len(rows), n), -1)
+        for _ in range(n):
+            gain = 2 * np.einsum("rc,rmc->rm", left, rows) - size
+            gain[np.repeat(swaps >= 0, n, axis=1)] = -np.inf                   # each tile swapped once
+            best = gain.argmax(-1)
+            take = (np.take_along_axis(gain, best[:, None], -1)[:, 0] > 0.5 * (left ** 2).sum(-1)) & \
+                (np.abs(left).max(-1) > floor)
+            if not take.any():
+                break
+            r = np.nonzero(take)[0]
+            swaps[r, best[r] // n] = best[r] % n
+            left[r] -= rows[r, best[r]]
+        if not (swaps >= 0).any():
+            continue
+        pred = got - left.reshape(got.shape)
+        if slice_errors(got, pred, sub.den["out"]).max() > bound:
+            continue
+        said = _swaps_said(swaps.reshape(part.shape[:3] + (n,)), tile, tk)
+        return [mistakes.Hypothesis("values-from-other-tiles", f"V of some key tiles of {tile} read from another "
+                                    f"tile's rows, K's right ({said}): V's pointer not advanced with K's, or "
+                                    "advanced from another start", lambda grads=True, pred=pred: {**sub.gold, "out": pred},
+                                    ("out",), fitted=("out",))]
+    return []
+
+
+def _swaps_said(swaps, tile, tk):
+    """`_values_from_other_tiles`' swaps (B, H, Tq, n: the source of each key tile, -1 kept), said per
+    query tile of `TILES`: the smallest whose rows' swaps agree (every row's a part of its tile's, each
+    key tile from one source), runs of tiles alike said together, the first three; each source the
+    first key tiles in order on every query tile is said so (a pointer left at key 0).  "query rows ..."
+    where no tile size agrees."""
+    keys = lambda t, at=None: f"{(t if at is None else at) * tile} .. " \
+        f"{(t if at is None else at) * tile + min(tk, (t + 1) * tile) - t * tile - 1}"   # tile t's length from at
+    tq = swaps.shape[2]
+    for q in (t for t in TILES if t < tq):
+        runs, from_start = [], True                     # [first row, last row, {t: s}]
+        for start in range(0, tq, q):
+            block = swaps[:, :, start:start + q]
+            kept = {t: set(block[..., t][block[..., t] >= 0].tolist()) for t in range(swaps.shape[-1])}
+            if any(len(src) > 1 for src in kept.values()):
+                break
+            pairs = {t: src.pop() for t, src in kept.items() if src}
+            if not pairs:
+                continue
+            first = min(pairs)
+            from_start &= all(s == t - first for t, s in pairs.items())
+            if runs and runs[-1][2] == pairs and runs[-1][1] == start - 1:
+                runs[-1][1] = min(tq, start + q) - 1
+            else:
+                runs.append([start, min(tq, start + q) - 1, pairs])
+        else:
+            said = "; ".join(f"query rows {a} .. {b}: " + ", ".join(f"keys {keys(t)} from {keys(t, s)}"
+                                                                    for t, s in pairs.items())
+                             for a, b, pairs in runs[:3]) + ("; ..." if len(runs) > 3 else "")
+            return said + ("; on each query tile, from the first keys on: a pointer left at key 0" if from_start else "")
+    rows = np.nonzero((swaps >= 0).any(axis=(0, 1, 3)))[0].tolist()
+    return f"query rows {ranges(rows)}, each with its own"
 
 
 def _tiles_scaled(sub, tile, part, w, told):

@@ -1377,3 +1377,75 @@ def test_k_and_v_read_with_their_channels_in_another_order_are_named_with_the_or
     out = next(r for r in rows if r.tensor == "out")
     assert not out.passed and out.diagnosis.id == "channels-permuted", out.diagnosis.sentence
     assert "k and v read with the channels of each group of 4 in the order 0, 2, 1, 3" in out.diagnosis.sentence
+
+
+class _PaddedQueryTile(torch.autograd.Function):
+    """Causal attention (top-left) in float64 whose dK/dV pass walks query tiles of 16, the last one
+    filled out past Tq with q = dO = O = 0 and the lse loaded as ``fill``: +inf makes those rows'
+    weights vanish (right), -inf makes them exp(+inf) (the slip)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, scale, fill):
+        seen = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
+        S = (q.double() @ k.double().transpose(-1, -2) * scale).masked_fill(~seen, -math.inf)
+        ctx.save_for_backward(q, k, v)
+        ctx.scale, ctx.fill, ctx.lse = scale, fill, S.logsumexp(-1, keepdim=True)
+        ctx.out = torch.softmax(S, -1) @ v.double()
+        return ctx.out.to(q.dtype)
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v = (x.double() for x in ctx.saved_tensors)
+        tq, pad = q.shape[-2], -q.shape[-2] % 16
+        padded = lambda x, value: torch.cat([x, x.new_full(x.shape[:-2] + (pad, x.shape[-1]), value)], -2)
+        seen = torch.ones(tq + pad, k.shape[-2], dtype=torch.bool).tril()
+        S = padded(q, 0.0) @ k.transpose(-1, -2) * ctx.scale
+        P = (S - padded(ctx.lse, ctx.fill)).exp().masked_fill(~seen, 0.0)
+        dO = padded(dout.double(), 0.0)
+        dS = P * (dO @ v.transpose(-1, -2) - (dO * padded(ctx.out, 0.0)).sum(-1, keepdim=True)) * ctx.scale
+        return (dS @ k)[..., :tq, :].to(q.dtype), (dS.transpose(-1, -2) @ padded(q, 0.0)).float(), \
+            (P.transpose(-1, -2) @ dO).float(), None, None
+
+
+@pytest.mark.parametrize("fill", [math.inf, -math.inf])
+def test_padding_rows_of_a_last_query_tile_weighed_in_dk_and_dv_are_named_with_their_rows(fill):
+    kernel = lambda q, k, v, *, causal, scale: _PaddedQueryTile.apply(q, k, v, scale, fill)
+    rows = runner.run_case(targets.resolve(kernel), Case(1, 2, 45, 77, 16, True, ()), "float32", "cpu")
+    said = {r.tensor: r.diagnosis for r in rows if not r.passed}
+    if fill > 0:                                            # the fixed twin passes
+        assert not said, {n: d.sentence for n, d in said.items()}
+        return
+    assert set(said) == {"dk", "dv"} and {d.id for d in said.values()} == {"padding-rows-seen"}, \
+        {n: d.sentence for n, d in said.items()}
+    assert "non-finite on keys 0 .. 47 of 77 only, exactly the keys that query rows 45 .. 47 would see: the " \
+        "padding rows of the last query tile of 16" in said["dk"].sentence, said["dk"].sentence
+
+
+def test_values_of_the_diagonal_tiles_read_from_the_first_keys_are_named_with_the_tiles():
+    def v_not_advanced(q, k, v, *, causal, scale):     # the diagonal stage's V pointer left at key 0, K's advanced
+        S = (q @ k.transpose(-1, -2) * scale).masked_fill(torch.ones(77, 77, dtype=torch.bool).triu(1), -math.inf)
+        P = torch.softmax(S, -1)
+        tiles = [P[..., m:m + 32, :m] @ v[..., :m, :] + P[..., m:m + 32, m:m + 32] @ v[..., :min(32, 77 - m), :]
+                 for m in range(0, 77, 32)]
+        return torch.cat(tiles, -2)
+    rows = runner.run_case(targets.resolve(v_not_advanced), Case(1, 2, 77, 77, 16, True, ()), "float32", "cpu")
+    out = next(r for r in rows if r.tensor == "out")
+    assert not out.passed and out.diagnosis.id == "values-from-other-tiles", out.diagnosis.sentence
+    assert "V of some key tiles of 32 read from another tile's rows, K's right (query rows 32 .. 63: keys 32 .. 63 " \
+        "from 0 .. 31; query rows 64 .. 76: keys 64 .. 76 from 0 .. 12; on each query tile, from the first keys " \
+        "on: a pointer left at key 0)" in out.diagnosis.sentence, out.diagnosis.sentence
+
+
+def test_keys_seen_once_unmasked_and_once_masked_are_named_with_the_keys():
+    def context_tile_past_its_end(q, k, v, *, causal, scale):  # the context loop's last tile masked at Tk, not 25
+        E = (q @ k.transpose(-1, -2) * scale).double().exp()
+        seen = torch.ones(20, 45, dtype=torch.bool).tril(25)              # bottom-right: 25 keys of context
+        again = (torch.arange(45) >= 25) & (torch.arange(45) < 32)       # its last tile of 16: keys 25 .. 31
+        w = E * seen + E * again
+        return ((w @ v.double()) / w.sum(-1, keepdim=True)).to(q.dtype)
+    rows = runner.run_case(targets.resolve(context_tile_past_its_end), Case(1, 2, 20, 45, 16, True, (), "bottom-right"),
+                           "float32", "cpu")
+    out = next(r for r in rows if r.tensor == "out")
+    assert not out.passed and out.diagnosis.id == "keys-weighted", out.diagnosis.sentence
+    assert "keys 25 .. 31 counted twice by every query row whatever its mask" in out.diagnosis.sentence, \
+        out.diagnosis.sentence
