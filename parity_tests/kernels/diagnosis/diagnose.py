@@ -347,6 +347,7 @@ def _catalogue(rest, rows, ev):
             hyps += _wrong_delta(sub) + _backward_p_scaled(sub) + _delta_per_tile(sub, rest) + _dp_scaled(sub)
         if "dk" in rest:
             hyps += _head_map(sub)
+        hyps += _padding_rows_from_next_slice(sub, rest)
         if "dq" in rest:
             hyps += _dq_head_map(sub)
         entry = _backward_by_entry(sub, rest)           # one dense forward, shared by the readings of entries
@@ -769,17 +770,25 @@ def _padding_rows_seen(n, rows, ev):
 
 
 def _seen_by_rows_past_tq(ev, count):
-    """(Tk,) bool: the keys that some of ``count`` query rows past Tq would see under the case's mask
-    (its alignment's offset kept: the rows as those of a case that is longer by ``count``)."""
-    case, r = ev.case, ev.rounded
-    kw = dense.keywords({n: x for n, x in ev.opts.items() if n not in ("keep", "dropout_p")}, arrays=())
-    total = case.tq + count
-    kw["shift"] = kw.get("shift", 0) + case.offset(ev.align) - offset_of(total, case.tk, case.align or ev.align)
-    q = torch.zeros(r["q"].shape[:2] + (count, r["q"].shape[-1]), dtype=torch.float64)
-    k, v = (torch.as_tensor(np.asarray(r[n]), dtype=torch.float64) for n in ("k", "v"))
+    """(Tk,) bool: the keys that some of ``count`` query rows past Tq would see under the case's mask."""
+    q = torch.zeros(ev.rounded["q"].shape[:2] + (count, ev.rounded["q"].shape[-1]), dtype=torch.float64)
     with torch.no_grad():
-        S = dense.attention(q, k, v, rows=(case.tq, total), scores_only=True, **kw)[..., :case.tk]
+        S = _scores_past_tq(ev, q, torch.as_tensor(np.asarray(ev.rounded["k"]), dtype=torch.float64))
     return torch.isfinite(S).any(dim=(0, 1, 2)).numpy()
+
+
+def _scores_past_tq(ev, q, k):
+    """(B, Hq, rows, Tk): the scores of query rows ``q`` (B, Hq, rows, D) placed past the case's Tq,
+    against ``k``, as the case forms them (its scale, mask and options but its bias, −inf where
+    hidden; the alignment's offset kept: the rows as those of a case that is longer by their count).
+    Differentiable in ``k``."""
+    case = ev.case
+    kw = dense.keywords({n: x for n, x in ev.opts.items() if n not in ("keep", "dropout_p")},
+                        arrays=("sinks", "alibi_slopes"))
+    total = case.tq + q.shape[2]
+    kw["shift"] = kw.get("shift", 0) + case.offset(ev.align) - offset_of(total, case.tk, case.align or ev.align)
+    v = torch.zeros(k.shape[:3] + (1,), dtype=torch.float64)
+    return dense.attention(q, k, v, rows=(case.tq, total), scores_only=True, **kw)[..., :case.tk]
 
 
 # ----------------------------------------------------------------------------
@@ -1402,6 +1411,48 @@ def _sequence_offsets(sub):
     return [mistakes.Hypothesis("sequence-offsets", f"sequences aligned with another offset than their own lengths "
                                 f"give ({' and '.join(moved)}): {said}", predict,
                                 ("out", "lse", "dq", "dk", "dv"), fitted=("out",))]
+
+
+def _padding_rows_from_next_slice(sub, failing):
+    """The dK/dV pass's last partial query tile of each (batch, head) slice filled past Tq with the
+    next slice's first rows (their q, dO, lse and D: a row mask bounded by the whole buffer's end
+    where the slice's length is meant), the last slice's with nothing: row r = Tq + i of slice s
+    reads row i of slice s + 1 (flat (batch, head) order), weighed against slice s's keys with that
+    row's own lse and D:  P = exp(S − lse'),  dV += Pᵀ dO',  dS = P ∘ (dO' Vᵀ − D'),  dK += ∂(Σ P ∘ c)/∂K
+    (c = dO' Vᵀ − D' held: the scale and any option's derivative in S come from autograd).  One
+    hypothesis per tile of `mistakes.KEY_TILES` that leaves padding rows, at most Tq of them; []
+    with dropout, per-sequence lengths, a block of rows, or dk and dv both right."""
+    case, r = sub.case, sub.rounded
+    if not {"dk", "dv"} & set(failing) or case.seqlens is not None or sub.rows is not None or \
+            sub.opts.get("keep") is not None or case.batch * case.heads < 2:
+        return []
+    out, lse, _ = _dense_forward(sub)
+    D = (r["dout"] * out).sum(-1) - (r["dlse"] if r.get("dlse") is not None else 0.0)
+    t = lambda a: torch.as_tensor(np.ascontiguousarray(a), dtype=torch.float64)
+    hyps = []
+    for tile in (t_ for t_ in mistakes.KEY_TILES if 0 < -case.tq % t_ <= case.tq):
+        pad = -case.tq % tile
+        shifted = lambda a, fill: np.concatenate([a.reshape((-1,) + a.shape[2:])[1:, :pad],
+                                                  np.full((1, pad) + a.shape[3:], fill)]).reshape(
+                                                      a.shape[:2] + (pad,) + a.shape[3:])
+        q, dout, lse_n, D_n = shifted(r["q"], 0.0), shifted(r["dout"], 0.0), shifted(lse, np.inf), shifted(D, 0.0)
+        k = t(r["k"]).requires_grad_(True)
+        S = _scores_past_tq(sub, t(q), k)
+        P = torch.exp(S - t(lse_n)[..., None])
+        v = np.repeat(r["v"], case.heads // case.hkv, 1)
+        c = dout @ np.swapaxes(v, -1, -2) - D_n[..., None]
+        (P * t(c)).sum().backward()
+        P = P.detach().numpy()
+        extra = {"dk": k.grad.numpy(), "dv": _per_kv(case, np.swapaxes(P, -1, -2) @ dout)}
+        if not np.isfinite(P).all() or not P.any():
+            continue
+        pred = {n: sub.gold[n] + extra[n].reshape(sub.gold[n].shape) for n in extra if n in sub.gold}
+        hyps.append(mistakes.Hypothesis(
+            "padding-rows-from-next-slice", f"the dK/dV pass's last query tile of {tile} of each (batch, head) slice "
+            f"filled past Tq = {case.tq} with the next slice's first {pad} rows (their q, dO, lse and D: rows "
+            f"{case.tq} .. {case.tq + pad - 1} masked at the whole buffer's end, where the slice's length is meant)",
+            lambda grads=True, pred=pred: {**sub.gold, **pred}, tuple(pred)))
+    return hyps
 
 
 def _per_kv(case, a):

@@ -1382,7 +1382,8 @@ def test_k_and_v_read_with_their_channels_in_another_order_are_named_with_the_or
 class _PaddedQueryTile(torch.autograd.Function):
     """Causal attention (top-left) in float64 whose dK/dV pass walks query tiles of 16, the last one
     filled out past Tq with q = dO = O = 0 and the lse loaded as ``fill``: +inf makes those rows'
-    weights vanish (right), -inf makes them exp(+inf) (the slip)."""
+    weights vanish (right), -inf makes them exp(+inf) (a slip); "next": q, dO, O and lse read on
+    from the next (batch, head) slice's first rows, the last slice's as +inf (a slip)."""
 
     @staticmethod
     def forward(ctx, q, k, v, scale, fill):
@@ -1397,14 +1398,25 @@ class _PaddedQueryTile(torch.autograd.Function):
     def backward(ctx, dout):
         q, k, v = (x.double() for x in ctx.saved_tensors)
         tq, pad = q.shape[-2], -q.shape[-2] % 16
-        padded = lambda x, value: torch.cat([x, x.new_full(x.shape[:-2] + (pad, x.shape[-1]), value)], -2)
+        padded = lambda x, lse=False: torch.cat([x, _past_tq(x, pad, ctx.fill, lse)], -2)
         seen = torch.ones(tq + pad, k.shape[-2], dtype=torch.bool).tril()
-        S = padded(q, 0.0) @ k.transpose(-1, -2) * ctx.scale
-        P = (S - padded(ctx.lse, ctx.fill)).exp().masked_fill(~seen, 0.0)
-        dO = padded(dout.double(), 0.0)
-        dS = P * (dO @ v.transpose(-1, -2) - (dO * padded(ctx.out, 0.0)).sum(-1, keepdim=True)) * ctx.scale
-        return (dS @ k)[..., :tq, :].to(q.dtype), (dS.transpose(-1, -2) @ padded(q, 0.0)).float(), \
+        S = padded(q) @ k.transpose(-1, -2) * ctx.scale
+        P = (S - padded(ctx.lse, lse=True)).exp().masked_fill(~seen, 0.0)
+        dO = padded(dout.double())
+        dS = P * (dO @ v.transpose(-1, -2) - (dO * padded(ctx.out)).sum(-1, keepdim=True)) * ctx.scale
+        return (dS @ k)[..., :tq, :].to(q.dtype), (dS.transpose(-1, -2) @ padded(q)).float(), \
             (P.transpose(-1, -2) @ dO).float(), None, None
+
+
+def _past_tq(x, pad, fill, lse):
+    """The ``pad`` rows `_PaddedQueryTile` loads past Tq in each slice of ``x`` (B, H, T, n): 0, or
+    ``fill`` for the lse; with ``fill`` "next", the next slice's first rows, the last slice's 0 (+inf
+    for the lse)."""
+    blank = x.new_full(x.shape[:-2] + (pad, x.shape[-1]), fill if lse and fill != "next" else 0.0)
+    if fill != "next":
+        return blank
+    last = blank.flatten(0, 1)[:1].fill_(math.inf if lse else 0.0)
+    return torch.cat([x.flatten(0, 1)[1:, :pad], last]).view_as(blank)
 
 
 @pytest.mark.parametrize("fill", [math.inf, -math.inf])
@@ -1449,3 +1461,13 @@ def test_keys_seen_once_unmasked_and_once_masked_are_named_with_the_keys():
     assert not out.passed and out.diagnosis.id == "keys-weighted", out.diagnosis.sentence
     assert "keys 25 .. 31 counted twice by every query row whatever its mask" in out.diagnosis.sentence, \
         out.diagnosis.sentence
+
+
+def test_padding_rows_read_from_the_next_slice_in_the_dk_dv_pass_are_named_so():
+    kernel = lambda q, k, v, *, causal, scale: _PaddedQueryTile.apply(q, k, v, scale, "next")
+    rows = runner.run_case(targets.resolve(kernel), Case(2, 2, 45, 77, 16, True, ()), "float32", "cpu")
+    said = {r.tensor: r.diagnosis for r in rows if not r.passed}
+    assert set(said) == {"dk", "dv"} and {d.id for d in said.values()} == {"padding-rows-from-next-slice"}, \
+        {n: d.sentence for n, d in said.items()}
+    assert "last query tile of 16 of each (batch, head) slice filled past Tq = 45 with the next slice's first 3 " \
+        "rows" in said["dv"].sentence, said["dv"].sentence
