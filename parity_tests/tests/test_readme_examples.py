@@ -59,9 +59,9 @@ from mutations import MUTATIONS, mutate  # noqa: E402
 from needs import needs  # noqa: E402
 
 # A shown run slower than this (its summary's seconds) runs with -m slow: the README's blocks up
-# to 10 s stay in every run (the floor and the newest release too), the docs' up to 1 s.
+# to 10 s stay in every run (the floor and the newest release too), the docs' up to 0.5 s.
 SLOW_FROM = {"README.md": 10.0}
-SLOW_FROM_DOCS = 1.0
+SLOW_FROM_DOCS = 0.5
 # The reader's files the text describes as an edit of another: name -> (the file, edits).
 READER_EDITS = {
     "gqa_window_tiled": ("gqa_window", [("k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)",

@@ -362,8 +362,8 @@ def _catalogue(rest, rows, ev):
         fitted = _keys_unseen(sub) + _sequence_offsets(sub) + _state_carried(sub) + _keys_weighted(sub) + \
             _key_tile_ranges(sub) + _tile_masks(sub) + _key_spans(sub) + _values_from_other_slices(sub) + \
             _sink_counted(sub) + _rows_moved(sub) + _scores_scaled(sub) + _tiles_weighted(sub) + \
-            _tiles_left_out(sub) + _values_read_as_zero(sub) + _values_from_other_tiles(sub) + _inputs_rounded(sub) + \
-            _channels_permuted(sub)
+            _tiles_left_out(sub) + _values_read_as_zero(sub) + _values_from_other_tiles(sub) + \
+            _output_rounded(sub) + _inputs_rounded(sub) + _channels_permuted(sub) + _kv_head_map(sub)
         hyps += [h for h in fitted if not _zeros_where_wrong(sub.arrays["out"], sub.gold["out"],   # rows left blank
                                                              _predict(h, cache, grads=False)["out"], sub.den["out"],
                                                              sub.bounds["out"])]
@@ -2053,6 +2053,52 @@ def _inputs_rounded(sub, names=("q", "k", "v")):
     return out
 
 
+def _output_rounded(sub):
+    """Precision lost at the store: out rounded to a dtype narrower than the case's, each of `NARROW`
+    (an output buffer allocated in the inputs' dtype, FP8, with no scale; bfloat16 in a float32
+    kernel), then returned in the case's: the reference's out so rounded; nothing fitted."""
+    if sub.rows is not None or not hasattr(torch, sub.dtype) or "out" not in sub.gold:
+        return []
+    own, out = torch.finfo(getattr(torch, sub.dtype)).eps, []
+    for low in NARROW:
+        if hasattr(torch, low) and torch.finfo(getattr(torch, low)).eps > own:
+            pred, saturated = _narrowed(sub.gold["out"], low)
+            how = ("with no scale" + (f", |out| past {torch.finfo(getattr(torch, low)).max:g} saturated"
+                                      if saturated else "")) if low.startswith("float8") else "in the kernel"
+            out.append(mistakes.Hypothesis("output-rounded", f"out rounded to {low} ({how}) at its store, then "
+                                           f"returned in {sub.dtype}: an output buffer allocated in a narrower dtype",
+                                           lambda grads=True, pred=pred: {**sub.gold, "out": pred}, ("out",),
+                                           fitted=("out",)))
+    return out
+
+
+def _kv_head_map(sub):
+    """Query heads of a GQA case reading another kv head than h // group (a kv head index computed for
+    another group size, a head block of several groups read against one kv head): each query head's
+    out recomputed against every kv head, the nearest taken, the map held to the bound; [] where each
+    head's is its own, with one kv head, or on a block of rows."""
+    case, r = sub.case, sub.rounded
+    if sub.rows is not None or case.hkv < 2 or case.hkv == case.heads or "out" not in sub.arrays or \
+            not np.isfinite(sub.arrays["out"]).all():
+        return []
+    got, group = sub.arrays["out"], case.heads // case.hkv
+    outs = [_dense_forward(sub, inputs={n: np.repeat(r[n][:, g:g + 1], case.hkv, 1) for n in ("k", "v")})[0]
+            for g in range(case.hkv)]
+    errors = np.stack([slice_errors(got, o, sub.den["out"]).max(0) for o in outs])     # (Hkv, Hq)
+    read = errors.argmin(0)
+    own = np.arange(case.heads) // group
+    if (read == own).all() or errors[read, np.arange(case.heads)].max() > sub.bounds["out"]:
+        return []
+    pred = np.stack([outs[g][:, h] for h, g in enumerate(read)], 1)
+    moved = [h for h in range(case.heads) if read[h] != own[h]]
+    said = "; ".join(f"query head {h} reads kv head {read[h]} (its own: {own[h]})" for h in moved[:6]) + \
+        ("; ..." if len(moved) > 6 else "")
+    return [mistakes.Hypothesis("kv-head-map", f"query heads read against another kv head than h // {group} ({said}): "
+                                "a kv head index computed for another group size, or a block of heads spanning "
+                                "several groups read against one kv head",
+                                lambda grads=True: {**sub.gold, "out": pred}, ("out",), fitted=("out",))]
+
+
 def _channel_orders(d):
     """(words, order) for the channel orders a layout slip gives on a head dim of ``d``: each group of
     n channels, 4 (a vectorised conversion's lanes) or d (rotary's halves), read even channels first,
@@ -2354,6 +2400,10 @@ def _axes_permuted(sub, failing):
 MOVED_PAIRS = 2 ** 22
 
 
+# `_tiles_accumulated`: a persistent grid of at most this many programs (with more, few walk two tiles)
+PERSISTENT_PROGRAMS = 16
+
+
 def _tiles_accumulated(sub, n):
     """A gradient ``n`` (over query rows: dq; over key rows: dk, dv) whose tile t holds the sum of
     tiles 0 .. t of the reference, row r of each at row r of t: an accumulator zeroed once per
@@ -2375,6 +2425,19 @@ def _tiles_accumulated(sub, n):
             f"tile t given the rows r of tiles 0 .. t: an accumulator zeroed once per sequence or (batch, head) "
             f"where once per {kind} tile is meant)",
             lambda grads=True, pred=pred: {**sub.gold, n: pred}, (n,)))
+        tiles = _in_tiles(ref, 2, t)                                  # (B, H, n, t, D): work tiles, the tile fastest
+        work = tiles.reshape((-1,) + tiles.shape[3:])
+        for programs in range(1, min(len(work) - 1, PERSISTENT_PROGRAMS + 1)):
+            summed = work.copy()
+            for w in range(programs, len(work)):
+                summed[w] += summed[w - programs]
+            summed = summed.reshape(ref.shape[:2] + (-1,) + ref.shape[3:])[:, :, :rows]
+            pred = np.where(past[:, None, :, None], ref, summed)
+            out.append(mistakes.Hypothesis(
+                "tiles-accumulated", f"{n}'s work tiles of {t} (counted (batch, head, {kind} tile), the tile fastest) "
+                f"each holding the sum of every tile {programs} apart up to it: a persistent grid of {programs} "
+                "program(s) whose accumulator is not reset between the tiles each walks",
+                lambda grads=True, pred=pred: {**sub.gold, n: pred}, (n,)))
     return out
 
 

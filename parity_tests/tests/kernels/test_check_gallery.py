@@ -55,6 +55,7 @@ def test_backward_mistakes_leave_out_passing():
     assert {r.tensor for r in report.failures} == {"dq", "dk"}
 
 
+@pytest.mark.slow          # 1.5 s; its rule in the default run: test_check_judge_rules.py, on rows written out
 def test_an_error_growing_with_length_is_named():
     kernel, expected = GALLERY["low_precision_accumulator"]
     # Tk = 128 left out: its ratio to the bound (0.2 .. 0.95) depends on the machine's BLAS

@@ -1471,3 +1471,45 @@ def test_padding_rows_read_from_the_next_slice_in_the_dk_dv_pass_are_named_so():
         {n: d.sentence for n, d in said.items()}
     assert "last query tile of 16 of each (batch, head) slice filled past Tq = 45 with the next slice's first 3 " \
         "rows" in said["dv"].sentence, said["dv"].sentence
+
+
+def test_an_output_stored_in_a_narrower_dtype_is_named_with_the_dtype():
+    def stored_in_bfloat16(q, k, v, *, causal, scale):      # an output buffer allocated as bfloat16
+        return sdpa(q, k, v, causal=causal, scale=scale).to(torch.bfloat16).to(q.dtype)
+    rows = runner.run_case(targets.resolve(stored_in_bfloat16), Case(1, 2, 45, 77, 16, True, ()), "float32", "cpu")
+    out = next(r for r in rows if r.tensor == "out")
+    assert not out.passed and out.diagnosis.id == "output-rounded", out.diagnosis.sentence
+    assert "out rounded to bfloat16 (in the kernel) at its store, then returned in float32" in out.diagnosis.sentence
+
+
+def _carried_over_programs(programs, tile=32):
+    """dq as a persistent grid of ``programs`` programs leaves it: work tiles (batch, head, query tile),
+    the tile fastest, each adding the tile ``programs`` before it (an accumulator never reset)."""
+    def carried(g):
+        b, h, t, d = g.shape
+        work = torch.cat([g, g.new_zeros(b, h, -t % tile, d)], 2).reshape(-1, tile, d).clone()
+        for w in range(programs, len(work)):
+            work[w] += work[w - programs]
+        return work.reshape(b, h, -1, d)[:, :, :t]
+    return carried
+
+
+def test_a_persistent_programs_accumulator_carried_across_its_tiles_is_named_with_the_programs():
+    def stale_dq(q, k, v, *, causal, scale):
+        return sdpa(_GradientMapped.apply(q, _carried_over_programs(3)), k, v, causal=causal, scale=scale)
+    rows = runner.run_case(targets.resolve(stale_dq), Case(2, 3, 45, 77, 16, True, ()), "float32", "cpu")
+    said = {r.tensor: r.diagnosis for r in rows if not r.passed}
+    assert set(said) == {"dq"} and said["dq"].id == "tiles-accumulated", {n: d.sentence for n, d in said.items()}
+    assert "dq's work tiles of 32 (counted (batch, head, query tile), the tile fastest) each holding the sum of " \
+        "every tile 3 apart up to it: a persistent grid of 3 program(s)" in said["dq"].sentence, said["dq"].sentence
+
+
+def test_query_heads_read_against_another_kv_head_are_named_with_the_heads():
+    def head_block_of_16(q, k, v, *, causal, scale):        # a block of heads wider than the group: kv head 0 for all
+        return sdpa(q, k[:, [0] * 6], v[:, [0] * 6], causal=causal, scale=scale)
+    rows = runner.run_case(targets.resolve(head_block_of_16), Case(1, 6, 45, 77, 16, True, (("gqa", 2),)),
+                           "float32", "cpu", wanted=("gqa",))
+    out = next(r for r in rows if r.tensor == "out")
+    assert not out.passed and out.diagnosis.id == "kv-head-map", out.diagnosis.sentence
+    assert "query head 3 reads kv head 0 (its own: 1); query head 4 reads kv head 0 (its own: 1); query head 5 " \
+        "reads kv head 0 (its own: 1)" in out.diagnosis.sentence, out.diagnosis.sentence
