@@ -774,7 +774,7 @@ def _seen_by_rows_past_tq(ev, count):
     q = torch.zeros(ev.rounded["q"].shape[:2] + (count, ev.rounded["q"].shape[-1]), dtype=torch.float64)
     with torch.no_grad():
         S = _scores_past_tq(ev, q, torch.as_tensor(np.asarray(ev.rounded["k"]), dtype=torch.float64))
-    return torch.isfinite(S).any(dim=(0, 1, 2)).numpy()
+    return np.isfinite(S.numpy()).any(axis=(0, 1, 2))
 
 
 def _scores_past_tq(ev, q, k):
