@@ -2142,6 +2142,7 @@ def _channels_permuted(sub):
 
 
 MAX_COUNT = 8          # `_keys_weighted`: a key counted up to this many times (split ranges overlapping by a tile)
+UNMASKED_LIMIT = 1e6   # ... and a hidden key's weight against the row's own sum up to this (outlier inputs: e^800)
 
 
 def _keys_weighted(sub):
@@ -2169,7 +2170,7 @@ def _keys_weighted(sub):
         within = (W * (P > 0)).sum(-1, keepdims=True)
         with np.errstate(over="ignore"):
             U = np.where(within > 0, W / np.where(within > 0, within, 1.0), 0.0)   # exp(S_ij - lse_i), every key
-        if not np.isfinite(U).all() or U.max() > 1 / FIT_SHARE:        # hidden keys far above those seen
+        if not np.isfinite(U).all() or U.max() > UNMASKED_LIMIT:             # weights too large to hold
             return []
         weights = _key_counts(sub, U, v, O)
         extra = weights[:, None, None, :]
