@@ -33,16 +33,15 @@ def _check_passes(kernel, seed, tokens):
 
 
 @pytest.mark.parametrize("name", list(CORRECT))
-def test_each_correct_formulation_passes_every_input_class_at_three_seeds(name):
-    # T = 1 (every gradient but dv zero by theory) plus the input classes every run draws
-    for seed in range(3):
-        _check_passes(CORRECT[name], seed, ["1"])
+def test_each_correct_formulation_passes_every_input_class(name):
+    # T = 1 (every gradient but dv zero by theory) plus the input classes every run draws; seeds 1 .. 19 below
+    _check_passes(CORRECT[name], 0, ["1"])
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(CORRECT))
 def test_each_correct_formulation_passes_at_twenty_seeds_and_on_the_default_grid(name):
-    for seed in range(3, 20):
+    for seed in range(1, 20):
         _check_passes(CORRECT[name], seed, ["1", "113x203"])
     _check_passes(CORRECT[name], 0, None)
 

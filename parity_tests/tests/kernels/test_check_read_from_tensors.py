@@ -1380,17 +1380,18 @@ def test_k_and_v_read_with_their_channels_in_another_order_are_named_with_the_or
 
 
 class _PaddedQueryTile(torch.autograd.Function):
-    """Causal attention (top-left) in float64 whose dK/dV pass walks query tiles of 16, the last one
+    """Attention (causal: top-left) in float64 whose dK/dV pass walks query tiles of 16, the last one
     filled out past Tq with q = dO = O = 0 and the lse loaded as ``fill``: +inf makes those rows'
     weights vanish (right), -inf makes them exp(+inf) (a slip); "next": q, dO, O and lse read on
     from the next (batch, head) slice's first rows, the last slice's as +inf (a slip)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, scale, fill):
-        seen = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
+    def forward(ctx, q, k, v, scale, fill, causal=True, offset=0):
+        seen = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril(offset if causal else k.shape[-2])
         S = (q.double() @ k.double().transpose(-1, -2) * scale).masked_fill(~seen, -math.inf)
         ctx.save_for_backward(q, k, v)
         ctx.scale, ctx.fill, ctx.lse = scale, fill, S.logsumexp(-1, keepdim=True)
+        ctx.diagonal = offset if causal else k.shape[-2]
         ctx.out = torch.softmax(S, -1) @ v.double()
         return ctx.out.to(q.dtype)
 
@@ -1399,13 +1400,13 @@ class _PaddedQueryTile(torch.autograd.Function):
         q, k, v = (x.double() for x in ctx.saved_tensors)
         tq, pad = q.shape[-2], -q.shape[-2] % 16
         padded = lambda x, lse=False: torch.cat([x, _past_tq(x, pad, ctx.fill, lse)], -2)
-        seen = torch.ones(tq + pad, k.shape[-2], dtype=torch.bool).tril()
+        seen = torch.ones(tq + pad, k.shape[-2], dtype=torch.bool).tril(ctx.diagonal)
         S = padded(q) @ k.transpose(-1, -2) * ctx.scale
         P = (S - padded(ctx.lse, lse=True)).exp().masked_fill(~seen, 0.0)
         dO = padded(dout.double())
         dS = P * (dO @ v.transpose(-1, -2) - (dO * padded(ctx.out)).sum(-1, keepdim=True)) * ctx.scale
         return (dS @ k)[..., :tq, :].to(q.dtype), (dS.transpose(-1, -2) @ padded(q)).float(), \
-            (P.transpose(-1, -2) @ dO).float(), None, None
+            (P.transpose(-1, -2) @ dO).float(), None, None, None, None
 
 
 def _past_tq(x, pad, fill, lse):
@@ -1431,6 +1432,14 @@ def test_padding_rows_of_a_last_query_tile_weighed_in_dk_and_dv_are_named_with_t
         {n: d.sentence for n, d in said.items()}
     assert "non-finite on keys 0 .. 47 of 77 only, exactly the keys that query rows 45 .. 47 would see: the " \
         "padding rows of the last query tile of 16" in said["dk"].sentence, said["dk"].sentence
+
+
+def test_padding_rows_seeing_every_key_are_not_told_from_other_nan():
+    kernel = lambda q, k, v, *, causal, scale: _PaddedQueryTile.apply(q, k, v, scale, -math.inf, causal)
+    rows = runner.run_case(targets.resolve(kernel), Case(1, 2, 45, 77, 16, False, ()), "float32", "cpu")
+    said = {r.tensor: r.diagnosis for r in rows if not r.passed}
+    assert set(said) == {"dk", "dv"} and {d.id for d in said.values()} == {"non-finite"}, \
+        {n: d.sentence for n, d in said.items()}
 
 
 def test_values_of_the_diagonal_tiles_read_from_the_first_keys_are_named_with_the_tiles():
@@ -1463,9 +1472,11 @@ def test_keys_seen_once_unmasked_and_once_masked_are_named_with_the_keys():
         out.diagnosis.sentence
 
 
-def test_padding_rows_read_from_the_next_slice_in_the_dk_dv_pass_are_named_so():
-    kernel = lambda q, k, v, *, causal, scale: _PaddedQueryTile.apply(q, k, v, scale, "next")
-    rows = runner.run_case(targets.resolve(kernel), Case(2, 2, 45, 77, 16, True, ()), "float32", "cpu")
+@pytest.mark.parametrize("align", ["top-left", "bottom-right"])
+def test_padding_rows_read_from_the_next_slice_in_the_dk_dv_pass_are_named_so(align):
+    offset = 32 if align == "bottom-right" else 0                 # its padding rows see keys up to 79 .. 80
+    kernel = lambda q, k, v, *, causal, scale: _PaddedQueryTile.apply(q, k, v, scale, "next", True, offset)
+    rows = runner.run_case(targets.resolve(kernel), Case(2, 2, 45, 77, 16, True, (), align), "float32", "cpu")
     said = {r.tensor: r.diagnosis for r in rows if not r.passed}
     assert set(said) == {"dk", "dv"} and {d.id for d in said.values()} == {"padding-rows-from-next-slice"}, \
         {n: d.sentence for n, d in said.items()}
