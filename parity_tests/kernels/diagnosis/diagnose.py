@@ -749,8 +749,7 @@ def _padding_rows_seen(n, rows, ev):
     dO of 0, NaN).  Said only where the keys tell the tile apart (some key not among them); the
     smallest such tile.  None otherwise (packed sequences: not tried)."""
     case, a = ev.case, ev.arrays.get(n)
-    if n not in ("dk", "dv") or a is None or case.seqlens is not None or not (rows["out"].passed if "out" in rows
-                                                                              else False):
+    if n not in ("dk", "dv") or a is None or case.seqlens is not None or "out" not in rows or not rows["out"].passed:
         return None
     if "dq" in ev.arrays and not np.isfinite(ev.arrays["dq"]).all():
         return None
@@ -1443,9 +1442,9 @@ def _padding_rows_from_next_slice(sub, failing):
         c = dout @ np.swapaxes(v, -1, -2) - D_n[..., None]
         (P * t(c)).sum().backward()
         P = P.detach().numpy()
-        extra = {"dk": k.grad.numpy(), "dv": _per_kv(case, np.swapaxes(P, -1, -2) @ dout)}
         if not np.isfinite(P).all() or not P.any():
             continue
+        extra = {"dk": k.grad.numpy(), "dv": _per_kv(case, np.swapaxes(P, -1, -2) @ dout)}
         pred = {n: sub.gold[n] + extra[n].reshape(sub.gold[n].shape) for n in extra if n in sub.gold}
         hyps.append(mistakes.Hypothesis(
             "padding-rows-from-next-slice", f"the dK/dV pass's last query tile of {tile} of each (batch, head) slice "
@@ -2021,6 +2020,23 @@ def _narrowed(x, name):
     return t.clamp(-big, big).to(dt).double().numpy(), bool((t.abs() > big).any())
 
 
+def _reference_on(sub, given):
+    """A hypothesis's ``predict``: the reference (the case's options) on the inputs ``given`` (the
+    rounded ones, some read otherwise)."""
+    def predict(grads=True):
+        return as_4d(dense.run(given["q"], given["k"], given["v"], given["dout"] if grads else None, sub.opts,
+                               grads=grads, dlse=given.get("dlse") if grads else None))
+    return predict
+
+
+def _narrowed_how(name, low, saturated):
+    """How ``name`` is rounded to ``low`` in a hypothesis's words (`_narrowed`)."""
+    if not low.startswith("float8"):
+        return "in the kernel"
+    largest = torch.finfo(getattr(torch, low)).max
+    return "with no scale" + (f", |{name}| past {largest:g} saturated" if saturated else "")
+
+
 def _inputs_rounded(sub, names=("q", "k", "v")):
     """Precision lost in one place: one input rounded to a dtype narrower than the case's before its
     use (q cast to an FP8 cache's dtype with no scale, v kept in bfloat16 in a float32 kernel, dO
@@ -2037,13 +2053,8 @@ def _inputs_rounded(sub, names=("q", "k", "v")):
         narrowed, saturated = _narrowed(r[name], low)
         if np.array_equal(narrowed, r[name]):
             continue
-        given = {**r, name: narrowed}
-
-        def predict(grads=True, given=given):
-            return as_4d(dense.run(given["q"], given["k"], given["v"], given["dout"] if grads else None, sub.opts,
-                                   grads=grads, dlse=given.get("dlse") if grads else None))
-        how = ("with no scale" + (f", |{name}| past {torch.finfo(getattr(torch, low)).max:g} saturated"
-                                  if saturated else "")) if low.startswith("float8") else "in the kernel"
+        predict = _reference_on(sub, {**r, name: narrowed})
+        how = _narrowed_how(name, low, saturated)
         # not the rounded input's own gradient: autograd's cast back rounds it too, and a rounding of its
         # float32 value flips where the reference's float64 one does not
         tensors = tuple(n for n in (("dq", "dk", "dv") if name == "dout" else ("out", "lse", "dq", "dk", "dv"))
@@ -2063,9 +2074,8 @@ def _output_rounded(sub):
     for low in NARROW:
         if hasattr(torch, low) and torch.finfo(getattr(torch, low)).eps > own:
             pred, saturated = _narrowed(sub.gold["out"], low)
-            how = ("with no scale" + (f", |out| past {torch.finfo(getattr(torch, low)).max:g} saturated"
-                                      if saturated else "")) if low.startswith("float8") else "in the kernel"
-            out.append(mistakes.Hypothesis("output-rounded", f"out rounded to {low} ({how}) at its store, then "
+            out.append(mistakes.Hypothesis("output-rounded", f"out rounded to {low} "
+                                           f"({_narrowed_how('out', low, saturated)}) at its store, then "
                                            f"returned in {sub.dtype}: an output buffer allocated in a narrower dtype",
                                            lambda grads=True, pred=pred: {**sub.gold, "out": pred}, ("out",),
                                            fitted=("out",)))
@@ -2129,11 +2139,7 @@ def _channels_permuted(sub):
         if any(r[n].shape[-1] != d for n in names):
             continue
         for words, order in _channel_orders(d):
-            given = {**r, **{n: np.ascontiguousarray(r[n][..., order]) for n in names}}
-
-            def predict(grads=True, given=given):
-                return as_4d(dense.run(given["q"], given["k"], given["v"], given["dout"] if grads else None,
-                                       sub.opts, grads=grads, dlse=given.get("dlse") if grads else None))
+            predict = _reference_on(sub, {**r, **{n: np.ascontiguousarray(r[n][..., order]) for n in names}})
             out.append(mistakes.Hypothesis("channels-permuted", f"{' and '.join(names)} read with {words} (a layout "
                                            "slip in the head dim: lanes of a vectorised load or conversion left "
                                            "un-permuted, or interleaved and split halves taken for each other)",
@@ -3186,8 +3192,7 @@ def _swaps_said(swaps, tile, tk):
     key tile from one source), runs of tiles alike said together, the first three; each source the
     first key tiles in order on every query tile is said so (a pointer left at key 0).  "query rows ..."
     where no tile size agrees."""
-    keys = lambda t, at=None: f"{(t if at is None else at) * tile} .. " \
-        f"{(t if at is None else at) * tile + min(tk, (t + 1) * tile) - t * tile - 1}"   # tile t's length from at
+    keys = lambda t, at: f"{at * tile} .. {at * tile + min(tk, (t + 1) * tile) - t * tile - 1}"   # t's length, from at
     tq = swaps.shape[2]
     for q in (t for t in TILES if t < tq):
         runs, from_start = [], True                     # [first row, last row, {t: s}]
@@ -3206,7 +3211,7 @@ def _swaps_said(swaps, tile, tk):
             else:
                 runs.append([start, min(tq, start + q) - 1, pairs])
         else:
-            said = "; ".join(f"query rows {a} .. {b}: " + ", ".join(f"keys {keys(t)} from {keys(t, s)}"
+            said = "; ".join(f"query rows {a} .. {b}: " + ", ".join(f"keys {keys(t, t)} from {keys(t, s)}"
                                                                     for t, s in pairs.items())
                              for a, b, pairs in runs[:3]) + ("; ..." if len(runs) > 3 else "")
             return said + ("; on each query tile, from the first keys on: a pointer left at key 0" if from_start else "")

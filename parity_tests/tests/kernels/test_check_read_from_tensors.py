@@ -28,6 +28,12 @@ def _failing(report):
     return {(r.case, r.tensor): d for r, d in report.diagnoses}
 
 
+def _said(kernel, case):
+    """{tensor: diagnosis} of the failing rows of ``kernel`` on ``case``, float32."""
+    rows = runner.run_case(targets.resolve(kernel), case, "float32", "cpu")
+    return {r.tensor: r.diagnosis for r in rows if not r.passed}
+
+
 def test_a_gradient_off_by_one_factor_is_named_with_the_option_it_equals():
     def dk_scaled_twice(q, k, v, *, causal, scale):          # q pre-scaled, and dk scaled once more
         return sdpa(q, with_backward(k, lambda g: g * scale), v, causal=causal, scale=scale)
@@ -545,8 +551,7 @@ def _base_2_online(q, k, v, *, causal, scale, rescale):
 @pytest.mark.parametrize("rescale", [torch.exp, torch.exp2], ids=["exp", "exp2-right"])
 def test_an_online_rescale_taken_in_the_other_base_is_named_with_the_base(rescale):
     kernel = lambda q, k, v, *, causal, scale: _base_2_online(q, k, v, causal=causal, scale=scale, rescale=rescale)
-    rows = runner.run_case(targets.resolve(kernel), Case(1, 2, 45, 77, 16, True, ()), "float32", "cpu")
-    said = {r.tensor: r.diagnosis for r in rows if not r.passed}
+    said = _said(kernel, Case(1, 2, 45, 77, 16, True, ()))
     if rescale is torch.exp2:                                  # the kernel as it should be
         assert not said, {n: d.sentence for n, d in said.items()}
         return
@@ -1117,9 +1122,9 @@ def test_a_d_never_written_on_a_tail_of_rows_is_said_with_its_rows_on_packed_seq
     assert "(D' = 0 on query rows 32 .. 44 only: never written there)" in said["dq"].sentence, said["dq"].sentence
 
 
-def _out_row(kernel):
-    """The failing out row of ``kernel`` on B1 H2 T100 D16, not causal, float32."""
-    rows = runner.run_case(targets.resolve(kernel), Case(1, 2, 100, 100, 16, False, ()), "float32", "cpu")
+def _out_row(kernel, case=Case(1, 2, 100, 100, 16, False, ()), **options):
+    """The failing out row of ``kernel`` on ``case`` (B1 H2 T100 D16, not causal), float32."""
+    rows = runner.run_case(targets.resolve(kernel), case, "float32", "cpu", **options)
     out = next(r for r in rows if r.tensor == "out")
     assert not out.passed
     return out
@@ -1373,9 +1378,8 @@ def test_k_and_v_read_with_their_channels_in_another_order_are_named_with_the_or
     def lanes_not_put_back(q, k, v, *, causal, scale):     # a widening that leaves [c0, c2, c1, c3] per 4 channels
         order = torch.arange(k.shape[-1]).reshape(-1, 4)[:, [0, 2, 1, 3]].reshape(-1)
         return sdpa(q, k[..., order], v[..., order], causal=causal, scale=scale)
-    rows = runner.run_case(targets.resolve(lanes_not_put_back), Case(1, 2, 45, 77, 16, False, ()), "float32", "cpu")
-    out = next(r for r in rows if r.tensor == "out")
-    assert not out.passed and out.diagnosis.id == "channels-permuted", out.diagnosis.sentence
+    out = _out_row(lanes_not_put_back, Case(1, 2, 45, 77, 16, False, ()))
+    assert out.diagnosis.id == "channels-permuted", out.diagnosis.sentence
     assert "k and v read with the channels of each group of 4 in the order 0, 2, 1, 3" in out.diagnosis.sentence
 
 
@@ -1423,8 +1427,7 @@ def _past_tq(x, pad, fill, lse):
 @pytest.mark.parametrize("fill", [math.inf, -math.inf])
 def test_padding_rows_of_a_last_query_tile_weighed_in_dk_and_dv_are_named_with_their_rows(fill):
     kernel = lambda q, k, v, *, causal, scale: _PaddedQueryTile.apply(q, k, v, scale, fill)
-    rows = runner.run_case(targets.resolve(kernel), Case(1, 2, 45, 77, 16, True, ()), "float32", "cpu")
-    said = {r.tensor: r.diagnosis for r in rows if not r.passed}
+    said = _said(kernel, Case(1, 2, 45, 77, 16, True, ()))
     if fill > 0:                                            # the fixed twin passes
         assert not said, {n: d.sentence for n, d in said.items()}
         return
@@ -1436,8 +1439,7 @@ def test_padding_rows_of_a_last_query_tile_weighed_in_dk_and_dv_are_named_with_t
 
 def test_padding_rows_seeing_every_key_are_not_told_from_other_nan():
     kernel = lambda q, k, v, *, causal, scale: _PaddedQueryTile.apply(q, k, v, scale, -math.inf, causal)
-    rows = runner.run_case(targets.resolve(kernel), Case(1, 2, 45, 77, 16, False, ()), "float32", "cpu")
-    said = {r.tensor: r.diagnosis for r in rows if not r.passed}
+    said = _said(kernel, Case(1, 2, 45, 77, 16, False, ()))
     assert set(said) == {"dk", "dv"} and {d.id for d in said.values()} == {"non-finite"}, \
         {n: d.sentence for n, d in said.items()}
 
@@ -1449,9 +1451,8 @@ def test_values_of_the_diagonal_tiles_read_from_the_first_keys_are_named_with_th
         tiles = [P[..., m:m + 32, :m] @ v[..., :m, :] + P[..., m:m + 32, m:m + 32] @ v[..., :min(32, 77 - m), :]
                  for m in range(0, 77, 32)]
         return torch.cat(tiles, -2)
-    rows = runner.run_case(targets.resolve(v_not_advanced), Case(1, 2, 77, 77, 16, True, ()), "float32", "cpu")
-    out = next(r for r in rows if r.tensor == "out")
-    assert not out.passed and out.diagnosis.id == "values-from-other-tiles", out.diagnosis.sentence
+    out = _out_row(v_not_advanced, Case(1, 2, 77, 77, 16, True, ()))
+    assert out.diagnosis.id == "values-from-other-tiles", out.diagnosis.sentence
     assert "V of some key tiles of 32 read from another tile's rows, K's right (query rows 32 .. 63: keys 32 .. 63 " \
         "from 0 .. 31; query rows 64 .. 76: keys 64 .. 76 from 0 .. 12; on each query tile, from the first keys " \
         "on: a pointer left at key 0)" in out.diagnosis.sentence, out.diagnosis.sentence
@@ -1464,10 +1465,8 @@ def test_keys_seen_once_unmasked_and_once_masked_are_named_with_the_keys():
         again = (torch.arange(45) >= 25) & (torch.arange(45) < 32)       # its last tile of 16: keys 25 .. 31
         w = E * seen + E * again
         return ((w @ v.double()) / w.sum(-1, keepdim=True)).to(q.dtype)
-    rows = runner.run_case(targets.resolve(context_tile_past_its_end), Case(1, 2, 20, 45, 16, True, (), "bottom-right"),
-                           "float32", "cpu")
-    out = next(r for r in rows if r.tensor == "out")
-    assert not out.passed and out.diagnosis.id == "keys-weighted", out.diagnosis.sentence
+    out = _out_row(context_tile_past_its_end, Case(1, 2, 20, 45, 16, True, (), "bottom-right"))
+    assert out.diagnosis.id == "keys-weighted", out.diagnosis.sentence
     assert "keys 25 .. 31 counted twice by every query row whatever its mask" in out.diagnosis.sentence, \
         out.diagnosis.sentence
 
@@ -1476,8 +1475,7 @@ def test_keys_seen_once_unmasked_and_once_masked_are_named_with_the_keys():
 def test_padding_rows_read_from_the_next_slice_in_the_dk_dv_pass_are_named_so(align):
     offset = 32 if align == "bottom-right" else 0                 # its padding rows see keys up to 79 .. 80
     kernel = lambda q, k, v, *, causal, scale: _PaddedQueryTile.apply(q, k, v, scale, "next", True, offset)
-    rows = runner.run_case(targets.resolve(kernel), Case(2, 2, 45, 77, 16, True, (), align), "float32", "cpu")
-    said = {r.tensor: r.diagnosis for r in rows if not r.passed}
+    said = _said(kernel, Case(2, 2, 45, 77, 16, True, (), align))
     assert set(said) == {"dk", "dv"} and {d.id for d in said.values()} == {"padding-rows-from-next-slice"}, \
         {n: d.sentence for n, d in said.items()}
     assert "last query tile of 16 of each (batch, head) slice filled past Tq = 45 with the next slice's first 3 " \
@@ -1487,9 +1485,8 @@ def test_padding_rows_read_from_the_next_slice_in_the_dk_dv_pass_are_named_so(al
 def test_an_output_stored_in_a_narrower_dtype_is_named_with_the_dtype():
     def stored_in_bfloat16(q, k, v, *, causal, scale):      # an output buffer allocated as bfloat16
         return sdpa(q, k, v, causal=causal, scale=scale).to(torch.bfloat16).to(q.dtype)
-    rows = runner.run_case(targets.resolve(stored_in_bfloat16), Case(1, 2, 45, 77, 16, True, ()), "float32", "cpu")
-    out = next(r for r in rows if r.tensor == "out")
-    assert not out.passed and out.diagnosis.id == "output-rounded", out.diagnosis.sentence
+    out = _out_row(stored_in_bfloat16, Case(1, 2, 45, 77, 16, True, ()))
+    assert out.diagnosis.id == "output-rounded", out.diagnosis.sentence
     assert "out rounded to bfloat16 (in the kernel) at its store, then returned in float32" in out.diagnosis.sentence
 
 
@@ -1508,8 +1505,7 @@ def _carried_over_programs(programs, tile=32):
 def test_a_persistent_programs_accumulator_carried_across_its_tiles_is_named_with_the_programs():
     def stale_dq(q, k, v, *, causal, scale):
         return sdpa(_GradientMapped.apply(q, _carried_over_programs(3)), k, v, causal=causal, scale=scale)
-    rows = runner.run_case(targets.resolve(stale_dq), Case(2, 3, 45, 77, 16, True, ()), "float32", "cpu")
-    said = {r.tensor: r.diagnosis for r in rows if not r.passed}
+    said = _said(stale_dq, Case(2, 3, 45, 77, 16, True, ()))
     assert set(said) == {"dq"} and said["dq"].id == "tiles-accumulated", {n: d.sentence for n, d in said.items()}
     assert "dq's work tiles of 32 (counted (batch, head, query tile), the tile fastest) each holding the sum of " \
         "every tile 3 apart up to it: a persistent grid of 3 program(s)" in said["dq"].sentence, said["dq"].sentence
@@ -1518,9 +1514,7 @@ def test_a_persistent_programs_accumulator_carried_across_its_tiles_is_named_wit
 def test_query_heads_read_against_another_kv_head_are_named_with_the_heads():
     def head_block_of_16(q, k, v, *, causal, scale):        # a block of heads wider than the group: kv head 0 for all
         return sdpa(q, k[:, [0] * 6], v[:, [0] * 6], causal=causal, scale=scale)
-    rows = runner.run_case(targets.resolve(head_block_of_16), Case(1, 6, 45, 77, 16, True, (("gqa", 2),)),
-                           "float32", "cpu", wanted=("gqa",))
-    out = next(r for r in rows if r.tensor == "out")
-    assert not out.passed and out.diagnosis.id == "kv-head-map", out.diagnosis.sentence
+    out = _out_row(head_block_of_16, Case(1, 6, 45, 77, 16, True, (("gqa", 2),)), wanted=("gqa",))
+    assert out.diagnosis.id == "kv-head-map", out.diagnosis.sentence
     assert "query head 3 reads kv head 0 (its own: 1); query head 4 reads kv head 0 (its own: 1); query head 5 " \
         "reads kv head 0 (its own: 1)" in out.diagnosis.sentence, out.diagnosis.sentence
