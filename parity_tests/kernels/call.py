@@ -185,17 +185,24 @@ class Caller:
         finally:
             self.rounded = first
 
+    def forward_on(self, rounded):
+        """The target's out on other inputs of the case's shapes (a forward call, within the time
+        limit), float64 in the reference's shape; or why not, a str."""
+        try:
+            with self.given(rounded), time_limit(self.timeout):
+                return self._call(False)["out"]
+        except CaseTimeout:
+            return f"timed out after {self.timeout:g} s"
+        except (_Fail, targets.Unsupported) + RAISED as e:
+            return _reason(e)
+
     def fresh(self, rounded, first_out):
         """Why a forward call on other inputs of the same shape is wrong, or None: a kernel
         returning the previous call's output (a cache keyed by shape) is caught here."""
-        try:
-            with self.given(rounded), time_limit(self.timeout):
-                again = self._call(False)["out"]
-            self.forward_seconds = self.seconds
-        except CaseTimeout:
-            return f"a second call on new inputs timed out after {self.timeout:g} s"
-        except (_Fail, targets.Unsupported) + RAISED as e:
-            return f"a second call on new inputs: {_reason(e)}"
+        again = self.forward_on(rounded)
+        if isinstance(again, str):
+            return f"a second call on new inputs: {again}"
+        self.forward_seconds = self.seconds
         # a constant output (zeros where every key is masked, NaN rows) repeats without any cache
         live = np.isfinite(first_out) & (first_out != 0)
         constant = not live.any() or np.ptp(first_out[live]) == 0

@@ -34,7 +34,12 @@ __all__ = ["Row", "Report", "find_growth", "find_strides"]
 UNNAMED = ("none", "not-diagnosed")
 # Ids that say what the output looks like rather than which mistake made it: a report names
 # a catalogued mistake first when some row has one.
-GENERIC = ("zeros", "scores-flat", "non-finite", "lower-precision", "wrong-direction", "grows-with-length", "dropout")
+GENERIC = ("zeros", "scores-flat", "non-finite", "lower-precision", "wrong-direction", "grows-with-length", "dropout",
+           "weights-read")
+# ... of which those that locate what is wrong without naming a mistake: a catalogued mistake heads
+# the run against them as against the rows no name covers, and a gradient of a case whose out has
+# one is not covered by it.
+LOCATED = ("weights-read",)
 # A row whose bound is this share of its tensor's size or more (bfloat16 on outlier inputs: 0.5 .. 1)
 # keeps its reading, but does not name the run: there a forward's slip passes and leaves its gradients
 # looking like a backward's (an accumulator rescaled in the wrong order read as "D dropped").
@@ -114,7 +119,7 @@ def find_strides(rows):
     if not failing or not all(strided(r) for r in failing) or not any(r.passed and not strided(r) for r in judged):
         return
     for r in failing:
-        if r.diagnosis is None or r.diagnosis.id in UNNAMED + ("wrong-direction",):
+        if r.diagnosis is None or r.diagnosis.id in UNNAMED + ("wrong-direction", "weights-read"):
             where = f"; where: {r.diagnosis.where}" if r.diagnosis is not None and r.diagnosis.where else ""
             r.diagnosis = Diagnosis("ignores-strides", f"{r.tensor} fails only where q, k, v are views of a larger "
                                     "buffer (a fused qkv, a padded row) and every contiguous case passes: the kernel "
@@ -219,15 +224,17 @@ class Report:
         at least as many failing rows as no name covers (one row read as a lower precision
         among three unnamed is not the run's cause; a gradient of a case whose out is named is
         covered: it follows from out), a catalogued mistake when it covers at least
-        1/`HEADLINE_SHARE` of as many, and when it explains no fewer failing cases than it is
+        1/`HEADLINE_SHARE` of as many and of the rows only located (`LOCATED`), and when it explains no fewer failing cases than it is
         contradicted on: a case where a failing tensor was tried against it and not reproduced
         (``Diagnosis.against``; a mistake that reproduces dk and dv while dq fails, or 5 cases of 30,
         is a coincidence), unless it names the case's out (what follows from out, its lse, is not).  Rows judged to a bound of `LOOSE_BOUND` or more are not counted."""
         judged = [(r, d) for r, d in self.diagnoses if not (r.bound or 0.0) >= LOOSE_BOUND]
         ids = Counter(d.id for r, d in judged if d.id not in UNNAMED)
         specific = Counter({i: c for i, c in ids.items() if i not in GENERIC})
-        named_out = {(r.case, r.dtype) for r, d in self.diagnoses if r.tensor == "out" and d.id not in UNNAMED}
+        named_out = {(r.case, r.dtype) for r, d in self.diagnoses
+                     if r.tensor == "out" and d.id not in UNNAMED + LOCATED}
         unnamed = sum(1 for r, d in self.diagnoses if d.id in UNNAMED and (r.case, r.dtype) not in named_out)
+        located = sum(1 for r, d in self.diagnoses if d.id in LOCATED)
         cases = {}                         # (case, dtype) -> (ids named, ids named on out, ids against)
         for r, d in judged:
             named, on_out, against = cases.setdefault((r.case, r.dtype), (set(), set(), set()))
@@ -236,7 +243,7 @@ class Report:
                 on_out.add(d.id)
             against.update(d.against)
         for best, count in specific.most_common():
-            if count * HEADLINE_SHARE < unnamed:
+            if count * HEADLINE_SHARE < unnamed + located:
                 return None
             # a case whose out it names is for it (the rest follows from out); else a tensor refuting it is against
             holds = [best in on_out or (best in named and best not in against)

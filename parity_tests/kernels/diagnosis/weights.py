@@ -1,0 +1,259 @@
+"""The weights a kernel gives, read by calling it on one-hot values.
+
+Attention is linear in v: out = W v, with W the weights every query row gives every key of
+every (batch, kv head) slice -- whatever the kernel's scores, masks, block tables and tiles do
+with q and k.  Called on the case's q and k with a v whose column c is one-hot, the kernel
+returns column c of W itself.  Two readings, of a few forward calls each:
+
+- *by slice*: v[b, g, :, c] = 1 on the slice numbered c = b * Hkv + g (all its keys), 0 on the
+  others.  out[b, h, i, c] is the weight row i of (b, h) gives slice c's values: the row's whole
+  weight (1, less the sinks') on its own slice, 0 on the others.  A row weighing another slice
+  reads another sequence's pages, another batch entry or another kv head.
+- *by key*: v[:, :, j, c] = 1 on key j.  out[b, h, i, j] is the weight row i gives key j: the
+  reference's P where the rows read their own slice.  Where the two differ: keys weighed that
+  the reference hides (a mask on other positions), keys the reference weighs that the kernel
+  does not (a visible range cut short), or the right keys weighed otherwise (their scores, or
+  their values read at other keys' rows), each by rows and keys.
+
+A v stored in another dtype with a scale (FP8's) is handed as that scale times the one-hot, so
+that its stored values are exact ones.  Where both readings agree with the reference, the
+weights are right and the error lies in what the kernel does with v's values themselves.
+
+Not read: a kernel whose out is not 0 where v is (a term added to out, not linear in v), a block
+of rows (`row_block`), dropout (random weights), and a case needing more than `CALLS` calls or,
+at its own forward time, `SECONDS`.
+"""
+
+import numpy as np
+import torch
+
+from parity_tests.kernels.diagnosis.location import ranges
+from parity_tests.kernels.features import per_head, stored_inputs
+
+__all__ = ["read", "CALLS", "SECONDS"]
+
+CALLS = 17             # at most this many forward calls: v = 0, then ceil(slices / Dv) + ceil(Tk / Dv) one-hot
+SECONDS = 10.0         # ... and at most this long in all, at the case's own forward time
+# A weight counts as given where it is past this share of its row's largest reference weight, and as
+# not given below it (a kernel's masked key has weight exactly 0; an unmasked one in a float32 row
+# 1e-3 of the largest is far from its rounding).
+GIVEN = 1e-3
+# A key's score, read from the weights, differs from the reference's past this many roundoffs
+# (`_tolerance`).
+ROUNDOFFS = 4.0
+LISTED = 4             # rows or slices named one by one in a sentence
+MOVED_WORK = 2 ** 26   # `_keys_moved`: not tried past this many (rows x keys x keys) entries
+SIDE = 0.9             # `_which_side`: a share of a row's keys (or a key's rows) that is nearly all of them
+
+
+def read(ev, P):
+    """("weights-read", sentence) for the kernel of evidence ``ev`` (its ``caller`` called on one-hot
+    values), against the reference's weights ``P`` (B, Hq, Tq, Tk); None where the weights are not read
+    (module docstring) or a call fails."""
+    case, r = ev.case, ev.rounded
+    if ev.rows is not None or P is None or r["v"].ndim != 4 or ev.opts.get("keep") is not None:
+        return None
+    B, G, T, D = r["v"].shape
+    Hq = r["q"].shape[1]
+    if P.shape != (B, Hq, P.shape[2], T) or Hq % G:
+        return None
+    slices = B * G
+    calls = 1 + -(-slices // D) + -(-T // D)
+    took = ev.caller.forward_seconds or ev.caller.seconds or 0.0
+    if calls > CALLS or calls * took > SECONDS:
+        return None
+    spec = stored_inputs(case).get("v")
+    sigma = per_head(r[spec.scale], G) if spec is not None else np.ones((B, G, 1, 1))      # (B, G, 1, 1)
+    kv = np.arange(Hq) // (Hq // G)
+    own = np.arange(B)[:, None] * G + kv[None, :]                           # (B, Hq): each row's own slice
+
+    def on_slice(c, v):
+        v[c // G, c % G, :, c % D] = 1.0
+
+    def on_key(c, v):
+        v[:, :, c, c % D] = 1.0
+    zero = ev.caller.forward_on({**ev.rounded, "v": np.zeros_like(r["v"])})
+    if not isinstance(zero, np.ndarray) or not (zero == 0).all():      # not linear in v: a term of its own
+        return None
+    by_slice, by_key = _called(ev, slices, D, on_slice, sigma), _called(ev, T, D, on_key, sigma)
+    if by_slice is None or by_key is None:
+        return None
+    mass = by_slice / sigma.reshape(1, 1, 1, slices)                       # (B, Hq, Tq, slices): weight per slice
+    W = by_key / sigma[:, kv]                                              # (B, Hq, Tq, Tk), the own slice's scale
+    top = P.max(-1)
+    rows = (top > 0) & np.isfinite(mass).all(-1) & np.isfinite(W).all(-1)  # rows that see a key, read whole
+    failing = np.abs(ev.arrays["out"] - ev.gold["out"]).max(-1) / ev.den["out"] > ev.bounds["out"]
+    if not rows.any():
+        return None
+    tolerance = _tolerance(ev)
+    said = _other_slices(mass, own, rows, G) or _keys_moved(W, P, top, rows, tolerance) or \
+        _keys(W, P, top, rows, tolerance)
+    lead = ("out: its weights, read by calling the kernel on one-hot values (out = W v is linear in v: "
+            "v one-hot on a slice, then on a key, gives W's column)")
+    if said is None and (failing & ~rows).any():          # failing rows it could not read (rows that see no key)
+        return None
+    if said is None:
+        return "weights-read", (f"{lead}, are the reference's on every row that sees a key: the weights are "
+                                "right, the error lies in what the kernel does with v's values themselves")
+    return "weights-read", f"{lead}: {said}"
+
+
+def _called(ev, n, D, mark, sigma):
+    """The kernel's out (B, Hq, Tq, n) with v one-hot on n things (slices or keys), ``D`` of them a
+    call: ``mark(c, v)`` sets thing c's ones in a zero v; v then scaled by ``sigma``; None where a call
+    gives no array of the expected shape."""
+    parts = []
+    for first in range(0, n, D):
+        v = np.zeros(ev.rounded["v"].shape)
+        for c in range(first, min(first + D, n)):
+            mark(c, v)
+        got = ev.caller.forward_on({**ev.rounded, "v": v * sigma})
+        if not isinstance(got, np.ndarray) or got.ndim != 4 or got.shape[-1] != D:
+            return None
+        parts.append(got[..., : min(D, n - first)])
+    return np.concatenate(parts, -1)
+
+
+def _other_slices(mass, own, rows, G):
+    """Words for the rows weighing other slices' values past `GIVEN`, or None."""
+    B, Hq, _, S = mass.shape
+    other = mass.copy()
+    np.put_along_axis(other, np.broadcast_to(own[:, :, None, None], mass.shape[:3] + (1,)), 0.0, -1)
+    bad = rows & (np.abs(other).max(-1) > GIVEN)
+    if not bad.any():
+        return None
+    words = []
+    for b, h in zip(*np.nonzero(bad.any(-1))):
+        i = np.nonzero(bad[b, h])[0]
+        read = np.abs(other[b, h, i]).sum(0)
+        s = int(read.argmax())
+        words.append(f"(batch, head) ({b}, {h}) rows {ranges([int(x) for x in i])} give "
+                     f"{float(np.abs(other[b, h, i, s]).max()):.2g} of their weight to the values of (batch, "
+                     f"kv head) ({s // G}, {s % G}), their own ({own[b, h] // G}, {own[b, h] % G})")
+    n = len(words)
+    return (f"{n} of {B * Hq} (batch, head) slices weigh the values of other slices (another sequence's pages, "
+            f"batch entry or kv head): " + "; ".join(words[:LISTED]) + ("; ..." if n > LISTED else ""))
+
+
+def _keys(W, P, top, rows, tolerance):
+    """Words for the keys weighed otherwise than the reference weighs them, or None: keys given weight
+    that the reference hides, keys given none that it weighs, and keys given both but whose scores
+    differ.  A score is read as log W − log P up to one constant per row (its normaliser): the
+    constant most of the row's keys share within ``tol``, and a key off it by more; only where both
+    weights are past ``small`` of the row's largest (`_tolerance`)."""
+    tol, small = tolerance
+    scale, live = top[..., None], rows[..., None]
+    hidden = live & (W > GIVEN * scale) & (P == 0)
+    missed = live & (W <= GIVEN ** 2 * scale) & (P > small * scale)
+    both = live & (W > small * scale) & (P > small * scale)
+    d = np.where(both, np.log(np.where(both, W, 1.0)) - np.log(np.where(both, P, 1.0)), np.nan)
+    c = _row_constant(d, tol)
+    # a key off in most rows that weigh it is off in all: each row's constant again without such keys
+    # (where a row's wrong keys outnumber its right ones and happen to agree within the tolerance)
+    off = (both & (np.abs(d - c) > tol)).sum((0, 1, 2)) > both.sum((0, 1, 2)) / 2
+    kept = both & ~off
+    c = np.where(kept.any(-1, keepdims=True), _row_constant(np.where(kept, d, np.nan), tol), c)
+    scored = both & (np.abs(d - c) > tol)
+    words = []
+    for what, bad in (("weigh keys the reference hides", hidden),
+                      ("give no weight to keys the reference weighs", missed),
+                      ("weigh keys whose scores differ from the reference's", scored)):
+        if bad.any():
+            keys = [int(j) for j in np.nonzero(bad.any((0, 1, 2)))[0]]
+            words.append(f"{_rows(bad)} {what} (keys {ranges(keys)} in all; {_examples(bad, P)})")
+    if scored.any():
+        off = float(np.abs(d - c)[scored].max())
+        words[-1] += f", their scores off by up to {off:.2g}{_which_side(scored, both)}"
+    return "; ".join(words) or None
+
+
+def _which_side(scored, both):
+    """', on each such row nearly every key it weighs (...)' where the scores that differ are whole
+    rows' (a row's q, or its scale, read otherwise), ', each such key in nearly every row that weighs
+    it (...)' where they are whole keys' (a key's k read otherwise); '' where neither or both."""
+    rows = scored.any(-1)
+    keys = scored.any((0, 1, 2))
+    by_row = scored.sum(-1)[rows] >= SIDE * both.sum(-1)[rows]
+    by_key = scored.sum((0, 1, 2))[keys] >= SIDE * both.sum((0, 1, 2))[keys]
+    if by_row.all() == by_key.all():
+        return ""
+    if by_row.all():
+        return ": on each such row nearly every key it weighs (the row's q, or its scale, read otherwise)"
+    return ": each such key in nearly every row that weighs it (the key's k read otherwise)"
+
+
+def _keys_moved(W, P, top, rows, tolerance):
+    """Words for W's key columns being the reference's of other keys, or None: each key j whose column
+    (over every row read) is not its own P's but another key's, k's, within the score's tolerance
+    (`_tolerance`: a weight's relative error is its log's) of that column's largest -- key j's value multiplied by key k's weight (v's rows,
+    or P's columns, in another order) -- every key's column matching some key's."""
+    w, p = (x[rows] / top[rows][:, None] for x in (W, P))               # (rows read, Tk), each row's largest 1
+    T = w.shape[1]
+    if T < 2 or T * T * len(w) > MOVED_WORK:
+        return None
+    err = np.stack([np.abs(w[:, j:j + 1] - p).max(0) for j in range(T)])          # (Tk of W, Tk of P)
+    size = np.maximum(w.max(0)[:, None], p.max(0)[None, :])
+    err = np.where(size > 0, err / np.where(size > 0, size, 1.0), 0.0)
+    best = err.argmin(1)
+    within = tolerance[0]
+    moved = [j for j in range(T) if best[j] != j and err[j, j] > within]
+    if not moved or err[np.arange(T), best].max() > within:
+        return None
+    by_shift = {}
+    for j in moved:
+        by_shift.setdefault(int(best[j]) - j, []).append(j)
+    shifts = sorted(by_shift.items(), key=lambda x: -len(x[1]))
+    said = "; ".join(f"key j given key j {'+' if d > 0 else '-'} {abs(d)}'s on keys {ranges(keys)}"
+                     for d, keys in shifts[:3]) + ("; ..." if len(shifts) > 3 else "")
+    return (f"{len(moved)} of {T} keys are weighed as other keys are (each key's column of weights, over every "
+            f"row, the reference's of another key: {said}): each such key's value multiplied by another key's "
+            "weight, v's rows or P's columns in another order")
+
+
+def _row_constant(d, tol):
+    """(…, 1): for each row of ``d`` (NaN where not read), the middle of the window of width 2 ``tol``
+    holding the most of its values; 0 for a row with none."""
+    flat = d.reshape(-1, d.shape[-1])
+    mid = np.zeros(len(flat))
+    for r, x in enumerate(flat):
+        x = np.sort(x[np.isfinite(x)])
+        if x.size:
+            end = np.searchsorted(x, x + 2 * tol, side="right")
+            k = int(np.argmax(end - np.arange(x.size)))
+            mid[r] = (x[k] + x[end[k] - 1]) / 2
+    return mid.reshape(d.shape[:-1] + (1,))
+
+
+def _rows(bad):
+    """'query rows 16 .. 44 of 45 of every (batch, head)' for the rows holding a True of ``bad``."""
+    B, H, R, _ = bad.shape
+    per = bad.any(-1)
+    slices = per.any(-1)
+    where = "every (batch, head)" if slices.all() else \
+        "(batch, head) " + ", ".join(f"({b}, {h})" for b, h in list(zip(*np.nonzero(slices)))[:LISTED]) + \
+        (", ..." if slices.sum() > LISTED else "")
+    return f"query rows {ranges([int(i) for i in np.nonzero(per.any((0, 1)))[0]])} of {R} in {where}"
+
+
+def _examples(bad, P):
+    """The first two rows of ``bad``, each with its keys and the reference's visible keys."""
+    said = []
+    for b, h, i in list(zip(*np.nonzero(bad.any(-1))))[:2]:
+        seen = [int(j) for j in np.nonzero(P[b, h, i] > 0)[0]]
+        said.append(f"row {i} of ({b}, {h}): keys {ranges([int(j) for j in np.nonzero(bad[b, h, i])[0]])}, "
+                    f"its visible keys {ranges(seen) if seen else 'none'}")
+    return "; ".join(said)
+
+
+def _tolerance(ev):
+    """(score, small): how far a score read from the weights may sit from the reference's in rounding
+    alone, and below what share of its row's largest a weight is too small to read a score from.
+    The weights are rounded once in the case's lowest precision (its dtype's, or FP8's where q, k or
+    v are stored so), of unit roundoff u, and the scores accumulated in float32 (float64 in a float64
+    case) over the head dim, of the case's largest |score|: the score `ROUNDOFFS` times both; small,
+    `GIVEN` or 4 u^2 (FP8's e4m3 weights below 2^-6 are subnormal, their relative error past 2^-4)."""
+    unit = lambda d: torch.finfo(getattr(torch, d)).eps / 2
+    low = max(unit(d) for d in [ev.dtype] + [i.dtype for i in stored_inputs(ev.case).values()] if hasattr(torch, d))
+    acc = unit("float64" if ev.dtype == "float64" else "float32")
+    score = ROUNDOFFS * (low + acc * (1.0 + ev.logits) * np.sqrt(ev.rounded["k"].shape[-1]))
+    return score, max(GIVEN, 4 * low ** 2)

@@ -1,0 +1,132 @@
+"""The weights a kernel gives, read by calling it on one-hot values (``diagnosis.weights``): where
+no catalogued mistake or fitted reading names out, the kernel is called on the case's q and k with
+v one-hot on a slice, then on a key, and its weights are compared with the reference's.  Each kernel
+below is right but for one slip that only such a reading locates."""
+
+import numpy as np
+import pytest
+import torch
+
+from parity_tests.kernels import runner, targets
+from parity_tests.kernels.cases import Case
+from parity_tests.kernels.diagnosis import weights
+from crashing_kernels import sdpa
+
+pytestmark = pytest.mark.usefixtures("without_input_classes")   # (conftest.py)
+
+
+def _out(kernel, case):
+    """The failing out row's diagnosis of ``kernel`` on ``case``, float32."""
+    rows = runner.run_case(targets.resolve(kernel), case, "float32", "cpu")
+    out = next(r for r in rows if r.tensor == "out")
+    assert not out.passed
+    return out.diagnosis
+
+
+def _masked(q, k, v, scale, keep):
+    """Attention with the boolean ``keep`` (Tq, Tk) as its mask."""
+    s = (q @ k.transpose(-1, -2)) * scale
+    return torch.softmax(s.masked_fill(~keep, float("-inf")), -1) @ v
+
+
+def test_keys_read_from_other_head_dim_columns_past_the_first_tile_are_named_as_scores_off_on_those_keys():
+    def k_pointer_off(q, k, v, *, causal, scale):             # key tiles after the first: k's columns rolled
+        k = torch.cat([k[:, :, :16], k[:, :, 16:].roll(4, -1)], 2)
+        return sdpa(q, k, v, causal=causal, scale=scale)
+    d = _out(k_pointer_off, Case(1, 2, 45, 77, 16, False, ()))
+    assert d.id == "weights-read", d.sentence
+    assert "query rows 0 .. 44 of 45 in every (batch, head) weigh keys whose scores differ from the reference's " \
+        "(keys 16 .. 76 in all" in d.sentence, d.sentence
+    assert "each such key in nearly every row that weighs it (the key's k read otherwise)" in d.sentence, d.sentence
+    assert "hides" not in d.sentence and "no weight" not in d.sentence, d.sentence
+
+
+def test_queries_of_a_last_partial_tile_read_otherwise_are_named_as_whole_rows_scored_otherwise():
+    def last_tile_q_rolled(q, k, v, *, causal, scale):       # rows 64 .. 76: q's head dim rolled
+        q = torch.cat([q[:, :, :64], q[:, :, 64:].roll(4, -1)], 2)
+        return sdpa(q, k, v, causal=causal, scale=scale)
+    d = _out(last_tile_q_rolled, Case(1, 2, 77, 77, 16, False, ()))
+    assert d.id == "weights-read", d.sentence
+    assert "query rows 64 .. 76 of 77 in every (batch, head) weigh keys whose scores differ" in d.sentence and \
+        "on each such row nearly every key it weighs (the row's q, or its scale, read otherwise)" in d.sentence, \
+        d.sentence
+
+
+def test_a_page_of_another_sequence_is_named_with_the_slice_it_belongs_to():
+    def page_of_sequence_0(q, k, v, *, causal, scale):        # sequence 1's keys 32 .. 47 from sequence 0's page
+        k, v = k.clone(), v.clone()
+        k[1, :, 32:48], v[1, :, 32:48] = k[0, :, 32:48], v[0, :, 32:48]
+        return sdpa(q, k, v, causal=causal, scale=scale)
+    d = _out(page_of_sequence_0, Case(2, 2, 64, 64, 16, False, ()))
+    assert d.id == "weights-read", d.sentence
+    assert "2 of 4 (batch, head) slices weigh the values of other slices" in d.sentence, d.sentence
+    assert "(batch, head) (1, 0) rows 0 .. 63 give" in d.sentence and \
+        "to the values of (batch, kv head) (0, 0), their own (1, 0)" in d.sentence, d.sentence
+
+
+def test_keys_past_the_causal_limit_are_named_with_the_rows_that_see_them():
+    def late_rows_see_ahead(q, k, v, *, causal, scale):        # rows from 30: also keys 16 .. 17 ahead
+        i, j = torch.arange(q.shape[2])[:, None], torch.arange(k.shape[2])[None, :]
+        return _masked(q, k, v, scale, (j <= i) | ((i >= 30) & (j - i >= 16) & (j - i <= 17)))
+    d = _out(late_rows_see_ahead, Case(1, 2, 64, 64, 16, True, ()))
+    assert d.id == "weights-read", d.sentence
+    assert "query rows 30 .. 47 of 64 in every (batch, head) weigh keys the reference hides (keys 46 .. 63 in " \
+        "all; row 30 of (0, 0): keys 46 .. 47, its visible keys 0 .. 30" in d.sentence, d.sentence
+    assert "differ" not in d.sentence and "no weight" not in d.sentence, d.sentence
+
+
+def test_keys_a_row_should_weigh_and_does_not_are_named():
+    def late_rows_skip_a_tile(q, k, v, *, causal, scale):        # rows from 32 skip keys 8 .. 15
+        i, j = torch.arange(q.shape[2])[:, None], torch.arange(k.shape[2])[None, :]
+        return _masked(q, k, v, scale, (j <= i) & ~((i >= 32) & (j >= 8) & (j < 16)))
+    d = _out(late_rows_skip_a_tile, Case(1, 2, 64, 64, 16, True, ()))
+    assert d.id == "weights-read", d.sentence
+    assert "query rows 32 .. 63 of 64 in every (batch, head) give no weight to keys the reference weighs " \
+        "(keys 8 .. 15 in all" in d.sentence, d.sentence
+    assert "differ" not in d.sentence, d.sentence           # the other keys: each row's own factor, not a score
+
+
+def test_right_weights_on_values_used_otherwise_are_said_so():
+    def v_saturated(q, k, v, *, causal, scale):              # v clipped at 2, as a narrow store would
+        return sdpa(q, k, v.clamp(-2, 2), causal=causal, scale=scale)
+    d = _out(v_saturated, Case(1, 2, 64, 64, 16, False, ()))
+    assert d.id == "weights-read", d.sentence
+    assert "are the reference's on every row that sees a key: the weights are right, the error lies in what " \
+        "the kernel does with v's values themselves" in d.sentence, d.sentence
+
+
+def test_a_row_constant_is_the_value_most_of_its_keys_share():
+    d = np.array([[0.5, 0.5 + 1e-9, 3.0, 0.5 - 1e-9, np.nan, -2.0]])
+    assert weights._row_constant(d, 1e-6)[0, 0] == pytest.approx(0.5, abs=1e-8)
+    assert weights._row_constant(np.full((1, 3), np.nan), 1e-6)[0, 0] == 0.0
+
+
+def test_an_fp8_cache_is_probed_with_values_its_scale_stores_exactly():
+    from parity_tests.kernels.features import REGISTRY, Plan
+    from parity_tests.kernels.planted import fp8 as fp8_gallery
+    right = fp8_gallery.RIGHT_KV["fa3"]
+
+    stored = []
+
+    def k_tail_rolled(q, k, v, **kw):                      # key tiles after the first: k's bytes rolled
+        stored.append(set(v.float().unique().tolist()))
+        b = k.view(torch.uint8)
+        return right(q, torch.cat([b[:, :, :16], b[:, :, 16:].roll(4, -1)], 2).view(k.dtype), v, **kw)
+    case = next(c for c in REGISTRY["fp8_kv"].cases(False, Plan()) if c.tq == 97)
+    rows = runner.run_case(targets.resolve(k_tail_rolled), case, "bfloat16", "cpu", wanted=("fp8_kv",))
+    d = next(r for r in rows if r.tensor == "out").diagnosis
+    assert stored.count({0.0}) == 1 and stored.count({0.0, 1.0}) >= 2, stored     # v = 0, then one-hot, exact
+    assert d.id == "weights-read", d.sentence
+    assert "weigh keys whose scores differ from the reference's (keys 16 .. 96 in all" in d.sentence, d.sentence
+    assert "hides" not in d.sentence, d.sentence         # (keys scored far down: no weight left in e4m3)
+
+
+def test_values_read_in_swapped_pairs_are_named_with_the_keys_whose_weights_they_take():
+    def pairs_swapped(q, k, v, *, causal, scale):           # P's columns packed two keys a word, the word's halves swapped
+        swap = torch.arange(v.shape[2]).view(-1, 2).flip(-1).reshape(-1)
+        return sdpa(q, k, v[:, :, swap], causal=causal, scale=scale)
+    d = _out(pairs_swapped, Case(1, 2, 64, 64, 16, False, ()))
+    assert d.id == "weights-read", d.sentence
+    assert "64 of 64 keys are weighed as other keys are (each key's column of weights, over every row, the " \
+        "reference's of another key: key j given key j + 1's on keys 0, 2, 4, 6, ...; key j given key j - 1's " \
+        "on keys 1, 3, 5, 7, ...)" in d.sentence, d.sentence
