@@ -130,3 +130,22 @@ def test_values_read_in_swapped_pairs_are_named_with_the_keys_whose_weights_they
     assert "64 of 64 keys are weighed as other keys are (each key's column of weights, over every row, the " \
         "reference's of another key: key j given key j + 1's on keys 0, 2, 4, 6, ...; key j given key j - 1's " \
         "on keys 1, 3, 5, 7, ...)" in d.sentence, d.sentence
+
+
+def _failed(case, tensor, named):
+    from parity_tests.kernels.diagnosis.diagnose import Diagnosis
+    from parity_tests.kernels.row import Row
+    return Row("k", case, {}, "float32", "cpu", tensor, error=1.0, bound=1e-6, verdict="FAIL",
+               diagnosis=Diagnosis(named, named))
+
+
+def test_rows_only_located_keep_one_catalogued_row_from_heading_the_run():
+    from parity_tests.kernels.report import Report
+    located = [_failed(f"c{i}", "out", "weights-read") for i in range(6)]
+    one = [_failed("c9", "out", "rows-moved")]
+    assert Report("k", rows=located + one).diagnosis is None            # 1 named against 6 only located
+    assert Report("k", rows=located[:1] + one * 3).diagnosis == "rows-moved"
+    # the gradients of a case whose out is only located are not covered by it: they count as unnamed
+    grads = [_failed(f"c{i}", t, "none") for i in range(6) for t in ("dq", "dk")]
+    assert Report("k", rows=located + grads).diagnosis is None
+    assert Report("k", rows=located).diagnosis == "weights-read"
