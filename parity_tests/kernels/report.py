@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from parity_tests.common.tables import format_table
 from parity_tests.kernels import variations
+from parity_tests.kernels.diagnosis import weights
 from parity_tests.kernels.row import Row
 
 __all__ = ["Row", "Report", "find_growth", "find_strides"]
@@ -35,11 +36,11 @@ UNNAMED = ("none", "not-diagnosed")
 # Ids that say what the output looks like rather than which mistake made it: a report names
 # a catalogued mistake first when some row has one.
 GENERIC = ("zeros", "scores-flat", "non-finite", "lower-precision", "wrong-direction", "grows-with-length", "dropout",
-           "weights-read")
+           weights.ID)
 # ... of which those that locate what is wrong without naming a mistake: a catalogued mistake heads
 # the run against them as against the rows no name covers, and a gradient of a case whose out has
 # one is not covered by it.
-LOCATED = ("weights-read",)
+LOCATED = (weights.ID,)
 # A row whose bound is this share of its tensor's size or more (bfloat16 on outlier inputs: 0.5 .. 1)
 # keeps its reading, but does not name the run: there a forward's slip passes and leaves its gradients
 # looking like a backward's (an accumulator rescaled in the wrong order read as "D dropped").
@@ -119,7 +120,7 @@ def find_strides(rows):
     if not failing or not all(strided(r) for r in failing) or not any(r.passed and not strided(r) for r in judged):
         return
     for r in failing:
-        if r.diagnosis is None or r.diagnosis.id in UNNAMED + ("wrong-direction", "weights-read"):
+        if r.diagnosis is None or r.diagnosis.id in UNNAMED + LOCATED + ("wrong-direction",):
             where = f"; where: {r.diagnosis.where}" if r.diagnosis is not None and r.diagnosis.where else ""
             r.diagnosis = Diagnosis("ignores-strides", f"{r.tensor} fails only where q, k, v are views of a larger "
                                     "buffer (a fused qkv, a padded row) and every contiguous case passes: the kernel "

@@ -3399,7 +3399,7 @@ def _summaries(result, rows, ev):
                 said = f"only {word} {', '.join(map(str, bad))} of the batch"
                 empty = [b for b in range(case.batch) if not all(lens[b] for lens in case.seqlens)]
                 after = empty and [b for b in range(empty[0] + 1, case.batch) if b not in empty]
-                if after and set(bad) - set(empty) == set(after) and d.id == "none":    # every one after it, and only
+                if after and set(bad) - set(empty) == set(after) and d.id in ("none", weights.ID):   # each after it
                     said += (f", none before the empty sequence {empty[0]} (what an empty sequence shifting the ones "
                              "after it gives)")
                 lead.append(said)

@@ -30,7 +30,9 @@ import torch
 from parity_tests.kernels.diagnosis.location import ranges
 from parity_tests.kernels.features import per_head, stored_inputs
 
-__all__ = ["read", "CALLS", "SECONDS"]
+__all__ = ["read", "ID", "CALLS", "SECONDS"]
+
+ID = "weights-read"     # the diagnosis id of what this reading finds: it locates, it names no mistake
 
 CALLS = 17             # at most this many forward calls: v = 0, then ceil(slices / Dv) + ceil(Tk / Dv) one-hot
 SECONDS = 10.0         # ... and at most this long in all, at the case's own forward time
@@ -47,7 +49,7 @@ SIDE = 0.9             # `_which_side`: a share of a row's keys (or a key's rows
 
 
 def read(ev, P):
-    """("weights-read", sentence) for the kernel of evidence ``ev`` (its ``caller`` called on one-hot
+    """(`ID`, sentence) for the kernel of evidence ``ev`` (its ``caller`` called on one-hot
     values), against the reference's weights ``P`` (B, Hq, Tq, Tk); None where the weights are not read
     (module docstring) or a call fails."""
     case, r = ev.case, ev.rounded
@@ -93,9 +95,9 @@ def read(ev, P):
     if said is None and (failing & ~rows).any():          # failing rows it could not read (rows that see no key)
         return None
     if said is None:
-        return "weights-read", (f"{lead}, are the reference's on every row that sees a key: the weights are "
+        return ID, (f"{lead}, are the reference's on every row that sees a key: the weights are "
                                 "right, the error lies in what the kernel does with v's values themselves")
-    return "weights-read", f"{lead}: {said}"
+    return ID, f"{lead}: {said}"
 
 
 def _called(ev, n, D, mark, sigma):
