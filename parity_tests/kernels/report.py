@@ -225,10 +225,12 @@ class Report:
         at least as many failing rows as no name covers (one row read as a lower precision
         among three unnamed is not the run's cause; a gradient of a case whose out is named is
         covered: it follows from out), a catalogued mistake when it covers at least
-        1/`HEADLINE_SHARE` of as many and of the rows only located (`LOCATED`), and when it explains no fewer failing cases than it is
-        contradicted on: a case where a failing tensor was tried against it and not reproduced
-        (``Diagnosis.against``; a mistake that reproduces dk and dv while dq fails, or 5 cases of 30,
-        is a coincidence), unless it names the case's out (what follows from out, its lse, is not).  Rows judged to a bound of `LOOSE_BOUND` or more are not counted."""
+        1/`HEADLINE_SHARE` of as many and of the rows only located (`LOCATED`), and when it
+        explains no fewer failing cases than it is contradicted on: a case where a failing tensor
+        was tried against it and not reproduced (``Diagnosis.against``; a mistake that reproduces
+        dk and dv while dq fails, or 5 cases of 30, is a coincidence), unless it names the case's
+        out (what follows from out, its lse, is not).  Rows judged to a bound of `LOOSE_BOUND` or
+        more are not counted."""
         judged = [(r, d) for r, d in self.diagnoses if not (r.bound or 0.0) >= LOOSE_BOUND]
         ids = Counter(d.id for r, d in judged if d.id not in UNNAMED)
         specific = Counter({i: c for i, c in ids.items() if i not in GENERIC})

@@ -185,10 +185,11 @@ def _which_side(scored, both):
 
 
 def _keys_moved(W, P, top, rows, tolerance):
-    """Words for W's key columns being the reference's of other keys, or None: each key j whose column
-    (over every row read) is not its own P's but another key's, k's, within the score's tolerance
-    (`_tolerance`: a weight's relative error is its log's) of that column's largest -- key j's value multiplied by key k's weight (v's rows,
-    or P's columns, in another order) -- every key's column matching some key's."""
+    """Words for W's key columns being the reference's of other keys, or None: each key j whose
+    column (over every row read) is not its own P's but another key's, k's, within the score's
+    tolerance (`_tolerance`: a weight's relative error is its log's) of that column's largest --
+    key j's value multiplied by key k's weight (v's rows, or P's columns, in another order) --
+    every key's column matching some key's."""
     w, p = (x[rows] / top[rows][:, None] for x in (W, P))               # (rows read, Tk), each row's largest 1
     T = w.shape[1]
     if T < 2 or T * T * len(w) > MOVED_WORK:

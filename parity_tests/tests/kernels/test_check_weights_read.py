@@ -122,7 +122,7 @@ def test_an_fp8_cache_is_probed_with_values_its_scale_stores_exactly():
 
 
 def test_values_read_in_swapped_pairs_are_named_with_the_keys_whose_weights_they_take():
-    def pairs_swapped(q, k, v, *, causal, scale):           # P's columns packed two keys a word, the word's halves swapped
+    def pairs_swapped(q, k, v, *, causal, scale):     # P packed two keys a word, the word's halves swapped
         swap = torch.arange(v.shape[2]).view(-1, 2).flip(-1).reshape(-1)
         return sdpa(q, k, v[:, :, swap], causal=causal, scale=scale)
     d = _out(pairs_swapped, Case(1, 2, 64, 64, 16, False, ()))
