@@ -2414,6 +2414,14 @@ MOVED_PAIRS = 2 ** 22
 PERSISTENT_PROGRAMS = 16
 
 
+def _every_nth_summed(work, n):
+    """``work`` (W, ...) with each entry w the sum of entries w, w − n, w − 2n, ... (a running sum
+    along each of the n strided sequences: what n programs leave, each walking every n-th entry)."""
+    m = -(-len(work) // n)
+    padded = np.concatenate([work, np.zeros((m * n - len(work),) + work.shape[1:])])
+    return np.cumsum(padded.reshape((m, n) + work.shape[1:]), 0).reshape(padded.shape)[:len(work)]
+
+
 def _tiles_accumulated(sub, n):
     """A gradient ``n`` (over query rows: dq; over key rows: dk, dv) whose tile t holds the sum of
     tiles 0 .. t of the reference, row r of each at row r of t: an accumulator zeroed once per
@@ -2428,20 +2436,17 @@ def _tiles_accumulated(sub, n):
     past = np.arange(rows) >= np.asarray(lens)[:, None]                     # (B, rows): a sequence's padding
     out = []
     for t in (t for t in TILES if t < rows):
-        pred = np.cumsum(_in_tiles(ref, 2, t), axis=2).reshape(ref.shape[:2] + (-1,) + ref.shape[3:])[:, :, :rows]
+        tiles = _in_tiles(ref, 2, t)                                  # (B, H, n, t, D)
+        pred = np.cumsum(tiles, axis=2).reshape(ref.shape[:2] + (-1,) + ref.shape[3:])[:, :, :rows]
         pred = np.where(past[:, None, :, None], ref, pred)
         out.append(mistakes.Hypothesis(
             "tiles-accumulated", f"{n}'s {kind} tiles of {t} each holding the sum of every tile up to it (row r of "
             f"tile t given the rows r of tiles 0 .. t: an accumulator zeroed once per sequence or (batch, head) "
             f"where once per {kind} tile is meant)",
             lambda grads=True, pred=pred: {**sub.gold, n: pred}, (n,)))
-        tiles = _in_tiles(ref, 2, t)                                  # (B, H, n, t, D): work tiles, the tile fastest
-        work = tiles.reshape((-1,) + tiles.shape[3:])
+        work = tiles.reshape((-1,) + tiles.shape[3:])                # work tiles (batch, head, tile), the tile fastest
         for programs in range(1, min(len(work) - 1, PERSISTENT_PROGRAMS + 1)):
-            summed = work.copy()
-            for w in range(programs, len(work)):
-                summed[w] += summed[w - programs]
-            summed = summed.reshape(ref.shape[:2] + (-1,) + ref.shape[3:])[:, :, :rows]
+            summed = _every_nth_summed(work, programs).reshape(ref.shape[:2] + (-1,) + ref.shape[3:])[:, :, :rows]
             pred = np.where(past[:, None, :, None], ref, summed)
             out.append(mistakes.Hypothesis(
                 "tiles-accumulated", f"{n}'s work tiles of {t} (counted (batch, head, {kind} tile), the tile fastest) "

@@ -37,8 +37,8 @@ ID = "weights-read"     # the diagnosis id of what this reading finds: it locate
 CALLS = 17             # at most this many forward calls: v = 0, then ceil(slices / Dv) + ceil(Tk / Dv) one-hot
 SECONDS = 10.0         # ... and at most this long in all, at the case's own forward time
 # A weight counts as given where it is past this share of its row's largest reference weight, and as
-# not given below it (a kernel's masked key has weight exactly 0; an unmasked one in a float32 row
-# 1e-3 of the largest is far from its rounding).
+# none at or below its square (a kernel's masked key has weight exactly 0; an unmasked one in a
+# float32 row 1e-3 of the largest is far from its rounding).
 GIVEN = 1e-3
 # A key's score, read from the weights, differs from the reference's past this many roundoffs
 # (`_tolerance`).
@@ -50,10 +50,11 @@ SIDE = 0.9             # `_which_side`: a share of a row's keys (or a key's rows
 
 def read(ev, P):
     """(`ID`, sentence) for the kernel of evidence ``ev`` (its ``caller`` called on one-hot
-    values), against the reference's weights ``P`` (B, Hq, Tq, Tk); None where the weights are not read
-    (module docstring) or a call fails."""
+    values), against the reference's weights ``P`` (B, Hq, Tq, Tk: None on a block of rows, with
+    dropout or past its size limit); None where the weights are not read (module docstring) or a
+    call fails."""
     case, r = ev.case, ev.rounded
-    if ev.rows is not None or P is None or r["v"].ndim != 4 or ev.opts.get("keep") is not None:
+    if P is None or r["v"].ndim != 4:
         return None
     B, G, T, D = r["v"].shape
     Hq = r["q"].shape[1]
@@ -84,7 +85,6 @@ def read(ev, P):
     W = by_key / sigma[:, kv]                                              # (B, Hq, Tq, Tk), the own slice's scale
     top = P.max(-1)
     rows = (top > 0) & np.isfinite(mass).all(-1) & np.isfinite(W).all(-1)  # rows that see a key, read whole
-    failing = np.abs(ev.arrays["out"] - ev.gold["out"]).max(-1) / ev.den["out"] > ev.bounds["out"]
     if not rows.any():
         return None
     tolerance = _tolerance(ev)
@@ -92,12 +92,13 @@ def read(ev, P):
         _keys(W, P, top, rows, tolerance)
     lead = ("out: its weights, read by calling the kernel on one-hot values (out = W v is linear in v: "
             "v one-hot on a slice, then on a key, gives W's column)")
-    if said is None and (failing & ~rows).any():          # failing rows it could not read (rows that see no key)
+    if said is not None:
+        return ID, f"{lead}: {said}"
+    failing = np.abs(ev.arrays["out"] - ev.gold["out"]).max(-1) / ev.den["out"] > ev.bounds["out"]
+    if (failing & ~rows).any():                   # failing rows it could not read (rows that see no key)
         return None
-    if said is None:
-        return ID, (f"{lead}, are the reference's on every row that sees a key: the weights are "
-                                "right, the error lies in what the kernel does with v's values themselves")
-    return ID, f"{lead}: {said}"
+    return ID, (f"{lead}, are the reference's on every row that sees a key: the weights are right, the error "
+                "lies in what the kernel does with v's values themselves")
 
 
 def _called(ev, n, D, mark, sigma):
@@ -118,7 +119,7 @@ def _called(ev, n, D, mark, sigma):
 
 def _other_slices(mass, own, rows, G):
     """Words for the rows weighing other slices' values past `GIVEN`, or None."""
-    B, Hq, _, S = mass.shape
+    B, Hq = mass.shape[:2]
     other = mass.copy()
     np.put_along_axis(other, np.broadcast_to(own[:, :, None, None], mass.shape[:3] + (1,)), 0.0, -1)
     bad = rows & (np.abs(other).max(-1) > GIVEN)
@@ -152,8 +153,8 @@ def _keys(W, P, top, rows, tolerance):
     c = _row_constant(d, tol)
     # a key off in most rows that weigh it is off in all: each row's constant again without such keys
     # (where a row's wrong keys outnumber its right ones and happen to agree within the tolerance)
-    off = (both & (np.abs(d - c) > tol)).sum((0, 1, 2)) > both.sum((0, 1, 2)) / 2
-    kept = both & ~off
+    off_keys = (both & (np.abs(d - c) > tol)).sum((0, 1, 2)) > both.sum((0, 1, 2)) / 2
+    kept = both & ~off_keys
     c = np.where(kept.any(-1, keepdims=True), _row_constant(np.where(kept, d, np.nan), tol), c)
     scored = both & (np.abs(d - c) > tol)
     words = []
@@ -164,14 +165,14 @@ def _keys(W, P, top, rows, tolerance):
             keys = [int(j) for j in np.nonzero(bad.any((0, 1, 2)))[0]]
             words.append(f"{_rows(bad)} {what} (keys {ranges(keys)} in all; {_examples(bad, P)})")
     if scored.any():
-        off = float(np.abs(d - c)[scored].max())
-        words[-1] += f", their scores off by up to {off:.2g}{_which_side(scored, both)}"
+        words[-1] += f", their scores off by up to {float(np.abs(d - c)[scored].max()):.2g}" + \
+            _which_side(scored, both)
     return "; ".join(words) or None
 
 
 def _which_side(scored, both):
-    """', on each such row nearly every key it weighs (...)' where the scores that differ are whole
-    rows' (a row's q, or its scale, read otherwise), ', each such key in nearly every row that weighs
+    """': on each such row nearly every key it weighs (...)' where the scores that differ are whole
+    rows' (a row's q, or its scale, read otherwise), ': each such key in nearly every row that weighs
     it (...)' where they are whole keys' (a key's k read otherwise); '' where neither or both."""
     rows = scored.any(-1)
     keys = scored.any((0, 1, 2))
@@ -228,7 +229,7 @@ def _row_constant(d, tol):
 
 
 def _rows(bad):
-    """'query rows 16 .. 44 of 45 of every (batch, head)' for the rows holding a True of ``bad``."""
+    """'query rows 16 .. 44 of 45 in every (batch, head)' for the rows holding a True of ``bad``."""
     B, H, R, _ = bad.shape
     per = bad.any(-1)
     slices = per.any(-1)

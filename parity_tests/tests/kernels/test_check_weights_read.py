@@ -10,6 +10,11 @@ import torch
 from parity_tests.kernels import runner, targets
 from parity_tests.kernels.cases import Case
 from parity_tests.kernels.diagnosis import weights
+from parity_tests.kernels.diagnosis.diagnose import Diagnosis
+from parity_tests.kernels.features import REGISTRY, Plan
+from parity_tests.kernels.planted import fp8 as fp8_gallery
+from parity_tests.kernels.report import Report
+from parity_tests.kernels.row import Row
 from crashing_kernels import sdpa
 
 pytestmark = pytest.mark.usefixtures("without_input_classes")   # (conftest.py)
@@ -102,8 +107,6 @@ def test_a_row_constant_is_the_value_most_of_its_keys_share():
 
 
 def test_an_fp8_cache_is_probed_with_values_its_scale_stores_exactly():
-    from parity_tests.kernels.features import REGISTRY, Plan
-    from parity_tests.kernels.planted import fp8 as fp8_gallery
     right = fp8_gallery.RIGHT_KV["fa3"]
 
     stored = []
@@ -133,14 +136,11 @@ def test_values_read_in_swapped_pairs_are_named_with_the_keys_whose_weights_they
 
 
 def _failed(case, tensor, named):
-    from parity_tests.kernels.diagnosis.diagnose import Diagnosis
-    from parity_tests.kernels.row import Row
     return Row("k", case, {}, "float32", "cpu", tensor, error=1.0, bound=1e-6, verdict="FAIL",
                diagnosis=Diagnosis(named, named))
 
 
 def test_rows_only_located_keep_one_catalogued_row_from_heading_the_run():
-    from parity_tests.kernels.report import Report
     located = [_failed(f"c{i}", "out", "weights-read") for i in range(6)]
     one = [_failed("c9", "out", "rows-moved")]
     assert Report("k", rows=located + one).diagnosis is None            # 1 named against 6 only located
