@@ -43,7 +43,8 @@ the forward's: another mask, an option left out or scaled),
 ``softcap_last`` (the cap applied after ALiBi and the bias: x-transformers' order),
 ``softcap_form`` ("positive": only the positive scores capped; "clamp": clipped at ±c
 instead of c·tanh), ``softcap_derivative`` (the backward's 1 − tanh²(S/c) taken as
-1 − tanh²(capped/c), "of-capped", or as 1 − capped², "capped-squared"), ``positions_dtype`` (ALiBi's positions and distances in a low dtype),
+1 − tanh²(capped/c), "of-capped", or as 1 − capped², "capped-squared"; or applied to dP alone,
+"dp-only": dS = P ∘ ((1 − tanh²) dP − D), the row term D outside it), ``positions_dtype`` (ALiBi's positions and distances in a low dtype),
 ``backward_lse`` ((lse, first query row) -> the lse the backward recomputes P = exp(S − lse)
 from: another base, or each row's off by its own amount), ``unseen_from`` (per batch
 entry, the keys from that index on seen by no query: a split or tile size rounded down),
@@ -359,7 +360,8 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
                 capped = torch.where(S > 0, capped, S)
             elif softcap_form == "clamp":
                 capped = S.clamp(-softcap, softcap)
-            if softcap_derivative is not None:       # its derivative at the capped score, or without the /c
+            cap_gap = capped - S                     # "dp-only": its derivative minus 1 reaches dS through it
+            if softcap_derivative in ("of-capped", "capped-squared"):   # at the capped score, or without the /c
                 slope = 1 - torch.tanh(capped / softcap) ** 2 if softcap_derivative == "of-capped" else 1 - capped ** 2
                 capped = capped.detach() + (S - S.detach()) * slope.detach()
             S = S + (capped - S).detach() if softcap_no_grad else capped
@@ -454,6 +456,9 @@ def attention(q, k, v, *, scale, causal=False, align="top-left", window=None, so
         Pg = weights_before_drop.detach() * torch.exp(C - C.detach())        # its value P, ∂Pg/∂S = P
         w = (Pg if drop is None else Pg * drop) @ v.detach().to(Pg.dtype)
         out = out + (dp_factor - 1) * (w - w.detach())
+    if softcap_derivative == "dp-only":   # dS = P ∘ ((1 − tanh²) dP − D): the row term D outside the derivative
+        phi = (weights_before_drop.detach() * cap_gap).sum(-1, keepdim=True)    # ∂φ_i/∂S_ij = P_ij (−tanh²)
+        out = out + out.detach() * (phi - phi.detach())                         # × D_i = rowsum(dO ∘ O)
     if backward_options is not None or backward_lse is not None:
         S_b, extra = (S, None) if backward_options is None else _own_scores(given, backward_options, S)
         lse_b = lse if backward_lse is None else backward_lse(lse, first)

@@ -29,7 +29,7 @@ from parity_tests.kernels import variations
 from parity_tests.kernels.diagnosis import weights
 from parity_tests.kernels.row import Row
 
-__all__ = ["Row", "Report", "find_growth", "find_strides"]
+__all__ = ["Row", "Report", "find_growth", "find_strides", "find_precision_refuted"]
 
 # Diagnosis ids that name no mistake: nothing matched, or the case was too large to try.
 UNNAMED = ("none", "not-diagnosed")
@@ -108,6 +108,49 @@ def find_growth(rows):
                 f"Tk = {fail_from} (ratio {short.ratio:.2f} at Tk = {short.dims['tk']}, {long.ratio:.2f} at "
                 f"Tk = {long.dims['tk']}): the signature of an accumulator kept in a low precision "
                 "(no catalogued mistake matches)", r.error, r.bound)
+
+
+def find_precision_refuted(rows):
+    """Withdraw a "lower-precision" reading where the same tensor, in the same dtype, errs on another
+    case of the run past what any lower precision makes there (``Diagnosis.past_precision``): a lower
+    precision errs alike on every case, while a formula's error moves with the case (the softcap's
+    derivative applied to dP alone is a half precision's size at softcap 50, 10^3 times past it at
+    softcap 1).  Such a row names nothing, and says how its tensor's error moves with each option
+    the run's cases vary."""
+    from parity_tests.kernels.diagnosis.diagnose import rounding_ceiling
+    groups = {}
+    for r in rows:
+        if r.verdict in ("pass", "FAIL") and r.error is not None:
+            groups.setdefault((r.target, r.dtype, r.device, r.tensor), []).append(r)
+    for group in groups.values():
+        failed = [r for r in group if r.failed and r.diagnosis is not None]
+        low = [r for r in failed if r.diagnosis.id == "lower-precision"]
+        past = [r for r in failed if r.diagnosis.past_precision]
+        if not low or not past:
+            continue
+        worst = max(past, key=lambda r: r.error)
+        lowest, ceiling = rounding_ceiling(worst.dtype)
+        instead = (f"yet not a precision: {worst.tensor} errs {worst.error:.1e} on {worst.case}, past what {lowest} "
+                   f"or any precision above it makes ({ceiling:.1e}); its error moves with the case, as a formula's "
+                   f"does{_moves_with_options(group)}")
+        for r in low:
+            r.diagnosis.id = "none"
+            r.diagnosis.sentence = re.sub(r"the kernel appears to compute .* inside this \w+ check", instead,
+                                          r.diagnosis.sentence)
+
+
+def _moves_with_options(rows):
+    """'; its largest error by softcap: 50 → 3.9e-03, 30 → 1.2e-02, 1 → 1.9e+00' for each feature
+    option whose value the cases of ``rows`` vary ('' where none varies)."""
+    by = {}
+    for r in rows:
+        for name, value in (r.case_def.features if r.case_def is not None else ()):
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                errors = by.setdefault(name, {}).setdefault(value, [])
+                errors.append(r.error)
+    said = [f"{name}: " + ", ".join(f"{v:g} → {max(e):.1e}" for v, e in sorted(values.items(), reverse=True))
+            for name, values in by.items() if len(values) > 1]
+    return f"; its largest error by {'; by '.join(said)}" if said else ""
 
 
 def find_strides(rows):

@@ -70,7 +70,7 @@ from parity_tests.kernels.diagnosis import poisoned, row_block, weights
 from parity_tests.kernels.diagnosis.location import TILES, locate, ranges
 from parity_tests.kernels.features import INPUT_GRADS, INPUTS, NO_GRAD, PER_HEAD, per_head, stored_inputs
 
-__all__ = ["Diagnosis", "Evidence", "diagnose", "slice_errors", "DENSE_LIMIT"]
+__all__ = ["Diagnosis", "Evidence", "diagnose", "slice_errors", "rounding_ceiling", "DENSE_LIMIT"]
 
 # Dense float64 recomputation: at most this many (query, key) pairs in all
 # (2^25 x 8 bytes = 256 MiB per array).  Larger cases are diagnosed on the
@@ -199,6 +199,7 @@ class Diagnosis:
     spread: bool = False     # the error over most rows alike: no place of its own
     unbiased: bool = False   # and of either sign alike, as rounding is (a constant offset is not)
     rounding: bool = False   # unnamed, and its size, rows and float64 run all fit rounding (`_rounding_like`)
+    past_precision: bool = False  # its error past what any lower precision makes on this case (`rounding_ceiling`)
     error_map: object = field(default=None, repr=False)  # (rows, batch x head) error over the bound, for report.plot
     also: tuple = ()         # "zeros", "scores-flat": the mistakes that give the same on this case (not claimed)
     against: tuple = ()      # the catalogued mistakes tried on this tensor that do not reproduce it
@@ -327,6 +328,9 @@ def diagnose(failing, rows, ev):
         if d.where:
             d.sentence += f"; where: {d.where}"
     for n, d in result.items():
+        error = rows[n].error
+        d.past_precision = bool(error is not None and np.isfinite(error) and ev.logits <= tol.LOGIT_SCALE
+                                and error > rounding_ceiling(ev.dtype)[1])
         rows[n].diagnosis = d
 
 
@@ -2839,16 +2843,23 @@ def _spread_alike(a, low, ref, den):
     return not np.any(alike & (mine < mine.max(initial=0.0) / LOWER_SHARE ** 2))
 
 
+def rounding_ceiling(dtype):
+    """(the lowest precision a check in ``dtype`` reads, ROUNDING_ULPS units of its roundoff): the most
+    error relative to the tensor that rounding in it makes (`_rounding_like`).  Past LOGIT_SCALE it is
+    not: there a lower precision's one-hot weights flip (`_lower_precision` reads none)."""
+    lowest = max((dtype,) + LOWER.get(dtype, ()), key=lambda d: EPS.get(d, 0.0))
+    return lowest, ROUNDING_ULPS * EPS.get(lowest, 0.0)
+
+
 def _rounding_like(n, rows, ev):
     """(whether tensor ``n``'s error can be rounding, why not, whether the row says so): its size
     within ROUNDING_ULPS of the lowest precision in question, not concentrated in the rows whose
     maximum moved, and gone when the target computes in float64 (see ROUNDING_ULPS); only the
     float64 run's verdict is news to the reader of the row."""
-    lowest = max((ev.dtype,) + LOWER.get(ev.dtype, ()), key=lambda d: EPS.get(d, 0.0))
+    lowest, ceiling = rounding_ceiling(ev.dtype)
     error = rows[n].error
     if error is None or not np.isfinite(error):
         return False, "not finite", False
-    ceiling = ROUNDING_ULPS * EPS.get(lowest, 0.0)
     if error > ceiling:
         return False, f"its error {_fmt(error)} is over {ROUNDING_ULPS:g} units of {lowest}'s roundoff ({_fmt(ceiling)})", False
     if n in ("out", "lse", "dq") and ev.rows is None and fits_densely(ev.case):

@@ -1,9 +1,9 @@
 """``softcap``: ``S ← c · tanh(S / c)`` on the scaled scores, before any bias: 50, and 1
 on scores of spread ~4 (q drawn 4× larger), where tanh saturates.  Invited mistakes:
-the cap applied before the scale, its derivative 1 − tanh² left out of the backward or taken
-at the capped score or without the /c inside the square, the
-positive scores alone capped, a clip at ±c for c·tanh; and the convention of applying it
-after ALiBi and the bias instead of before."""
+the cap applied before the scale, its derivative 1 − tanh² left out of the backward, taken at
+the capped score or without the /c inside the square, or applied to dP alone (the row term D
+outside it), the positive scores alone capped, a clip at ±c for c·tanh; and the convention of
+applying it after ALiBi and the bias instead of before."""
 
 from parity_tests.kernels.cases import Case
 from parity_tests.kernels.features import Feature, Option
@@ -28,6 +28,9 @@ def mistakes(ctx, cap):
             ctx.H("softcap-derivative-of-capped", "the softcap's derivative taken at the capped score, "
                   "1 - tanh^2(c tanh(S / c) / c) (tanh applied twice), instead of 1 - tanh^2(S / c)",
                   ctx.fwd(softcap_derivative="of-capped"), grads),
+            ctx.H("softcap-derivative-on-dp", "the softcap's derivative applied to dP alone, before the softmax's "
+                  "backward: dS = P (1 - tanh^2) dP - P D, the row term D = rowsum(dO o O) left outside it, "
+                  "instead of (1 - tanh^2) P (dP - D)", ctx.fwd(softcap_derivative="dp-only"), grads),
             ctx.H("softcap-derivative-capped-squared", "the softcap's derivative written 1 - (c tanh(S / c))^2, "
                   "the / c inside the square left out, instead of 1 - tanh^2(S / c)",
                   ctx.fwd(softcap_derivative="capped-squared"), grads),

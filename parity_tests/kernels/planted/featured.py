@@ -66,6 +66,28 @@ class _CapOtherDerivative(torch.autograd.Function):
         return g * slope, None, None
 
 
+class _CappedSoftmaxDerivativeOnDp(torch.autograd.Function):
+    """P = softmax(c · tanh(R / c)) over the keys ``seen`` sees, from the scaled scores R; the
+    backward written as a kernel's tile code does, with the cap's derivative applied to dP alone:
+    dR = P ∘ ((1 − t²) dP − D), t = tanh(R / c), D = rowsum(P ∘ dP), where the chain rule gives
+    (1 − t²) ∘ P ∘ (dP − D) (the softmax's backward first, then the cap's)."""
+
+    @staticmethod
+    def forward(ctx, R, c, seen):
+        S = (c * torch.tanh(R / c)).masked_fill(~seen, -math.inf)
+        P = torch.nan_to_num(torch.softmax(S, dim=-1))                 # a row that sees nothing: 0
+        ctx.save_for_backward(R, P)
+        ctx.c = c
+        return P
+
+    @staticmethod
+    def backward(ctx, dP):
+        R, P = ctx.saved_tensors
+        t = torch.tanh(R / ctx.c)
+        D = (P * dP).sum(-1, keepdim=True)
+        return P * ((1 - t * t) * dP - D), None, None
+
+
 class _BackwardRedraws(torch.autograd.Function):
     """W = P ∘ keep / (1 − p) forward; the backward draws a fresh mask from torch's RNG
     instead of reusing the forward's."""
@@ -121,6 +143,7 @@ def attend(q, k, v, *, causal, scale, align="top-left", window=None, softcap=Non
     if mistake == "decode-top-left" and tq < 16:
         off = 0
     S = q @ k.transpose(-1, -2)
+    raw = S * scale                                         # "softcap-derivative-on-dp" forms P from it
     if softcap is not None and mistake == "softcap-after-bias":
         S = S * scale                                       # capped below, after ALiBi and the bias
     elif softcap is not None:
@@ -188,6 +211,8 @@ def attend(q, k, v, *, causal, scale, align="top-left", window=None, softcap=Non
     P = torch.exp(S - torch.where(torch.isfinite(lse), lse, 0.0)[..., None])
     if S.shape[-1] > tk:
         P = P[..., :tk]                                                # the sink's column dropped
+    if mistake == "softcap-derivative-on-dp" and softcap is not None:   # softcap alone: no ALiBi, bias, sink
+        P = _CappedSoftmaxDerivativeOnDp.apply(raw, softcap, seen.expand_as(raw))
     P, dropped = _dropout(P, S, dropout_p, mistake)
     if P is None:                                                      # the softmax of what is left
         lse_dropped = torch.logsumexp(dropped, dim=-1)
@@ -293,6 +318,7 @@ FEATURE_GALLERY = {
     "softcap-no-derivative": ["softcap"],
     "softcap-derivative-of-capped": ["softcap"],
     "softcap-derivative-capped-squared": ["softcap"],
+    "softcap-derivative-on-dp": ["softcap"],
     "softcap-after-bias": ["softcap", "alibi"],
     "softcap-positive-only": ["softcap"],
     "softcap-clamped": ["softcap"],

@@ -44,6 +44,13 @@ def test_a_wrong_feature_kernel_fails_and_is_named(mistake):
     _named_first(mistake, causal="no" if mistake.startswith("window-right") else "yes")
 
 
+def test_the_softcaps_derivative_applied_to_dp_alone_is_named():
+    # dS = P ((1 - t^2) dP - D): out, lse and dv right, dq and dk off by P D t^2 (a half precision's size at c = 50)
+    report = _named_first("softcap-derivative-on-dp", causal="yes")
+    assert {r.tensor for r in report.failures} == {"dq", "dk"}
+    assert all("dP alone" in d.sentence for _, d in report.diagnoses)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mistake", list(FEATURE_GALLERY))
 def test_every_wrong_feature_kernel_fails_and_is_named_in_both_dtypes(mistake):

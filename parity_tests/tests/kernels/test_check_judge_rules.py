@@ -14,7 +14,7 @@ from parity_tests.kernels import runner, targets, variations
 from parity_tests.kernels.cases import Case, case_rng
 from parity_tests.kernels.features import REGISTRY
 from parity_tests.kernels.diagnosis.diagnose import Diagnosis
-from parity_tests.kernels.report import Row, find_growth, find_strides
+from parity_tests.kernels.report import Row, find_growth, find_precision_refuted, find_strides
 from parity_tests.kernels.planted.chapter import GALLERY
 from crashing_kernels import sdpa
 from parity_tests.kernels.planted.featured import _OneHeadExpand, attend, kernel, one_unit_off_every_other_call, varlen
@@ -113,6 +113,57 @@ def test_growth_with_length_needs_two_passing_lengths_below_the_failing_ones():
     find_growth(twice)
     assert twice[2].diagnosis.id == "grows-with-length"
     assert "passes up to Tk = 17, fails from Tk = 1023" in twice[2].diagnosis.sentence
+
+
+def test_a_lower_precision_is_withdrawn_where_the_same_tensor_errs_past_every_precision_elsewhere():
+    def row(cap, error, named, dtype="float32", tensor="dq", past=False):
+        case = Case(1, 2, 77, 77, 64, True, (("softcap", cap),))
+        return Row("k", str(case), case.as_dict(), dtype, "cpu", tensor, error=error, bound=1e-6, verdict="FAIL",
+                   case_def=case, diagnosis=Diagnosis(named, f"{tensor}'s error {error:.1e} is the size of "
+                                                      "bfloat16's: the kernel appears to compute in bfloat16 inside "
+                                                      f"this {dtype} check; where: rows 3 .. 9", past_precision=past))
+    low = row(50.0, 4e-3, "lower-precision")
+    elsewhere = [row(1.0, 1.9, "none", dtype="bfloat16", past=True), row(1.0, 1.9, "none", tensor="dk", past=True),
+                 row(30.0, 2e-2, "none")]              # another dtype, another tensor, within a precision's reach
+    find_precision_refuted([low] + elsewhere)
+    assert low.diagnosis.id == "lower-precision"
+    find_precision_refuted([low, row(1.0, 1.9, "none", past=True)] + elsewhere)
+    assert low.diagnosis.id == "none"
+    said = low.diagnosis.sentence
+    assert "yet not a precision: dq errs 1.9e+00 on B1 H2 T77 D64 causal softcap 1" in said, said
+    assert "its largest error by softcap: 50 → 4.0e-03, 30 → 2.0e-02, 1 → 1.9e+00; where: rows 3 .. 9" in said, said
+    assert "appears to compute" not in said
+
+
+class _HalfTheCapsSlope(torch.autograd.Function):
+    """c tanh(S / c) forward; the backward's slope 1 − t²/2 for 1 − t²: a half precision's size at c = 50."""
+
+    @staticmethod
+    def forward(ctx, S, c):
+        ctx.save_for_backward(S)
+        ctx.c = c
+        return c * torch.tanh(S / c)
+
+    @staticmethod
+    def backward(ctx, g):
+        t = torch.tanh(ctx.saved_tensors[0] / ctx.c)
+        return g * (1 - 0.5 * t * t), None
+
+
+def test_a_softcap_slope_written_otherwise_is_not_read_as_a_precision_on_any_case():
+    def half_slope(q, k, v, *, causal, scale, softcap=None):         # computes in float32 whatever it is given
+        if softcap is None:
+            return attend(q, k, v, causal=causal, scale=scale)
+        q, k, v = (x.float() for x in (q, k, v))
+        S = _HalfTheCapsSlope.apply(q @ k.transpose(-1, -2) * scale, softcap)
+        if causal:
+            S = S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool).triu(1), -math.inf)
+        return torch.softmax(S, -1) @ v, torch.logsumexp(S, -1)
+    report = parity_tests.check(half_slope, features=["softcap", "lse"], tokens=["17"], head_dims=[16], heads=[2],
+                                batch=[1], dtypes=["float32"], causal="yes")
+    said = [d.sentence for _, d in report.diagnoses]
+    assert report.failures and not any(d.id == "lower-precision" for _, d in report.diagnoses), said
+    assert any("yet not a precision" in s and "its largest error by softcap: 50 → " in s for s in said), said
 
 
 def test_varlen_met_with_other_features_leaves_a_sequence_empty_only_past_two():

@@ -340,10 +340,11 @@ def test_an_option_the_dense_formula_does_not_know_is_refused_not_dropped():
             call({"scale": 0.5, "causal": True, "q_descale": np.ones(H)})
 
 
-@pytest.mark.parametrize("form", ["of-capped", "capped-squared"])
+@pytest.mark.parametrize("form", ["of-capped", "capped-squared", "dp-only"])
 def test_a_softcap_derivative_in_another_form(form):
     """The forward capped as it should be; the backward's 1 − tanh²(S/c) replaced by
-    1 − tanh²(capped/c) or 1 − capped², by hand: dS_raw = P ∘ (dP − D) ∘ slope."""
+    1 − tanh²(capped/c) or 1 − capped², by hand: dS_raw = P ∘ (dP − D) ∘ slope; or applied to
+    dP alone ("dp-only"): dS_raw = P ∘ ((1 − tanh²(S/c)) dP − D)."""
     q, k, v, dout = _inputs(9, 45, H, seed=5)
     cap = 2.0
     got = dense.run(q, k, v, dout, {"scale": SCALE, "causal": True, "softcap": cap}, softcap_derivative=form)
@@ -354,9 +355,12 @@ def test_a_softcap_derivative_in_another_form(form):
     P = np.exp(capped - capped.max(-1, keepdims=True))
     P /= P.sum(-1, keepdims=True)
     O = P @ v
-    dS = P * (dout @ v.swapaxes(-1, -2) - (dout * O).sum(-1, keepdims=True))
+    dP, D = dout @ v.swapaxes(-1, -2), (dout * O).sum(-1, keepdims=True)
     c = cap * np.tanh(S / cap)
-    dS = dS * (1 - np.tanh(c / cap) ** 2 if form == "of-capped" else 1 - c ** 2)
+    if form == "dp-only":
+        dS = P * ((1 - np.tanh(S / cap) ** 2) * dP - D)
+    else:
+        dS = P * (dP - D) * (1 - np.tanh(c / cap) ** 2 if form == "of-capped" else 1 - c ** 2)
     np.testing.assert_allclose(got["out"], O, rtol=1e-12, atol=1e-14)
     np.testing.assert_allclose(got["dq"], SCALE * dS @ k, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(got["dk"], SCALE * dS.swapaxes(-1, -2) @ q, rtol=1e-10, atol=1e-12)
