@@ -127,7 +127,7 @@ def test_a_lower_precision_is_withdrawn_where_the_same_tensor_errs_past_every_pr
                  row(30.0, 2e-2, "none")]              # another dtype, another tensor, within a precision's reach
     find_precision_refuted([low] + elsewhere)
     assert low.diagnosis.id == "lower-precision"
-    find_precision_refuted([low, row(1.0, 1.9, "none", past=True)] + elsewhere)
+    find_precision_refuted([low, row(1.0, 1.9, "none", past=True), row(1.0, 0.5, "none", past=True)] + elsewhere)
     assert low.diagnosis.id == "none"
     said = low.diagnosis.sentence
     assert "yet not a precision: dq errs 1.9e+00 on B1 H2 T77 D64 causal softcap 1" in said, said
