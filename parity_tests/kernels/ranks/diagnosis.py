@@ -16,13 +16,17 @@ the ranks see them, gradients by autograd), with one thing changed:
 - ``lse-base-2``: the merge weights and the merged lse computed with ``exp2``/``log2``
   on a natural-log lse;
 - ``dkdv-not-reduced``: dk and dv not reduced back to the rank that owns the keys --
-  each rank keeps only the share of its own queries.
+  each rank keeps only the share of its own queries;
+- ``own-block-lse``: each block's backward given that block's own lse where the merged one
+  is meant (`_own_block_lse_backward`): its P normalised within the block, D from the merged out.
 
 Each hypothesis predicts the error's size and where it sits.  It is named only when
 both match: the tensor is within its bound of the prediction (or within
 ``diagnosis.MATCH_SHARE`` of its own error), the predicted error is within a factor 2
 of the tensor's, and the ranks whose rows fail are the ones the prediction fails.  A
-hypothesis that predicts no failure of the tensor is not claimed.
+hypothesis that predicts no failure of the tensor is not claimed, and the closest one is said
+only where it leaves at most ``diagnosis.CLOSEST_SHARE`` of the error, within
+``diagnosis.CLOSEST_WITHIN`` bounds (a guess as far from the tensor as the reference is says nothing).
 """
 
 import numpy as np
@@ -30,7 +34,7 @@ import torch
 
 from parity_tests.kernels import runner
 from parity_tests.kernels.dense import sees
-from parity_tests.kernels.diagnosis.diagnose import Diagnosis, explains
+from parity_tests.kernels.diagnosis.diagnose import CLOSEST_SHARE, CLOSEST_WITHIN, Diagnosis, explains
 from parity_tests.kernels.merge import plain_merge
 
 __all__ = ["owners", "chunks", "simulate", "diagnose", "HYPOTHESES", "DENSE_LIMIT"]
@@ -45,6 +49,9 @@ HYPOTHESES = (
     ("lse-base-2", "lse merged in base 2", dict(merge="base2")),
     ("dkdv-not-reduced", "dk/dv not reduced back to the rank that owns the keys", dict(reduce=False)),
 )
+# ... and the one of the backward alone, written out (`_own_block_lse_backward`)
+OWN_BLOCK_LSE = ("own-block-lse", "each block's backward given its own block's lse where the merged one is meant "
+                                  "(P normalised within the block; D from the merged out)")
 
 
 def owners(positions):
@@ -146,6 +153,35 @@ def simulate(rounded, case, positions, *, mask="global", merge="lse", reduce=Tru
     return {**result, "dq": q_leaf.grad.numpy(), "dk": dk.numpy(), "dv": dv.numpy()}
 
 
+def _own_block_lse_backward(rounded, case, positions, out):
+    """dq, dk, dv (float64, global order) of a ring whose block backward recomputes P from the
+    block's own lse (ring-flash-attention hands it the merged one): for each query shard r and
+    key block s, P = exp(S − lse_s) with lse_s = logsumexp over the block's visible keys alone,
+    D = rowsum(dO ∘ O) of the merged ``out``, dS = P ∘ (dO V_sᵀ − D); dq += scale dS K_s,
+    dk_s += scale dSᵀ Q_r, dv_s += Pᵀ dO_r.  Each block's share is the right one divided by the
+    block's share w_s = exp(lse_s − lse) of the row's softmax mass: a row whose visible keys lie
+    in one block is exact, and out and lse are."""
+    q, k, v, dout = (torch.from_numpy(np.asarray(a, dtype=np.float64)) for a in rounded)
+    group = q.shape[1] // k.shape[1]
+    K, V = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    D = (dout * torch.from_numpy(out)).sum(-1, keepdim=True)
+    dq, dK, dV = torch.zeros_like(q), torch.zeros_like(K), torch.zeros_like(V)
+    for pos in positions:
+        i = torch.from_numpy(pos)
+        for keys in positions:
+            j = torch.from_numpy(keys)
+            S = (q[:, :, i] @ K[:, :, j].transpose(-1, -2) * case.scale).masked_fill(
+                ~_visible(pos, keys, case.causal, case.get("window")), -torch.inf)
+            lse = torch.logsumexp(S, -1, keepdim=True)
+            P = torch.exp(S - torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse)))   # 0 where none seen
+            dS = P * (dout[:, :, i] @ V[:, :, j].transpose(-1, -2) - D[:, :, i])
+            dq[:, :, i] += case.scale * dS @ K[:, :, j]
+            dK[:, :, j] += case.scale * dS.transpose(-1, -2) @ q[:, :, i]
+            dV[:, :, j] += P.transpose(-1, -2) @ dout[:, :, i]
+    per_kv = lambda x: x.reshape(x.shape[0], -1, group, *x.shape[2:]).sum(2)
+    return {"dq": dq.numpy(), "dk": per_kv(dK).numpy(), "dv": per_kv(dV).numpy()}
+
+
 def _equal_weights(got_out, rounded, case, positions):
     """The constant per row that best fits the kernel's out to the plain sum of its partials."""
     total = simulate(rounded, case, positions, merge="sum")["out"]
@@ -207,6 +243,10 @@ def _predictions(got, rounded, case, positions):
         pred = simulate(rounded, case, positions, **knobs)
         pred["lse"] = np.where(np.isfinite(pred["lse"]), pred["lse"], 0.0)
         out[hid] = (title, pred)
+    right = simulate(rounded, case, positions)
+    right["lse"] = np.where(np.isfinite(right["lse"]), right["lse"], 0.0)
+    hid, title = OWN_BLOCK_LSE
+    out[hid] = (title, {**right, **_own_block_lse_backward(rounded, case, positions, right["out"])})
     return out
 
 
@@ -276,6 +316,6 @@ def _best(n, a, ref, denom, bound, predictions, owner, positions, case):
     if scaled is not None:
         return Diagnosis("constant-factor", f"{n}: {where}. {scaled[0]}", scaled[1], bound)
     text = f"{n}: {where}. Matches none of the sharding mistakes"
-    if closest:
+    if closest and closest[0] <= min(CLOSEST_SHARE * err, CLOSEST_WITHIN * bound):
         text += f" (closest: '{closest[2]}', {closest[0]:.1e} away against {err:.1e} from the reference)"
     return Diagnosis("none", text, closest[0] if closest else float("nan"), bound)

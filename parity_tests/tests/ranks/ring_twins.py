@@ -59,6 +59,30 @@ def lse_base_2(q, k, v, *, causal, scale, group, q_positions, k_positions):
                               k_positions=k_positions), merge=_merge_base2)
 
 
+class _MergeOwnLseBackward(torch.autograd.Function):
+    """The example's merge forward; its backward hands each partial dO unweighted and, to its lse,
+    rowsum(dO ∘ (o − out)) plus the merged lse's own gradient.  Through `ring.partial_attention`'s
+    autograd each block's dS is then P_b ∘ (dO V_bᵀ − rowsum(dO ∘ O)) with P_b = exp(S_b − lse_b):
+    the block's backward given its own lse where the merged one is meant (D from the merged out)."""
+
+    @staticmethod
+    def forward(ctx, out_a, lse_a, out_b, lse_b):
+        out, lse = ring.merge_states(out_a, lse_a, out_b, lse_b)
+        ctx.save_for_backward(out_a, out_b, out)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, d_out, d_lse):
+        out_a, out_b, out = ctx.saved_tensors
+        own = 0.0 if d_lse is None else d_lse
+        return d_out, own + (d_out * (out_a - out)).sum(-1), d_out, own + (d_out * (out_b - out)).sum(-1)
+
+
+def own_block_lse_backward(q, k, v, *, causal, scale, group, q_positions, k_positions):
+    return _run(q, k, v, dict(causal=causal, scale=scale, group=group, q_positions=q_positions,
+                              k_positions=k_positions), merge=_MergeOwnLseBackward.apply)
+
+
 class _GatherKeepOwn(ring._Gather):
     """The example's all_gather whose backward keeps the rank's own slice: no reduction across ranks."""
 

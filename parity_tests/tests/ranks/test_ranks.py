@@ -122,6 +122,7 @@ def test_the_ring_example_passes_with_both_shardings(world):
     (ring_twins.no_lse_merge, "no-lse-merge", "contiguous"),
     (ring_twins.lse_base_2, "lse-base-2", "head-tail"),
     (ring_twins.dkdv_not_reduced, "dkdv-not-reduced", "head-tail"),
+    (ring_twins.own_block_lse_backward, "own-block-lse", "head-tail"),
 ])
 def test_each_planted_mistake_fails_and_is_named_with_its_rank(world, twin, name, sharding):
     report = check_ranks(twin, causal="yes", sharding=sharding, world=world, **SMALL)
@@ -137,6 +138,7 @@ def test_a_mistake_outside_the_catalogue_is_located_but_not_named(world):
     assert not report.passed and report.diagnosis is None
     for row in report.failures:
         assert row.diagnosis.id == "none" and "Matches none of the sharding mistakes" in row.diagnosis.sentence
+        assert "closest" not in row.diagnosis.sentence     # each mistake is as far from it as the reference is
         assert f"worst at {row.note}," in row.diagnosis.sentence
 
 
