@@ -196,6 +196,18 @@ class Caller:
         except (_Fail, targets.Unsupported) + RAISED as e:
             return _reason(e)
 
+    def backward_on(self, rounded):
+        """The target's tensors (``{out, dq, dk, dv, ...}``, float64 in the reference's shapes) on
+        other inputs of the case's shapes, dout among them (a forward and a backward call, within
+        the time limit); or why not, a str."""
+        try:
+            with self.given(rounded), time_limit(self.timeout):
+                return self._call(True)
+        except CaseTimeout:
+            return f"timed out after {self.timeout:g} s"
+        except (_Fail, targets.Unsupported) + RAISED as e:
+            return _reason(e)
+
     def fresh(self, rounded, first_out):
         """Why a forward call on other inputs of the same shape is wrong, or None: a kernel
         returning the previous call's output (a cache keyed by shape) is caught here."""

@@ -44,7 +44,8 @@ the forward's: another mask, an option left out or scaled),
 ``softcap_form`` ("positive": only the positive scores capped; "clamp": clipped at ±c
 instead of c·tanh), ``softcap_derivative`` (the backward's 1 − tanh²(S/c) taken as
 1 − tanh²(capped/c), "of-capped", or as 1 − capped², "capped-squared"; or applied to dP alone,
-"dp-only": dS = P ∘ ((1 − tanh²) dP − D), the row term D outside it), ``positions_dtype`` (ALiBi's positions and distances in a low dtype),
+"dp-only": dS = P ∘ ((1 − tanh²) dP − D), the row term D outside it), ``positions_dtype``
+(ALiBi's positions and distances in a low dtype),
 ``backward_lse`` ((lse, first query row) -> the lse the backward recomputes P = exp(S − lse)
 from: another base, or each row's off by its own amount), ``unseen_from`` (per batch
 entry, the keys from that index on seen by no query: a split or tile size rounded down),

@@ -19,6 +19,11 @@ A v stored in another dtype with a scale (FP8's) is handed as that scale times t
 that its stored values are exact ones.  Where both readings agree with the reference, the
 weights are right and the error lies in what the kernel does with v's values themselves.
 
+The backward's are read alike (`read_backward`), where out is right and dk or dv fails: dv = Pᵀ dO
+is linear in dO, so dO one-hot on a query slice, then on a query row, gives the weights with which
+the dK/dV pass takes each key's dO -- a key tile reading query rows of another slice (its loop
+started before the slice), a kv head summing other heads, rows recomputed with other scores.
+
 Not read: a kernel whose out is not 0 where v is (a term added to out, not linear in v), a block
 of rows (`row_block`), dropout (random weights), and a case needing more than `CALLS` calls or,
 at its own forward time, `SECONDS`.
@@ -30,7 +35,7 @@ import torch
 from parity_tests.kernels.diagnosis.location import ranges
 from parity_tests.kernels.features import per_head, stored_inputs
 
-__all__ = ["read", "ID", "CALLS", "SECONDS"]
+__all__ = ["read", "read_backward", "ID", "CALLS", "SECONDS"]
 
 ID = "weights-read"     # the diagnosis id of what this reading finds: it locates, it names no mistake
 
@@ -99,6 +104,102 @@ def read(ev, P):
         return None
     return ID, (f"{lead}, are the reference's on every row that sees a key: the weights are right, the error "
                 "lies in what the kernel does with v's values themselves")
+
+
+def read_backward(ev, P):
+    """(`ID`, sentence) for the weights the kernel's backward gives dv, read as `read` reads the
+    forward's: dv = Pᵀ dO is linear in dO, whatever the dK/dV pass's tiles, ranges and head
+    reduction do.  Called on the case's q, k, v with dO one-hot on a query slice (b, h) (dO[b, h, :,
+    c] = 1 for the slice numbered c = b Hq + h), dv[b', g, j, c] is the weight key j of kv head g
+    takes from slice c's rows: the column sum of P on its own group's heads, 0 on every other
+    slice; then dO one-hot on a (head of the group, query row), dv[b, g, j, c] is that row's weight
+    on key j, the reference's P where the backward reads it so.  None where not read (a case
+    without dv, another layout, a dv not 0 at dO = 0, past `CALLS` or `SECONDS`) or where a call
+    fails; the sentence that the weights are right only where every row that sees a key was read."""
+    r = ev.rounded
+    if P is None or r.get("dout") is None or r["dout"].ndim != 4 or r["v"].ndim != 4 or "dv" not in ev.arrays:
+        return None
+    B, Hq, Tq, D = r["dout"].shape
+    G, Tk = r["v"].shape[1], r["v"].shape[2]
+    if P.shape != (B, Hq, Tq, Tk) or Hq % G:
+        return None
+    group = Hq // G
+    calls = 1 + -(-B * Hq // D) + -(-group * Tq // D)
+    if calls > CALLS or calls * (ev.caller.seconds or 0.0) > SECONDS:
+        return None
+    zero = _dv_on(ev, np.zeros_like(r["dout"]))
+    if zero is None or not (zero == 0).all():                    # not linear in dO: a term of its own
+        return None
+
+    def on_slice(c, dout):
+        dout[c // Hq, c % Hq, :, c % D] = 1.0
+
+    def on_row(c, dout):
+        dout[:, np.arange(G) * group + c // Tq, c % Tq, c % D] = 1.0
+    by_slice, by_row = _dv_called(ev, B * Hq, D, on_slice), _dv_called(ev, group * Tq, D, on_row)
+    if by_slice is None or by_row is None:
+        return None
+    kv = np.arange(Hq) // group
+    took = np.zeros((B, G, Tk, B * Hq))                             # the reference's: each slice's column sums
+    for b in range(B):
+        for h in range(Hq):
+            took[b, kv[h], :, b * Hq + h] = P[b, h].sum(0)
+    W = by_row.reshape(B, G, Tk, group, Tq).transpose(0, 1, 3, 4, 2).reshape(B, Hq, Tq, Tk)
+    top = P.max(-1)
+    rows = (top > 0) & np.isfinite(W).all(-1)
+    lead = ("dk, dv: the weights the backward gives dv, read by calling it on one-hot dO (dv = Pᵀ dO is linear "
+            "in dO: dO one-hot on a query slice, then on a query row, gives Pᵀ's column)")
+    said = _slices_taken(by_slice, took, Hq) or (_keys_moved(W, P, top, rows, _tolerance(ev)) or
+                                                 _keys(W, P, top, rows, _tolerance(ev)) if rows.any() else None)
+    if said is not None:
+        return ID, f"{lead}: {said}"
+    if not rows.any() or (rows != (top > 0)).any() or not np.isfinite(by_slice).all():
+        return None                               # rows it could not read
+    return ID, (f"{lead}, are the reference's: the dK/dV pass weighs the right rows, the error lies in what it does "
+                "with them (dO, D, q or the scale)")
+
+
+def _dv_on(ev, dout):
+    """The kernel's dv (B, Hkv, Tk, Dv) on the case's q, k, v with ``dout``, or None."""
+    got = ev.caller.backward_on({**ev.rounded, "dout": dout})
+    dv = got.get("dv") if isinstance(got, dict) else None
+    return dv if isinstance(dv, np.ndarray) and dv.shape == ev.rounded["v"].shape else None
+
+
+def _dv_called(ev, n, D, mark):
+    """dv (B, Hkv, Tk, n) with dO one-hot on n things (query slices or rows), ``D`` a call:
+    ``mark(c, dout)`` sets thing c's ones in a zero dO; None where a call gives no dv."""
+    parts = []
+    for first in range(0, n, D):
+        dout = np.zeros(ev.rounded["dout"].shape)
+        for c in range(first, min(first + D, n)):
+            mark(c, dout)
+        got = _dv_on(ev, dout)
+        if got is None:
+            return None
+        parts.append(got[..., : min(D, n - first)])
+    return np.concatenate(parts, -1)
+
+
+def _slices_taken(got, took, Hq):
+    """Words for the kv heads' keys whose dv takes dO from query slices other than their own
+    group's, past `GIVEN` of the largest column sum; or None (their own heads' rows taken otherwise
+    are the row reading's)."""
+    B, G = got.shape[:2]
+    other = ~took.any(2, keepdims=True)                                       # (B, G, 1, slices): not its own
+    off = other & (np.abs(got) > GIVEN * np.abs(took).max(initial=0.0))        # (B, G, Tk, slices)
+    if not off.any():
+        return None
+    words = []
+    for b, g in zip(*np.nonzero(off.any((-1, -2)))):
+        keys, src = np.nonzero(off[b, g].any(-1))[0], np.nonzero(off[b, g].any(0))[0]
+        words.append(f"(batch, kv head) ({b}, {g}) keys {ranges([int(j) for j in keys])} take the dO of query "
+                     "(batch, head) " + ", ".join(f"({c // Hq}, {c % Hq})" for c in src[:LISTED]) +
+                     (", ..." if len(src) > LISTED else ""))
+    n = len(words)
+    return (f"{n} of {B * G} (batch, kv head) slices take dO from the query rows of other slices (another batch "
+            f"entry, head or group, or rows read past a slice's start): " + "; ".join(words[:LISTED]) +
+            ("; ..." if n > LISTED else ""))
 
 
 def _called(ev, n, D, mark, sigma):

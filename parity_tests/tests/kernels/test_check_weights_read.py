@@ -149,3 +149,57 @@ def test_rows_only_located_keep_one_catalogued_row_from_heading_the_run():
     grads = [_failed(f"c{i}", t, "none") for i in range(6) for t in ("dq", "dk")]
     assert Report("k", rows=located + grads).diagnosis is None
     assert Report("k", rows=located).diagnosis == "weights-read"
+
+
+def _grads(kernel, case):
+    """{tensor: row} of ``kernel`` on ``case``, float32."""
+    return {r.tensor: r for r in runner.run_case(targets.resolve(kernel), case, "float32", "cpu")}
+
+
+def test_a_dkdv_pass_reading_the_rows_before_its_slice_is_located_by_the_backwards_weights():
+    def dv_from_the_head_before(q, k, v, *, causal, scale):      # head 1's keys 0 .. 15 also take head 0's dO
+        out = sdpa(q, k, v, causal=causal, scale=scale)
+        p0 = torch.softmax((q[:, 0] @ k[:, 0].transpose(-1, -2)) * scale, -1).detach()
+        extra = torch.zeros_like(out)
+        extra[:, 0] = p0[..., :16] @ v[:, 1, :16]
+        return out + extra - extra.detach()                    # out as it is; dv of head 1 added to
+    rows = _grads(dv_from_the_head_before, Case(1, 2, 17, 40, 16, False, ()))
+    assert rows["out"].passed and rows["dk"].passed and rows["dv"].failed
+    d = rows["dv"].diagnosis
+    assert d.id == "weights-read", d.sentence
+    assert "1 of 2 (batch, kv head) slices take dO from the query rows of other slices" in d.sentence and \
+        "(batch, kv head) (0, 1) keys 0 .. 15 take the dO of query (batch, head) (0, 0)" in d.sentence, d.sentence
+
+
+def test_a_dkdv_pass_recomputing_some_keys_scores_otherwise_is_located_on_those_keys():
+    def dv_of_keys_rolled(q, k, v, *, causal, scale):          # dv = P'ᵀ dO, P' from k's channels rolled past key 15
+        out = sdpa(q, k, v, causal=causal, scale=scale)
+        rolled = torch.cat([k[:, :, :16], k[:, :, 16:].roll(4, -1)], 2).detach()
+        moved = (sdpa(q.detach(), rolled, v, causal=causal, scale=scale) -
+                 sdpa(q.detach(), k.detach(), v, causal=causal, scale=scale))
+        return out + moved - moved.detach()                    # out as it is; dv from the rolled keys' weights
+    rows = _grads(dv_of_keys_rolled, Case(1, 2, 17, 40, 16, False, ()))
+    assert rows["out"].passed and rows["dq"].passed and rows["dv"].failed
+    d = rows["dv"].diagnosis
+    assert d.id == "weights-read", d.sentence
+    assert "query rows 0 .. 16 of 17 in every (batch, head) weigh keys whose scores differ from the reference's " \
+        "(keys 16 .. 39 in all" in d.sentence and "(the key's k read otherwise)" in d.sentence, d.sentence
+
+
+def test_a_dkdv_pass_whose_weights_are_right_says_so():
+    class _DOSaturated(torch.autograd.Function):               # dO clipped at ±1 (a narrow store): one-hot dO exact
+        @staticmethod
+        def forward(ctx, out):
+            return out.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            return g.clamp(-1.0, 1.0)
+
+    def saturated(q, k, v, *, causal, scale):
+        return _DOSaturated.apply(sdpa(q, k, v, causal=causal, scale=scale))
+    rows = _grads(saturated, Case(1, 2, 17, 40, 16, True, ()))
+    assert rows["out"].passed and rows["dv"].failed
+    d = rows["dv"].diagnosis
+    assert d.id == "weights-read" and "are the reference's: the dK/dV pass weighs the right rows" in d.sentence, \
+        d.sentence
