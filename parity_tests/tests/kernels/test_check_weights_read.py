@@ -199,7 +199,16 @@ def test_a_dkdv_pass_whose_weights_are_right_says_so():
     def saturated(q, k, v, *, causal, scale):
         return _DOSaturated.apply(sdpa(q, k, v, causal=causal, scale=scale))
     rows = _grads(saturated, Case(1, 2, 17, 40, 16, True, ()))
-    assert rows["out"].passed and rows["dv"].failed
-    d = rows["dv"].diagnosis
-    assert d.id == "weights-read" and "are the reference's: the dK/dV pass weighs the right rows" in d.sentence, \
-        d.sentence
+    assert rows["out"].passed and rows["dv"].failed and rows["dk"].failed
+    for d in (rows["dv"].diagnosis, rows["dk"].diagnosis):                # dk comes from the same pass
+        assert d.id == "weights-read" and "are the reference's: the dK/dV pass weighs the right rows" in d.sentence, \
+            d.sentence
+
+
+def test_the_backward_is_not_read_where_out_is_wrong():
+    def k_pointer_off(q, k, v, *, causal, scale):             # the forward's slip: its gradients follow from out
+        k = torch.cat([k[:, :, :16], k[:, :, 16:].roll(4, -1)], 2)
+        return sdpa(q, k, v, causal=causal, scale=scale)
+    rows = _grads(k_pointer_off, Case(1, 2, 17, 40, 16, False, ()))
+    assert rows["out"].failed and rows["dv"].failed
+    assert "one-hot dO" not in rows["dv"].diagnosis.sentence and "one-hot dO" not in rows["dk"].diagnosis.sentence
