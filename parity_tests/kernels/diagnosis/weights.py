@@ -184,22 +184,36 @@ def _dv_called(ev, n, D, mark):
 def _slices_taken(got, took, Hq):
     """Words for the kv heads' keys whose dv takes dO from query slices other than their own
     group's, past `GIVEN` of the largest column sum; or None (their own heads' rows taken otherwise
-    are the row reading's)."""
+    are the row reading's).  Where every slice but the first takes the query slice just before its
+    own in memory (`_every_slice_but`), rows read before its start are said."""
     B, G = got.shape[:2]
     other = ~took.any(2, keepdims=True)                                       # (B, G, 1, slices): not its own
     off = other & (np.abs(got) > GIVEN * np.abs(took).max(initial=0.0))        # (B, G, Tk, slices)
     if not off.any():
         return None
-    words = []
+    words, before = [], True
+    group = Hq // G
     for b, g in zip(*np.nonzero(off.any((-1, -2)))):
         keys, src = np.nonzero(off[b, g].any(-1))[0], np.nonzero(off[b, g].any(0))[0]
+        before &= bool((src == b * Hq + g * group - 1).all())
         words.append(f"(batch, kv head) ({b}, {g}) keys {ranges([int(j) for j in keys])} take the dO of query "
                      "(batch, head) " + ", ".join(f"({c // Hq}, {c % Hq})" for c in src[:LISTED]) +
                      (", ..." if len(src) > LISTED else ""))
     n = len(words)
+    before = ("; each the query slice just before its own in memory ((batch, head) order): rows read before its "
+              "slice's first row, a loop over query tiles started below row 0 (its start not clamped at 0)"
+              if before and _every_slice_but(sorted(b * G + g for b, g in zip(*np.nonzero(off.any((-1, -2))))),
+                                             B * G, last=False) else "")
     return (f"{n} of {B * G} (batch, kv head) slices take dO from the query rows of other slices (another batch "
             f"entry, head or group, or rows read past a slice's start): " + "; ".join(words[:LISTED]) +
-            ("; ..." if n > LISTED else ""))
+            ("; ..." if n > LISTED else "") + before)
+
+
+def _every_slice_but(found, slices, last):
+    """Whether the (batch, kv head) slices ``found`` (their memory-order indices) are every one of
+    ``slices`` but the last (``last``) or the first, of 3 or more: a read past each slice's end (or
+    before its start) reaches the next (previous) one in every slice that has one."""
+    return slices >= 3 and found == (list(range(slices - 1)) if last else list(range(1, slices)))
 
 
 def _called(ev, n, D, mark, sigma):
@@ -219,24 +233,30 @@ def _called(ev, n, D, mark, sigma):
 
 
 def _other_slices(mass, own, rows, G):
-    """Words for the rows weighing other slices' values past `GIVEN`, or None."""
+    """Words for the rows weighing other slices' values past `GIVEN`, or None; where every slice but
+    the last weighs the one just after it in memory (`_every_slice_but`), keys read past its end."""
     B, Hq = mass.shape[:2]
     other = mass.copy()
     np.put_along_axis(other, np.broadcast_to(own[:, :, None, None], mass.shape[:3] + (1,)), 0.0, -1)
     bad = rows & (np.abs(other).max(-1) > GIVEN)
     if not bad.any():
         return None
-    words = []
+    words, after = [], True
     for b, h in zip(*np.nonzero(bad.any(-1))):
         i = np.nonzero(bad[b, h])[0]
         read = np.abs(other[b, h, i]).sum(0)
         s = int(read.argmax())
+        after &= bool(s == own[b, h] + 1)
         words.append(f"(batch, head) ({b}, {h}) rows {ranges([int(x) for x in i])} give "
                      f"{float(np.abs(other[b, h, i, s]).max()):.2g} of their weight to the values of (batch, "
                      f"kv head) ({s // G}, {s % G}), their own ({own[b, h] // G}, {own[b, h] % G})")
     n = len(words)
+    after = ("; each the slice just after its own in memory ((batch, kv head) order): keys read past its slice's "
+             "end, a last key tile loaded without its bound (its loads not masked at Tk)"
+             if after and _every_slice_but(sorted({int(own[b, h]) for b, h in zip(*np.nonzero(bad.any(-1)))}),
+                                           B * G, last=True) else "")
     return (f"{n} of {B * Hq} (batch, head) slices weigh the values of other slices (another sequence's pages, "
-            f"batch entry or kv head): " + "; ".join(words[:LISTED]) + ("; ..." if n > LISTED else ""))
+            f"batch entry or kv head): " + "; ".join(words[:LISTED]) + ("; ..." if n > LISTED else "") + after)
 
 
 def _keys(W, P, top, rows, tolerance):

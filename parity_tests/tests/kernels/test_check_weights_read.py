@@ -157,18 +157,34 @@ def _grads(kernel, case):
 
 
 def test_a_dkdv_pass_reading_the_rows_before_its_slice_is_located_by_the_backwards_weights():
-    def dv_from_the_head_before(q, k, v, *, causal, scale):      # head 1's keys 0 .. 15 also take head 0's dO
+    def dv_from_the_slice_before(q, k, v, *, causal, scale):   # each slice's keys 0 .. 15 also take the last one's dO
         out = sdpa(q, k, v, causal=causal, scale=scale)
-        p0 = torch.softmax((q[:, 0] @ k[:, 0].transpose(-1, -2)) * scale, -1).detach()
-        extra = torch.zeros_like(out)
-        extra[:, 0] = p0[..., :16] @ v[:, 1, :16]
-        return out + extra - extra.detach()                    # out as it is; dv of head 1 added to
-    rows = _grads(dv_from_the_head_before, Case(1, 2, 17, 40, 16, False, ()))
+        B, H, T, D = q.shape
+        flat = lambda x: x.reshape(B * H, -1, D)
+        p = torch.softmax((flat(q) @ flat(k).transpose(-1, -2)) * scale, -1).detach()
+        extra = torch.cat([p[:-1, :, :16] @ flat(v)[1:, :16], torch.zeros_like(flat(out)[:1])]).reshape(out.shape)
+        return out + extra - extra.detach()                    # out as it is; dv of the slice after added to
+    rows = _grads(dv_from_the_slice_before, Case(2, 2, 17, 40, 16, False, ()))
     assert rows["out"].passed and rows["dk"].passed and rows["dv"].failed
     d = rows["dv"].diagnosis
     assert d.id == "weights-read", d.sentence
-    assert "1 of 2 (batch, kv head) slices take dO from the query rows of other slices" in d.sentence and \
-        "(batch, kv head) (0, 1) keys 0 .. 15 take the dO of query (batch, head) (0, 0)" in d.sentence, d.sentence
+    assert "3 of 4 (batch, kv head) slices take dO from the query rows of other slices" in d.sentence and \
+        "(batch, kv head) (0, 1) keys 0 .. 15 take the dO of query (batch, head) (0, 0); (batch, kv head) (1, 0) " \
+        "keys 0 .. 15 take the dO of query (batch, head) (0, 1)" in d.sentence, d.sentence
+    assert "each the query slice just before its own in memory ((batch, head) order): rows read before its " \
+        "slice's first row" in d.sentence, d.sentence
+
+
+def test_keys_read_past_a_slices_end_from_the_next_slice_are_said_so():
+    def last_tile_unmasked(q, k, v, *, causal, scale):        # 3 keys past Tk: the next slice's first (0 past the last)
+        B, H, T, D = k.shape
+        past = lambda x: torch.cat([x.reshape(B * H, T, D)[1:, :3], x.new_zeros(1, 3, D)]).reshape(B, H, 3, D)
+        return sdpa(q, torch.cat([k, past(k)], 2), torch.cat([v, past(v)], 2), causal=causal, scale=scale)
+    d = _out(last_tile_unmasked, Case(2, 2, 17, 45, 16, False, ()))
+    assert d.id == "weights-read", d.sentence
+    assert "(batch, head) (0, 0) rows 0 .. 16 give" in d.sentence and "to the values of (batch, kv head) (0, 1), " \
+        "their own (0, 0)" in d.sentence and "each the slice just after its own in memory ((batch, kv head) order): " \
+        "keys read past its slice's end" in d.sentence, d.sentence
 
 
 def test_a_dkdv_pass_recomputing_some_keys_scores_otherwise_is_located_on_those_keys():
