@@ -146,8 +146,7 @@ def _moves_with_options(rows):
     for r in rows:
         for name, value in (r.case_def.features if r.case_def is not None else ()):
             if isinstance(value, (int, float)) and not isinstance(value, bool):
-                errors = by.setdefault(name, {}).setdefault(value, [])
-                errors.append(r.error)
+                by.setdefault(name, {}).setdefault(value, []).append(r.error)
     said = [f"{name}: " + ", ".join(f"{v:g} → {max(e):.1e}" for v, e in sorted(values.items(), reverse=True))
             for name, values in by.items() if len(values) > 1]
     return f"; its largest error by {'; by '.join(said)}" if said else ""

@@ -323,10 +323,11 @@ def diagnose(failing, rows, ev):
     d = result.get("out")                 # what no reading names: the kernel's weights, read by calling it
     if d is not None and d.id == "none" and not d.rounding and np.isfinite(ev.arrays.get("out", np.nan)).all():
         d.id, d.sentence = weights.read(ev, _dense_weights(ev)) or (d.id, d.sentence)
-    pass_dkdv = [result[n] for n in ("dv", "dk") if n in result and result[n].id == "none" and not result[n].rounding]
-    if pass_dkdv and "out" not in failing and "dv" in failing and np.isfinite(ev.arrays["dv"]).all():
+    unnamed_dkdv = [result[n] for n in ("dv", "dk")
+                    if n in result and result[n].id == "none" and not result[n].rounding]
+    if unnamed_dkdv and "out" not in failing and "dv" in failing and np.isfinite(ev.arrays["dv"]).all():
         found = weights.read_backward(ev, _dense_weights(ev))      # the weights the dK/dV pass gives dv
-        for d in pass_dkdv if found else ():
+        for d in unnamed_dkdv if found else ():
             d.id, d.sentence = found
     _summaries(result, rows, ev)
     for n, d in result.items():

@@ -149,8 +149,9 @@ def read_backward(ev, P):
     rows = (top > 0) & np.isfinite(W).all(-1)
     lead = ("dk, dv: the weights the backward gives dv, read by calling it on one-hot dO (dv = Pᵀ dO is linear "
             "in dO: dO one-hot on a query slice, then on a query row, gives Pᵀ's column)")
-    said = _slices_taken(by_slice, took, Hq) or (_keys_moved(W, P, top, rows, _tolerance(ev)) or
-                                                 _keys(W, P, top, rows, _tolerance(ev)) if rows.any() else None)
+    tolerance = _tolerance(ev)
+    said = _slices_taken(by_slice, took, Hq) or (_keys_moved(W, P, top, rows, tolerance) or
+                                                 _keys(W, P, top, rows, tolerance) if rows.any() else None)
     if said is not None:
         return ID, f"{lead}: {said}"
     if not rows.any() or (rows != (top > 0)).any() or not np.isfinite(by_slice).all():
@@ -191,19 +192,18 @@ def _slices_taken(got, took, Hq):
     off = other & (np.abs(got) > GIVEN * np.abs(took).max(initial=0.0))        # (B, G, Tk, slices)
     if not off.any():
         return None
-    words, before = [], True
-    group = Hq // G
+    words, flagged, previous = [], [], True
     for b, g in zip(*np.nonzero(off.any((-1, -2)))):
         keys, src = np.nonzero(off[b, g].any(-1))[0], np.nonzero(off[b, g].any(0))[0]
-        before &= bool((src == b * Hq + g * group - 1).all())
+        flagged.append(int(b * G + g))
+        previous &= bool((src == b * Hq + g * (Hq // G) - 1).all())       # the query slice before its first
         words.append(f"(batch, kv head) ({b}, {g}) keys {ranges([int(j) for j in keys])} take the dO of query "
                      "(batch, head) " + ", ".join(f"({c // Hq}, {c % Hq})" for c in src[:LISTED]) +
                      (", ..." if len(src) > LISTED else ""))
     n = len(words)
     before = ("; each the query slice just before its own in memory ((batch, head) order): rows read before its "
               "slice's first row, a loop over query tiles started below row 0 (its start not clamped at 0)"
-              if before and _every_slice_but(sorted(b * G + g for b, g in zip(*np.nonzero(off.any((-1, -2))))),
-                                             B * G, last=False) else "")
+              if previous and _every_slice_but(flagged, B * G, last=False) else "")
     return (f"{n} of {B * G} (batch, kv head) slices take dO from the query rows of other slices (another batch "
             f"entry, head or group, or rows read past a slice's start): " + "; ".join(words[:LISTED]) +
             ("; ..." if n > LISTED else "") + before)
@@ -241,20 +241,20 @@ def _other_slices(mass, own, rows, G):
     bad = rows & (np.abs(other).max(-1) > GIVEN)
     if not bad.any():
         return None
-    words, after = [], True
+    words, flagged, following = [], set(), True
     for b, h in zip(*np.nonzero(bad.any(-1))):
         i = np.nonzero(bad[b, h])[0]
         read = np.abs(other[b, h, i]).sum(0)
         s = int(read.argmax())
-        after &= bool(s == own[b, h] + 1)
+        flagged.add(int(own[b, h]))
+        following &= bool(s == own[b, h] + 1)                                # the kv slice after its own
         words.append(f"(batch, head) ({b}, {h}) rows {ranges([int(x) for x in i])} give "
                      f"{float(np.abs(other[b, h, i, s]).max()):.2g} of their weight to the values of (batch, "
                      f"kv head) ({s // G}, {s % G}), their own ({own[b, h] // G}, {own[b, h] % G})")
     n = len(words)
     after = ("; each the slice just after its own in memory ((batch, kv head) order): keys read past its slice's "
              "end, a last key tile loaded without its bound (its loads not masked at Tk)"
-             if after and _every_slice_but(sorted({int(own[b, h]) for b, h in zip(*np.nonzero(bad.any(-1)))}),
-                                           B * G, last=True) else "")
+             if following and _every_slice_but(sorted(flagged), B * G, last=True) else "")
     return (f"{n} of {B * Hq} (batch, head) slices weigh the values of other slices (another sequence's pages, "
             f"batch entry or kv head): " + "; ".join(words[:LISTED]) + ("; ..." if n > LISTED else "") + after)
 
