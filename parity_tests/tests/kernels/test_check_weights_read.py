@@ -228,3 +228,12 @@ def test_the_backward_is_not_read_where_out_is_wrong():
     rows = _grads(k_pointer_off, Case(1, 2, 17, 40, 16, False, ()))
     assert rows["out"].failed and rows["dv"].failed
     assert "one-hot dO" not in rows["dv"].diagnosis.sentence and "one-hot dO" not in rows["dk"].diagnosis.sentence
+
+
+def test_a_kv_head_reading_its_neighbours_values_in_half_the_slices_is_not_said_to_read_past_its_end():
+    def even_heads_read_the_next(q, k, v, *, causal, scale):   # a paged cache's slots and kv heads transposed, say
+        v = torch.stack([v[:, 1], v[:, 1]], 1)
+        return sdpa(q, k, v, causal=causal, scale=scale)
+    d = _out(even_heads_read_the_next, Case(2, 2, 17, 45, 16, False, ()))
+    assert d.id == "weights-read" and "(batch, head) (0, 0) rows 0 .. 16 give" in d.sentence, d.sentence
+    assert "just after" not in d.sentence, d.sentence             # (0, 1) and (1, 1) read their own
