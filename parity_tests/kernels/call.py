@@ -185,28 +185,22 @@ class Caller:
         finally:
             self.rounded = first
 
-    def forward_on(self, rounded):
-        """The target's out on other inputs of the case's shapes (a forward call, within the time
-        limit), float64 in the reference's shape; or why not, a str."""
+    def called_on(self, rounded, grads=False):
+        """The target's tensors (``{out, ...}``, float64 in the reference's shapes) on other inputs
+        of the case's shapes (a forward call, and with ``grads`` a backward one on their dout,
+        within the time limit); or why not, a str."""
         try:
             with self.given(rounded), time_limit(self.timeout):
-                return self._call(False)["out"]
+                return self._call(grads)
         except CaseTimeout:
             return f"timed out after {self.timeout:g} s"
         except (_Fail, targets.Unsupported) + RAISED as e:
             return _reason(e)
 
-    def backward_on(self, rounded):
-        """The target's tensors (``{out, dq, dk, dv, ...}``, float64 in the reference's shapes) on
-        other inputs of the case's shapes, dout among them (a forward and a backward call, within
-        the time limit); or why not, a str."""
-        try:
-            with self.given(rounded), time_limit(self.timeout):
-                return self._call(True)
-        except CaseTimeout:
-            return f"timed out after {self.timeout:g} s"
-        except (_Fail, targets.Unsupported) + RAISED as e:
-            return _reason(e)
+    def forward_on(self, rounded):
+        """The target's out on other inputs of the case's shapes (`called_on`), or why not, a str."""
+        got = self.called_on(rounded)
+        return got if isinstance(got, str) else got["out"]
 
     def fresh(self, rounded, first_out):
         """Why a forward call on other inputs of the same shape is wrong, or None: a kernel

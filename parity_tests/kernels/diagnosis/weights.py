@@ -80,10 +80,11 @@ def read(ev, P):
 
     def on_key(c, v):
         v[:, :, c, c % D] = 1.0
-    zero = ev.caller.forward_on({**ev.rounded, "v": np.zeros_like(r["v"])})
-    if not isinstance(zero, np.ndarray) or not (zero == 0).all():      # not linear in v: a term of its own
+    zero = _out_on(ev, np.zeros_like(r["v"]))
+    if zero is None or not (zero == 0).all():                          # not linear in v: a term of its own
         return None
-    by_slice, by_key = _called(ev, slices, D, on_slice, sigma), _called(ev, T, D, on_key, sigma)
+    forward = lambda v: _out_on(ev, v * sigma)
+    by_slice, by_key = _called(slices, D, r["v"].shape, on_slice, forward), _called(T, D, r["v"].shape, on_key, forward)
     if by_slice is None or by_key is None:
         return None
     mass = by_slice / sigma.reshape(1, 1, 1, slices)                       # (B, Hq, Tq, slices): weight per slice
@@ -136,7 +137,9 @@ def read_backward(ev, P):
 
     def on_row(c, dout):
         dout[:, np.arange(G) * group + c // Tq, c % Tq, c % D] = 1.0
-    by_slice, by_row = _dv_called(ev, B * Hq, D, on_slice), _dv_called(ev, group * Tq, D, on_row)
+    backward = lambda dout: _dv_on(ev, dout)
+    by_slice, by_row = (_called(n, D, r["dout"].shape, mark, backward)
+                        for n, mark in ((B * Hq, on_slice), (group * Tq, on_row)))
     if by_slice is None or by_row is None:
         return None
     kv = np.arange(Hq) // group
@@ -162,24 +165,9 @@ def read_backward(ev, P):
 
 def _dv_on(ev, dout):
     """The kernel's dv (B, Hkv, Tk, Dv) on the case's q, k, v with ``dout``, or None."""
-    got = ev.caller.backward_on({**ev.rounded, "dout": dout})
+    got = ev.caller.called_on({**ev.rounded, "dout": dout}, grads=True)
     dv = got.get("dv") if isinstance(got, dict) else None
     return dv if isinstance(dv, np.ndarray) and dv.shape == ev.rounded["v"].shape else None
-
-
-def _dv_called(ev, n, D, mark):
-    """dv (B, Hkv, Tk, n) with dO one-hot on n things (query slices or rows), ``D`` a call:
-    ``mark(c, dout)`` sets thing c's ones in a zero dO; None where a call gives no dv."""
-    parts = []
-    for first in range(0, n, D):
-        dout = np.zeros(ev.rounded["dout"].shape)
-        for c in range(first, min(first + D, n)):
-            mark(c, dout)
-        got = _dv_on(ev, dout)
-        if got is None:
-            return None
-        parts.append(got[..., : min(D, n - first)])
-    return np.concatenate(parts, -1)
 
 
 def _slices_taken(got, took, Hq):
@@ -216,20 +204,26 @@ def _every_slice_but(found, slices, last):
     return slices >= 3 and found == (list(range(slices - 1)) if last else list(range(1, slices)))
 
 
-def _called(ev, n, D, mark, sigma):
-    """The kernel's out (B, Hq, Tq, n) with v one-hot on n things (slices or keys), ``D`` of them a
-    call: ``mark(c, v)`` sets thing c's ones in a zero v; v then scaled by ``sigma``; None where a call
-    gives no array of the expected shape."""
+def _called(n, D, shape, mark, call):
+    """``call(x)``'s answers, (..., n), for an x of ``shape`` one-hot on n things (slices, keys or
+    rows), ``D`` of them a call, each on its own channel of x's last axis: ``mark(c, x)`` sets thing
+    c's ones in a zero x; None where a call answers None."""
     parts = []
     for first in range(0, n, D):
-        v = np.zeros(ev.rounded["v"].shape)
+        x = np.zeros(shape)
         for c in range(first, min(first + D, n)):
-            mark(c, v)
-        got = ev.caller.forward_on({**ev.rounded, "v": v * sigma})
-        if not isinstance(got, np.ndarray) or got.ndim != 4 or got.shape[-1] != D:
+            mark(c, x)
+        got = call(x)
+        if got is None:
             return None
         parts.append(got[..., : min(D, n - first)])
     return np.concatenate(parts, -1)
+
+
+def _out_on(ev, v):
+    """The kernel's out (B, Hq, Tq, Dv) on the case's q, k with ``v``, or None."""
+    got = ev.caller.forward_on({**ev.rounded, "v": v})
+    return got if isinstance(got, np.ndarray) and got.ndim == 4 and got.shape[-1] == v.shape[-1] else None
 
 
 def _other_slices(mass, own, rows, G):
