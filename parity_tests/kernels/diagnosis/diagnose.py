@@ -396,9 +396,11 @@ def _catalogue(rest, rows, ev):
         result[n] = _diagnose_tensor(n, tried, cache, sub.arrays, sub.gold, sub.den[n], sub.bounds[n], sel,
                                      constants)
         result[n].sentence += said
+    grads = [n for n in result if n not in ("out", "lse")]
+    if sub.rows is None:
+        _sibling_times_constant(result, grads, hyps, cache, sub, constants)
     # a gradient of the case that a mistake named on another gradient does not reproduce (a forward's
     # mistake named on out says less of the backward: the kernel's may differ from the one it predicts)
-    grads = [n for n in result if n not in ("out", "lse")]
     named = {result[n].id for n in grads if result[n].id not in ("none", "not-diagnosed")}
     for n in grads:
         if result[n].id == "none" and not result[n].residual <= result[n].bound:
@@ -409,6 +411,40 @@ def _catalogue(rest, rows, ev):
             if result[n].id == "none" or (result[n].id == "not-diagnosed" and sub.rows is not None):
                 result[n].sentence += f" (out of this case: {named.id})"
     return result
+
+
+def _sibling_times_constant(result, grads, hyps, cache, sub, constants):
+    """A gradient no mistake names, that the mistake named on another gradient of the case
+    reproduces up to one factor c, a constant of the case (`_constants`): "dq matches the mistake
+    named on dk, dv times one constant, 8 (1/scale)".  A backward that recomputes its P wrong and
+    scales one gradient otherwise (a q saved already scaled: dk takes the scale twice, dq once).
+    ``result`` is updated in place; the gradient takes the sibling's id, its mechanism."""
+    named = {}
+    for n in grads:
+        if result[n].id not in ("none", "not-diagnosed") and result[n].id not in FITTED:
+            named.setdefault(result[n].id, []).append(n)
+    for n in grads:
+        if result[n].id != "none" or not np.isfinite(sub.arrays[n]).all():
+            continue
+        got, gold, bound = sub.arrays[n], sub.gold[n], sub.bounds[n]
+        error = slice_errors(got, gold, sub.den[n]).max()
+        for hyp in hyps:
+            on = named.get(hyp.id)
+            if not on or n not in hyp.tensors:
+                continue
+            pred = _predict(hyp, cache).get(n)
+            pp = 0.0 if pred is None else float((pred * pred).sum())
+            if pp == 0.0:
+                continue
+            c = float((got * pred).sum()) / pp
+            words = _named_constant(c, constants)
+            residual = slice_errors(got, c * pred, _own_scale(c * pred, sub.den[n])).max()
+            if words is None or not explains(residual, error, bound):
+                continue
+            result[n] = Diagnosis(hyp.id, f"{n} matches the mistake named on {', '.join(on)} ({hyp.says}) times one "
+                                  f"constant, {c:.6g} ({words}), to {_fmt(residual)} (bound {_fmt(bound)}): that "
+                                  f"mistake, and {n} scaled otherwise than the other gradients", residual, bound)
+            break
 
 
 def _explained(n, hyps, cache, sub, out_right):

@@ -165,8 +165,13 @@ def chapter(ctx):
     d = case.head_dim
     if d > 1:
         default = 1.0 / math.sqrt(d)
-        out += [H("scale-1/D", "scale 1/D instead of 1/sqrt(D)", fwd({"scale": 1.0 / d})),
+        twice = " (the scale applied twice: q scaled before a kernel that scales too)" \
+            if math.isclose(case.scale, default) else ""
+        out += [H("scale-1/D", f"scale 1/D instead of 1/sqrt(D){twice}", fwd({"scale": 1.0 / d})),
                 H("no-scale", "no scale (1 instead of 1/sqrt(D))", fwd({"scale": 1.0}))]
+        if not twice and not math.isclose(case.scale ** 2, 1.0 / d):
+            out.append(H("scale-twice", f"the scale applied twice ({case.scale:.4g}^2 = {case.scale ** 2:.4g}: q "
+                         "scaled before a kernel that scales too)", fwd({"scale": case.scale ** 2})))
         if not math.isclose(case.scale, default):
             out.append(H("scale-ignored", f"the scale argument ignored (1/sqrt(D) = {default:.4g} used instead "
                          f"of the {case.scale:.4g} given)", fwd({"scale": default})))

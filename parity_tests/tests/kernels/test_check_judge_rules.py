@@ -253,3 +253,45 @@ def test_a_mistake_in_every_sequence_is_not_said_to_be_in_only_some():
     assert rows["out"].failed and rows["out"].diagnosis.id == "denominator"
     assert all("only sequence" not in r.diagnosis.sentence for r in rows.values() if r.failed), \
         [r.diagnosis.sentence for r in rows.values() if r.failed]
+
+
+class _SavesTheScaledQ(torch.autograd.Function):
+    """softmax(scale q kᵀ) v, its backward written out (FlashAttention-2's), from a q the forward
+    saved after scaling it: P = exp(scale · (scale q) kᵀ − lse), dq = scale dS k, dk = scale dSᵀ (scale q)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, scale, causal):
+        q = q * scale                                  # the scale folded into q once ...
+        S = q @ k.transpose(-1, -2)
+        if causal:
+            S = S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool).triu(1), -math.inf)
+        lse = torch.logsumexp(S, -1)
+        out = torch.exp(S - lse[..., None]) @ v
+        ctx.save_for_backward(q, k, v, out, lse)       # ... and saved so, for a backward that scales again
+        ctx.scale, ctx.causal = scale, causal
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        S = ctx.scale * q @ k.transpose(-1, -2)
+        if ctx.causal:
+            S = S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool).triu(1), -math.inf)
+        P = torch.exp(S - lse[..., None])
+        dS = P * (dout @ v.transpose(-1, -2) - (dout * out).sum(-1, keepdim=True))
+        return ctx.scale * dS @ k, ctx.scale * dS.transpose(-1, -2) @ q, P.transpose(-1, -2) @ dout, None, None
+
+
+def test_a_backward_from_a_q_saved_already_scaled_is_named_on_every_gradient():
+    def saves_scaled_q(q, k, v, *, causal, scale):
+        return _SavesTheScaledQ.apply(q, k, v, scale, causal)
+    for scale, said in ((None, "scale 1/D instead of 1/sqrt(D) (the scale applied twice"),
+                        (0.3, "the scale applied twice (0.3^2 = 0.09")):
+        rows = _rows(saves_scaled_q, Case(1, 2, 17, 17, 16, True, () if scale is None else (("scale", scale),)))
+        assert rows["out"].passed
+        for n in ("dk", "dv"):
+            assert rows[n].diagnosis.id.startswith("backward-scale-") and said in rows[n].diagnosis.sentence, \
+                rows[n].diagnosis.sentence
+        dq = rows["dq"].diagnosis       # the same P, and dq scaled once where dk is twice: 1/scale apart
+        assert dq.id == rows["dk"].diagnosis.id and "named on dk, dv" in dq.sentence, dq.sentence
+        assert f"times one constant, {1 / (scale or 0.25):.6g} (1/scale)" in dq.sentence, dq.sentence
