@@ -1542,7 +1542,10 @@ def _backward_by_entry(sub, failing):
         return _per_kv(case, np.swapaxes(P * keep, -1, -2) @ dout)
 
     def block(n, rows, keys):
-        """dk or dv of keys ``keys`` (a slice) from query rows ``rows`` (a slice) alone."""
+        """dk or dv of keys ``keys`` (a slice) from query rows ``rows`` (a slice) alone; dq of
+        rows ``rows`` from keys ``keys`` alone."""
+        if n == "dq":
+            return scale * dS[..., rows, keys] @ k[..., keys, :]
         w, x = (dS, scale * r["q"]) if n == "dk" else (P, dout)
         return _per_kv(case, np.swapaxes(w[..., rows, keys], -1, -2) @ x[..., rows, :])
     factors = {"scale · dS": scale * dS, "P": P, "Q": r["q"], "K": k, "V": v, "dO": dout, "D": D}
@@ -1961,35 +1964,42 @@ def _backward_blocks(sub, failing, found):
     loop's start or end off: query tiles before a key tile's first skipped under another causal
     offset, a last partial tile dropped): for each pair of tile sizes of
     `mistakes.KEY_TILES`, each block's weight fitted to the target's dv (or dk) key tile by key
-    tile, by least squares over the blocks that hold a weight, rounded to 0 or 1; then held, with
-    those blocks, to every failing gradient (`_backward_by_entry`)."""
-    fit_to = next((n for n in ("dv", "dk") if n in failing and np.isfinite(sub.arrays.get(n, np.nan)).all()), None)
+    tile (or, where dq alone fails, to dq query tile by query tile), by least squares over the
+    blocks that hold a weight, rounded to 0 or 1; then held, with those blocks, to every failing
+    gradient (`_backward_by_entry`)."""
+    fit_to = next((n for n in ("dv", "dk", "dq") if n in failing and np.isfinite(sub.arrays.get(n, np.nan)).all()),
+                  None)
     if found is None or fit_to is None:
         return []
     P, grad, block, _ = found
     case = sub.case
     tq, tk = case.tq, case.tk
     got = sub.arrays[fit_to]
+    by_rows = fit_to == "dq"               # dq's rows are query rows: fitted query tile by query tile
     best = None
     for bm, bn in itertools.product(mistakes.KEY_TILES, repeat=2):
         nq, nk = -(-tq // bm), -(-tk // bn)
         if nq * nk < 2 or nq * nk > BLOCKS:
             continue
         weight = np.ones((nq, nk))
-        for kt in range(nk):
-            keys = slice(kt * bn, (kt + 1) * bn)
+        for o in range(nq if by_rows else nk):
             parts, active = [], []
-            for qt in range(nq):
-                rows = slice(qt * bm, (qt + 1) * bm)
+            for i in range(nk if by_rows else nq):
+                qt, kt = (o, i) if by_rows else (i, o)
+                rows, keys = slice(qt * bm, (qt + 1) * bm), slice(kt * bn, (kt + 1) * bn)
                 if P[..., rows, keys].any():
                     parts.append(block(fit_to, rows, keys).reshape(-1))
-                    active.append(qt)
+                    active.append(i)
             if not active:
                 continue
-            w = _zero_one_fit(np.stack(parts, axis=1), got[..., keys, :].reshape(-1))
+            own = slice(o * bm, (o + 1) * bm) if by_rows else slice(o * bn, (o + 1) * bn)
+            w = _zero_one_fit(np.stack(parts, axis=1), got[..., own, :].reshape(-1))
             if w is None:
                 break
-            weight[active, kt] = w
+            if by_rows:
+                weight[o, active] = w
+            else:
+                weight[active, o] = w
         else:
             if weight.all():
                 continue
@@ -2002,18 +2012,31 @@ def _backward_blocks(sub, failing, found):
         return []
     _, bm, bn, weight, preds = best
     skipped = []
-    for kt in range(weight.shape[1]):
-        qts = [int(q) for q in np.nonzero(weight[:, kt] == 0)[0]]
-        if qts:
-            skipped.append(f"key tile {kt} without query {'tile' if len(qts) == 1 else 'tiles'} {ranges(qts)}")
+    own, other = ("query", "key") if by_rows else ("key", "query")
+    for o, line in enumerate(weight if by_rows else weight.T):
+        left_out = [int(i) for i in np.nonzero(line == 0)[0]]
+        if left_out:
+            skipped.append(f"{own} tile {o} without {other} {'tile' if len(left_out) == 1 else 'tiles'} "
+                           f"{ranges(left_out)}")
     said = "; ".join(skipped[:4]) + ("; ..." if len(skipped) > 4 else "")
+    # the blocks that need a mask: partly seen (the causal diagonal, a window's edge), or a tile of the
+    # walked axis past its end (dq walks keys; dk and dv walk query rows)
+    seen = (P > 0).any((0, 1))
+    masked = np.zeros_like(weight, dtype=bool)
+    for qt, kt in zip(*np.nonzero(weight >= 0)):
+        part = seen[qt * bm:(qt + 1) * bm, kt * bn:(kt + 1) * bn]
+        past = (kt + 1) * bn > tk if by_rows else (qt + 1) * bm > tq
+        masked[qt, kt] = part.any() and (past or not part.all())
+    walked = "key" if by_rows else "query row"
+    why = f"the blocks that need a mask (partly seen, or past the last {walked}), and only those: a stage of " \
+        "masked tiles lost" if np.array_equal(masked, weight == 0) else "a tile loop's start or end off"
 
     def predict(grads=True):
         return {**sub.gold, **preds}
     left = int((weight == 0).sum())
     return [mistakes.Hypothesis("backward-blocks", f"a backward that leaves out {left} (query tile, "
-                                f"key tile) blocks of {bm} x {bn} that the forward uses ({said}): a tile loop's start "
-                                "or end off", predict, tuple(preds), fitted=(fit_to,))]
+                                f"key tile) blocks of {bm} x {bn} that the forward uses ({said}): {why}",
+                                predict, tuple(preds), fitted=(fit_to,))]
 
 
 def _keys_unseen(sub):

@@ -295,3 +295,46 @@ def test_a_backward_from_a_q_saved_already_scaled_is_named_on_every_gradient():
         dq = rows["dq"].diagnosis       # the same P, and dq scaled once where dk is twice: 1/scale apart
         assert dq.id == rows["dk"].diagnosis.id and "named on dk, dv" in dq.sentence, dq.sentence
         assert f"times one constant, {1 / (scale or 0.25):.6g} (1/scale)" in dq.sentence, dq.sentence
+
+
+class _DqFromSomeBlocks(torch.autograd.Function):
+    """Causal attention whose backward's dq sums dS k over the (query tile, key tile) blocks of 32
+    x 32 that ``kept`` keeps alone: its masked stage lost (the diagonal's blocks), or a block seen whole."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, scale, kept):
+        S = scale * q @ k.transpose(-1, -2)
+        S = S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool).triu(1), -math.inf)
+        P = torch.softmax(S, -1)
+        ctx.save_for_backward(q, k, v, P)
+        ctx.scale, ctx.kept = scale, kept
+        return P @ v
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, P = ctx.saved_tensors
+        dS = P * (dout @ v.transpose(-1, -2) - (dout * (P @ v)).sum(-1, keepdim=True))
+        keep = torch.kron(ctx.kept, torch.ones(32, 32))[:q.shape[-2], :k.shape[-2]]
+        return ctx.scale * (dS * keep) @ k, ctx.scale * dS.transpose(-1, -2) @ q, P.transpose(-1, -2) @ dout, \
+            None, None
+
+
+def test_a_dq_pass_that_loses_its_masked_stage_is_told_from_one_that_skips_a_block():
+    said = {}
+    for lost, kept, tk in (("masked", 1 - torch.eye(3), 96),                               # the diagonal's blocks
+                           ("past", torch.tensor([[0.0, 1.0], [1.0, 0.0], [1.0, 0.0]]), 45),  # ... and keys 32 .. 44
+                           ("interior", torch.ones(3, 3).index_put_((torch.tensor(2), torch.tensor(0)),
+                                                                    torch.tensor(0.0)), 96)):  # (2, 0), seen whole
+        def dq_from_some_blocks(q, k, v, *, causal, scale):
+            return _DqFromSomeBlocks.apply(q, k, v, scale, kept)
+        rows = _rows(dq_from_some_blocks, Case(1, 2, 96, tk, 16, True))
+        assert rows["out"].passed and rows["dk"].passed and rows["dv"].passed
+        dq = rows["dq"].diagnosis
+        assert dq.id == "backward-blocks", dq.sentence
+        said[lost] = dq.sentence
+    mask = "the blocks that need a mask (partly seen, or past the last key), and only those"
+    assert "blocks of 32 x 32 that the forward uses (query tile 0 without key tile 0; query tile 1 without key " \
+        f"tile 1; query tile 2 without key tile 2): {mask}" in said["masked"], said["masked"]
+    assert f"query tile 2 without key tile 1): {mask}" in said["past"], said["past"]       # keys 32 .. 44 of 45
+    # the fewest blocks that explain: the block of 32 x 32 left out is the share of a 64 x 32 one that is seen
+    assert "(query tile 1 without key tile 0): a tile loop's start or end off" in said["interior"], said
