@@ -376,7 +376,8 @@ def _catalogue(rest, rows, ev):
             _key_tile_ranges(sub) + _tile_masks(sub) + _key_spans(sub) + _values_from_other_slices(sub) + \
             _sink_counted(sub) + _rows_moved(sub) + _scores_scaled(sub) + _tiles_weighted(sub) + \
             _tiles_left_out(sub) + _values_read_as_zero(sub) + _values_from_other_tiles(sub) + \
-            _output_rounded(sub) + _inputs_rounded(sub) + _channels_permuted(sub) + _kv_head_map(sub)
+            _output_rounded(sub) + _inputs_rounded(sub) + _inputs_sign_lost(sub) + _channels_permuted(sub) + \
+            _kv_head_map(sub)
         hyps += [h for h in fitted if not _zeros_where_wrong(sub.arrays["out"], sub.gold["out"],   # rows left blank
                                                              _predict(h, cache, grads=False)["out"], sub.den["out"],
                                                              sub.bounds["out"])]
@@ -2133,6 +2134,26 @@ def _inputs_rounded(sub, names=("q", "k", "v")):
                         if n != f"d{name}")
         out.append(mistakes.Hypothesis("input-rounded", f"{'dO' if name == 'dout' else name} rounded to {low} "
                                        f"({how}) before its use, the rest in {sub.dtype}", predict, tensors))
+    return out
+
+
+def _inputs_sign_lost(sub):
+    """Inputs read with their signs lost: the reference on |x| for k, v, both, q, or all three (a
+    sign bit dropped where a kernel decodes or loads its values: a low-precision code read as a
+    signed byte and its sign tested as 1, a mask that keeps the magnitude's bits alone); nothing
+    fitted.  Only inputs that hold a negative value.  [] on a block of rows."""
+    if sub.rows is not None:
+        return []
+    r, out = sub.rounded, []
+    for names in (("k",), ("v",), ("k", "v"), ("q",), ("q", "k", "v")):
+        if any(r.get(n) is None or not (r[n] < 0).any() for n in names):
+            continue
+        said = " and ".join(names)
+        out.append(mistakes.Hypothesis("input-sign-lost", f"{said} read with {'its' if len(names) == 1 else 'their'} "
+                                       f"signs lost ({', '.join(f'|{n}|' for n in names)}): a sign bit dropped where "
+                                       "the values are decoded or loaded",
+                                       _reference_on(sub, {**r, **{n: np.abs(r[n]) for n in names}}),
+                                       ("out", "lse")))
     return out
 
 

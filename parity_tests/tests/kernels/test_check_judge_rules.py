@@ -338,3 +338,11 @@ def test_a_dq_pass_that_loses_its_masked_stage_is_told_from_one_that_skips_a_blo
     assert f"query tile 2 without key tile 1): {mask}" in said["past"], said["past"]       # keys 32 .. 44 of 45
     # the fewest blocks that explain: the block of 32 x 32 left out is the share of a 64 x 32 one that is seen
     assert "(query tile 1 without key tile 0): a tile loop's start or end off" in said["interior"], said
+
+
+def test_keys_and_values_read_with_their_signs_lost_are_named():
+    def signs_lost(q, k, v, *, causal, scale):
+        return attend(q, k.abs(), v.abs(), causal=causal, scale=scale)[0]
+    out = _rows(signs_lost, SMALL)["out"]
+    assert out.diagnosis.id == "input-sign-lost" and "k and v read with their signs lost (|k|, |v|)" in \
+        out.diagnosis.sentence, out.diagnosis.sentence
