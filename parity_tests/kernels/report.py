@@ -29,14 +29,14 @@ from parity_tests.kernels import variations
 from parity_tests.kernels.diagnosis import weights
 from parity_tests.kernels.row import Row
 
-__all__ = ["Row", "Report", "find_growth", "find_strides", "find_precision_refuted"]
+__all__ = ["Row", "Report", "find_growth", "find_strides", "find_precision_refuted", "find_overflow"]
 
 # Diagnosis ids that name no mistake: nothing matched, or the case was too large to try.
 UNNAMED = ("none", "not-diagnosed")
 # Ids that say what the output looks like rather than which mistake made it: a report names
 # a catalogued mistake first when some row has one.
-GENERIC = ("zeros", "scores-flat", "non-finite", "lower-precision", "wrong-direction", "grows-with-length", "dropout",
-           weights.ID)
+GENERIC = ("zeros", "scores-flat", "non-finite", "float16-overflow", "lower-precision", "wrong-direction",
+           "grows-with-length", "dropout", weights.ID)
 # ... of which those that locate what is wrong without naming a mistake: a catalogued mistake heads
 # the run against them as against the rows no name covers, and a gradient of a case whose out has
 # one is not covered by it.
@@ -137,6 +137,23 @@ def find_precision_refuted(rows):
             r.diagnosis.id = "none"
             r.diagnosis.sentence = re.sub(r"the kernel appears to compute .* inside this \w+ check", instead,
                                           r.diagnosis.sentence)
+
+
+def find_overflow(rows):
+    """Name a half dtype's infinities an overflow: a tensor infinite in float16 on a case whose
+    bfloat16 or float32 run is finite (bfloat16 has float32's range, float16 ends at 65504): a value
+    past float16's largest, an intermediate kept in float16 before it is scaled down (an accumulator
+    stored before its 1/l or its descale, a sum, a product)."""
+    finite = {(r.target, r.device, r.tensor, r.case) for r in rows if r.dtype in ("bfloat16", "float32")
+              and r.verdict in ("pass", "FAIL") and not (r.diagnosis is not None and r.diagnosis.id == "non-finite")}
+    for r in rows:
+        d = r.diagnosis
+        if r.dtype == "float16" and r.failed and d is not None and d.id == "non-finite" and d.infinite and \
+                (r.target, r.device, r.tensor, r.case) in finite:
+            d.id = "float16-overflow"
+            d.sentence += ("; infinite in float16 alone (the same case is finite in bfloat16 or float32): a value "
+                           "past float16's largest, 65504, an intermediate kept in float16 before it is scaled down "
+                           "(an accumulator stored before its 1/l or its descale, a sum, a product)")
 
 
 def _moves_with_options(rows):

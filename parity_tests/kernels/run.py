@@ -27,7 +27,7 @@ import parity_tests.kernels.runner as runner
 from parity_tests.kernels import variations
 from parity_tests.kernels.invariance import MODES, check_invariance, parse_modes
 import parity_tests.kernels.targets as targets
-from parity_tests.kernels.report import Report, find_growth, find_precision_refuted, find_strides
+from parity_tests.kernels.report import Report, find_growth, find_overflow, find_precision_refuted, find_strides
 from parity_tests.common import options, outputs
 from parity_tests.common import tolerances as tol
 from parity_tests.common.help_text import Parser
@@ -317,6 +317,7 @@ def _run(plan, align, seed, progress, timeout=runner.DEFAULT_TIMEOUT, spec=None)
         show(len(work), "")
     find_growth(rows)
     find_precision_refuted(rows)
+    find_overflow(rows)
     find_strides(rows)
     gaps = [f"{name} (every case refused: {'; '.join(dict.fromkeys(refusals[name]))})"
             for name, ran in classes_run.items() if not ran]

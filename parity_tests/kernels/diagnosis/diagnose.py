@@ -203,6 +203,7 @@ class Diagnosis:
     error_map: object = field(default=None, repr=False)  # (rows, batch x head) error over the bound, for report.plot
     also: tuple = ()         # "zeros", "scores-flat": the mistakes that give the same on this case (not claimed)
     against: tuple = ()      # the catalogued mistakes tried on this tensor that do not reproduce it
+    infinite: bool = False   # non-finite, with infinite entries (not NaN alone): an overflow can make them
 
     def as_dict(self):
         return {"id": self.id, "sentence": self.sentence, "residual": _finite(self.residual),
@@ -788,7 +789,7 @@ def _non_finite(t, a, case, align, keyless=None):
     elif only_keyless and case.seqlens is not None:
         sentence += ("; its sequence has query rows that see no key (its bottom-right causal mask with more queries "
                      f"than keys): a NaN returned there reaches dk and dv through those rows' weights {zeroed}")
-    return Diagnosis("non-finite", sentence, float("inf"), float("nan"))
+    return Diagnosis("non-finite", sentence, float("inf"), float("nan"), infinite=inf > 0)
 
 
 def _padding_rows_seen(n, rows, ev):

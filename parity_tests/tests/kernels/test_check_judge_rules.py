@@ -346,3 +346,23 @@ def test_keys_and_values_read_with_their_signs_lost_are_named():
     out = _rows(signs_lost, SMALL)["out"]
     assert out.diagnosis.id == "input-sign-lost" and "k and v read with their signs lost (|k|, |v|)" in \
         out.diagnosis.sentence, out.diagnosis.sentence
+
+
+def test_an_accumulator_stored_in_float16_before_its_scale_is_named_an_overflow():
+    def stored_before_scaled(q, k, v, *, causal, scale):      # the accumulator in raw units 2^17 times out's
+        out, _ = attend(q.float(), k.float(), v.float(), causal=causal, scale=scale)
+        return ((out * 2.0 ** 17).to(q.dtype) * 2.0 ** -17).to(q.dtype)
+    report = parity_tests.check(stored_before_scaled, tokens=["17"], head_dims=[16], heads=[2], batch=[1],
+                                dtypes=["bfloat16", "float16"], causal="yes")
+    failing = [r for r in report.rows if r.failed and r.tensor == "out"]
+    assert failing and all(r.dtype == "float16" and r.diagnosis.id == "float16-overflow" for r in failing), failing
+    assert "infinite in float16 alone (the same case is finite in bfloat16 or float32)" in failing[0].diagnosis.sentence
+    assert report.diagnosis == "float16-overflow"
+
+    def nan_in_float16(q, k, v, *, causal, scale):            # NaN alone is no overflow
+        out, _ = attend(q, k, v, causal=causal, scale=scale)
+        return out.masked_fill(torch.ones_like(out, dtype=torch.bool), math.nan) if q.dtype == torch.float16 else out
+    report = parity_tests.check(nan_in_float16, tokens=["17"], head_dims=[16], heads=[2], batch=[1],
+                                dtypes=["bfloat16", "float16"], causal="yes")
+    failing = [r for r in report.rows if r.failed and r.tensor == "out"]
+    assert failing and all(r.diagnosis.id == "non-finite" for r in failing), failing
