@@ -524,7 +524,14 @@ def _wrong_delta(sub):
     ratio = ""
     if "out" in sub.gold:
         terms = sub.gold["out"] * r["dout"]
-        ratio = _delta_rows(delta, terms.sum(-1) - given, given, _constants(sub)) + _delta_past_head_dim(delta, terms)
+        lse = sub.gold.get("lse")                                 # a per-row tensor a kernel may read for dlse
+        keyed = (u * u).sum(-1) > 0                               # (rows that see no key: any D fits them)
+        read = () if lse is None else tuple(
+            (formula, words, np.where(keyed, x, given - delta)) for formula, words, x in (
+                ("lse", "the saved lse", lse.reshape(keyed.shape)),
+                ("lse · log2(e)", "the saved lse in base 2", lse.reshape(keyed.shape) / math.log(2))))
+        ratio = _delta_rows(delta, terms.sum(-1) - given, given, _constants(sub), read) + \
+            _delta_past_head_dim(delta, terms)
 
     def predict(grads=True):
         return as_4d(dense.run(q, k, v, dout, sub.opts, grads=grads, dlse=dlse))
@@ -535,11 +542,13 @@ def _wrong_delta(sub):
 DELTA_OFF = 1e-3      # `_delta_rows`: a row's D off by more than this share of the largest |D|
 
 
-def _delta_rows(delta, meant, dlse=0.0, constants=()):
+def _delta_rows(delta, meant, dlse=0.0, constants=(), read=()):
     """Words for a backward's D = ``meant`` + ``delta`` (B, H, T) where ``meant`` (rowsum(dO ∘ O)
     less the lse gradient ``dlse``) is right: its lse gradient's term multiplied by one factor
-    (delta = (1 − c) dlse), else on which rows it is off (all, or which query rows of which batch
-    entries), and there by what factor, or "0: never written" where D' is 0 on each."""
+    (delta = (1 − c) dlse), or another per-row tensor of ``read`` ((formula, words, (B, H, T)), ...)
+    subtracted in its place (the saved lse loaded where dlse is meant), else on which rows it is off (all, or
+    which query rows of which batch entries), and there by what factor, or "0: never written"
+    where D' is 0 on each."""
     top = np.abs(meant).max(initial=0.0)
     off = np.abs(delta) > DELTA_OFF * top
     if not off.any():
@@ -551,6 +560,9 @@ def _delta_rows(delta, meant, dlse=0.0, constants=()):
             named = _named_constant(c, constants)
             return (f" (its lse gradient's term multiplied by {c:.6g}{f' ({named})' if named else ''}: "
                     "D = rowsum(dO ∘ O) - c dlse)")
+        for formula, words, x in read:
+            if np.abs(delta - (dlse - x)).max() <= DELTA_OFF * np.abs(delta).max():
+                return f" (D = rowsum(dO ∘ O) - {formula}: {words} read where the lse gradient dlse is meant)"
     got = (meant + delta)[off]
     if off.all():
         where = ""

@@ -366,3 +366,36 @@ def test_an_accumulator_stored_in_float16_before_its_scale_is_named_an_overflow(
                                 dtypes=["bfloat16", "float16"], causal="yes")
     failing = [r for r in report.rows if r.failed and r.tensor == "out"]
     assert failing and all(r.diagnosis.id == "non-finite" for r in failing), failing
+
+
+class _SavedLseForItsGradient(torch.autograd.Function):
+    """Causal (out, lse), the backward written out, its row term D = rowsum(dO ∘ O) − lse: the saved
+    lse loaded where its incoming gradient dlse is meant."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, scale):
+        S = scale * q @ k.transpose(-1, -2)
+        S = S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool).triu(1), -math.inf)
+        lse = torch.logsumexp(S, -1)
+        P = torch.exp(S - lse[..., None])
+        out = P @ v
+        ctx.save_for_backward(q, k, v, P, out, lse)
+        ctx.scale = scale
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, P, out, lse = ctx.saved_tensors
+        D = (dout * out).sum(-1) - lse
+        dS = P * (dout @ v.transpose(-1, -2) - D[..., None])
+        return ctx.scale * dS @ k, ctx.scale * dS.transpose(-1, -2) @ q, P.transpose(-1, -2) @ dout, None
+
+
+def test_the_saved_lse_read_for_its_gradient_is_said_in_the_backwards_row_term():
+    def lse_for_dlse(q, k, v, *, causal, scale):
+        return _SavedLseForItsGradient.apply(q, k, v, scale)
+    rows = _rows(lse_for_dlse, SMALL, wanted=["lse_grad"])
+    assert rows["out"].passed and rows["lse"].passed and rows["dv"].passed
+    for n in ("dq", "dk"):
+        assert rows[n].diagnosis.id == "wrong-delta" and "(D = rowsum(dO ∘ O) - lse: the saved lse read where the " \
+            "lse gradient dlse is meant)" in rows[n].diagnosis.sentence, rows[n].diagnosis.sentence
