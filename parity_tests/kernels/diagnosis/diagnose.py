@@ -366,6 +366,7 @@ def _catalogue(rest, rows, ev):
             hyps += _dq_head_map(sub)
         entry = _backward_by_entry(sub, rest)           # one dense forward, shared by the readings of entries
         hyps += _last_tile_only(sub, rest, entry) + _backward_blocks(sub, rest, entry) + \
+            _delta_unweighted(sub, rest, entry) + \
             _tile_factors(sub, rest, entry) + (_rows_weighted(sub, rest, entry) or _rows_rescaled(sub, rest, entry))
         hyps += mistakes.option_twins(_mistakes_context(sub), hyps) + _backward_products(sub, rest, entry) + \
             _rows_read_as_zero(sub, rest, entry) + _do_read_otherwise(sub, rest, entry) + \
@@ -1564,6 +1565,38 @@ def _backward_by_entry(sub, failing):
         return _per_kv(case, np.swapaxes(w[..., rows, keys], -1, -2) @ x[..., rows, :])
     factors = {"scale · dS": scale * dS, "P": P, "Q": r["q"], "K": k, "V": v, "dO": dout, "D": D}
     return P, grad, block, factors
+
+
+def _delta_unweighted(sub, failing, found):
+    """dS = P ∘ dP − D where P ∘ (dP − D) is meant (a parenthesis lost): the row term D subtracted,
+    unweighted, at each key the dQ pass visits, the keys its row sees or every key of the key tiles
+    its query tile walks (masked keys on the diagonal included: P is 0 there, D is not), for each
+    pair of tile sizes of `mistakes.KEY_TILES`: dq_i = scale (Σ_j P_ij dP_ij k_j − D_i Σ_{j visited}
+    k_j).  dq alone (`_backward_by_entry`); nothing fitted."""
+    if found is None or "dq" not in failing:
+        return []
+    P, _, _, f = found
+    case, scale = sub.case, sub.opts["scale"]
+    weighted = P * (f["dO"] @ np.swapaxes(f["V"], -1, -2))
+    seen = P > 0
+    visits = [("the keys its row sees", seen)]
+    cols = np.arange(case.tk)
+    for bm, bn in itertools.product(sorted(mistakes.KEY_TILES, reverse=True), mistakes.KEY_TILES):   # alike: the
+        walked = np.zeros_like(seen)                                          # larger query tile said (FA2's dQ pass)
+        for r0 in range(0, case.tq, bm):
+            tile = seen[..., r0:r0 + bm, :].any(-2)                                  # (B, Hq, Tk)
+            first = np.where(tile, cols, case.tk).min(-1) // bn * bn
+            end = np.minimum(-(-(np.where(tile, cols, -1).max(-1) + 1) // bn) * bn, case.tk)
+            walked[..., r0:r0 + bm, :] = ((cols >= first[..., None]) & (cols < end[..., None]))[..., None, :]
+        if not (walked == seen).all() and not any((walked == v).all() for _, v in visits):
+            visits.append((f"every key of the key tiles of {bn} its query tile of {bm} walks", walked))
+    hyps = []
+    for words, visited in visits:
+        dq = scale * (weighted - f["D"][..., None] * visited) @ f["K"]
+        hyps.append(mistakes.Hypothesis(
+            "delta-unweighted", f"dS = P ∘ dP - D where P ∘ (dP - D) is meant (a parenthesis lost: D subtracted "
+            f"unweighted at {words})", lambda grads=True, dq=dq: {**sub.gold, "dq": dq}, ("dq",)))
+    return hyps
 
 
 def _last_tile_only(sub, failing, found):

@@ -399,3 +399,41 @@ def test_the_saved_lse_read_for_its_gradient_is_said_in_the_backwards_row_term()
     for n in ("dq", "dk"):
         assert rows[n].diagnosis.id == "wrong-delta" and "(D = rowsum(dO ∘ O) - lse: the saved lse read where the " \
             "lse gradient dlse is meant)" in rows[n].diagnosis.sentence, rows[n].diagnosis.sentence
+
+
+class _DeltaUnweighted(torch.autograd.Function):
+    """Causal attention whose dQ pass forms dS = P ∘ dP − D (D = rowsum(dO ∘ O)) at the keys of
+    ``visited`` (Tq, Tk), where P ∘ (dP − D) is meant; dk and dv right."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, scale, visited):
+        S = scale * q @ k.transpose(-1, -2)
+        P = torch.softmax(S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool).triu(1), -math.inf), -1)
+        ctx.save_for_backward(q, k, v, P)
+        ctx.scale, ctx.visited = scale, visited
+        return P @ v
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, P = ctx.saved_tensors
+        dP, D = dout @ v.transpose(-1, -2), (dout * (P @ v)).sum(-1, keepdim=True)
+        dS = P * (dP - D)
+        return ctx.scale * (P * dP - D * ctx.visited) @ k, ctx.scale * dS.transpose(-1, -2) @ q, \
+            P.transpose(-1, -2) @ dout, None, None
+
+
+def test_a_lost_parenthesis_in_the_dq_passs_ds_is_named_with_the_keys_it_visits():
+    t = 45
+    seen = torch.ones(t, t).tril()
+    tiles = torch.zeros(t, t)                          # query tiles of 32 walk key tiles of 16 up to their last row
+    for r0 in range(0, t, 32):
+        end = min(t, -(-min(t, r0 + 32) // 16) * 16)
+        tiles[r0:r0 + 32, :end] = 1
+    for visited, said in ((seen, "the keys its row sees"),
+                          (tiles, "every key of the key tiles of 16 its query tile of 32 walks")):
+        def delta_unweighted(q, k, v, *, causal, scale):
+            return _DeltaUnweighted.apply(q, k, v, scale, visited)
+        rows = _rows(delta_unweighted, Case(1, 2, t, t, 16, True))
+        assert rows["out"].passed and rows["dk"].passed and rows["dv"].passed
+        assert rows["dq"].diagnosis.id == "delta-unweighted" and f"D subtracted unweighted at {said})" in \
+            rows["dq"].diagnosis.sentence, rows["dq"].diagnosis.sentence
