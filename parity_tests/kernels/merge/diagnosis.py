@@ -25,7 +25,10 @@ For each failing tensor of a case (out, lse, dout_parts, dlse_parts), in order:
 5. *A weight from the merged lse* (out): the fold replayed with a piece weighed by
    sigmoid(lse_x − lse), lse the merged one, where sigmoid(lse_x − lse_y) is meant (the
    update of lse written before that of out).
-6. Otherwise "matches none of the merge mistakes", with the closest one when it
+6. *A piece's output gradient weighed by the other's weight* (dout_parts, dlse_parts): each
+   merge's backward replayed with dout_b = w_a dout (or dout_a = w_b dout, or both swapped),
+   its lse gradients right given what it receives.
+7. Otherwise "matches none of the merge mistakes", with the closest one when it
    comes closer than the reference.
 """
 
@@ -38,7 +41,7 @@ from numpy_ref import merge as ref
 from parity_tests.kernels.diagnosis.diagnose import Diagnosis, MATCH_SHARE
 
 __all__ = ["diagnose_case", "bad_entries", "base2_prediction", "unnormalised_prediction", "lse_off_prediction",
-           "merged_lse_weight_prediction", "naive_bad_rows"]
+           "merged_lse_weight_prediction", "dout_weight_prediction", "naive_bad_rows"]
 
 LN2 = math.log(2.0)
 # The merged lse off by the difference of the two, everywhere or on one side (`lse_off_prediction`):
@@ -96,6 +99,32 @@ def detached_prediction(states, dout, dlse, order):
             pair.append((w[..., None] * g_out, np.where(empty, 0.0, w * (held + g_lse))))
         grads[i], grads[j] = pair
     return np.stack([g[1] for g in grads])
+
+
+# The output gradients' weights of a pair merge's backward other than (w_a, w_b): (a's, b's) -> words
+DOUT_WEIGHTS = {("a", "a"): "dout_b = w_a dout where w_b dout is meant (b's output gradient weighed by a's weight: "
+                            "a line copied)",
+                ("b", "b"): "dout_a = w_b dout where w_a dout is meant (a's output gradient weighed by b's weight: "
+                            "a line copied)",
+                ("b", "a"): "dout_a = w_b dout and dout_b = w_a dout (the two weights swapped in the backward)"}
+
+
+def dout_weight_prediction(states, dout, dlse, order, weights):
+    """(dout_parts, dlse_parts) of a merge whose backward weighs each piece's output gradient by
+    ``weights`` (a's, b's: "a" or "b", a key of `DOUT_WEIGHTS`) where (w_a, w_b) is meant, each lse
+    gradient right given the output gradient its merge receives (a fold passes the wrong one on)."""
+    work, tape = list(states), []
+    for i, j in ref.merge_plan(len(states), order):
+        tape.append((i, j, work[i], work[j]))
+        work[i] = ref.merge_states(*work[i], *work[j])
+    grads = [None] * len(states)
+    grads[0] = (dout, dlse)
+    for i, j, s_i, s_j in reversed(tape):
+        g_out, g_lse = grads[i]
+        _, di_lse, _, dj_lse = ref.merge_states_backward(g_out, g_lse, *s_i, *s_j)
+        w = dict(zip("ab", ref._weights(s_i[1], s_j[1])[:2]))
+        grads[i], grads[j] = (w[weights[0]][..., None] * g_out, di_lse), (w[weights[1]][..., None] * g_out, dj_lse)
+    return {"dout_parts": np.stack([g[0] for g in grads]), "dlse_parts": np.stack([g[1] for g in grads])}
 
 
 def lse_off_prediction(states, order, sign, one_sided=False):
@@ -222,6 +251,8 @@ def diagnose_case(rows, got, gold, denoms, states, dout, dlse, order, dtype):
                                                                             kind == "lse-off-one-side")))
     if any(r.failed and r.tensor == "dlse_parts" for r in rows):
         predicted["detached"] = detached_prediction(states, dout, dlse, order)
+    if any(r.failed and r.tensor == "dout_parts" for r in rows):
+        predicted.update({("dout-weight", w): dout_weight_prediction(states, dout, dlse, order, w) for w in DOUT_WEIGHTS})
     named_out = None
     forward_ok = not any(r.failed for r in rows if r.tensor in ("out", "lse"))
     for row in rows:
@@ -251,10 +282,17 @@ def _catalogue(t, got, gold, denom, error, bound, predicted):
         tried += [(f"merged-lse-weight-{x}", _residual(got, predicted["merged-lse-weight", x], denom)) for x in "ab"]
     if t == "dlse_parts" and predicted.get("detached") is not None:
         tried.append(("normaliser-detached", _residual(got, predicted["detached"], denom)))
+    if t in ("dout_parts", "dlse_parts"):
+        tried += [(("dout-weight", w), _residual(got, p[t], denom)) for (k, w), p in
+                  ((k, p) for k, p in predicted.items() if isinstance(k, tuple) and k[0] == "dout-weight")]
     if t in ("out", "lse"):
         tried += [(f"{kind}{'' if sign > 0 else '-negated'}", _residual(got, predicted[sign, kind][t], denom))
                   for kind in LSE_OFF for sign in (1, -1)]
     name, res = min(tried, key=lambda p: p[1])
+    if explains(res) and isinstance(name, tuple):
+        return Diagnosis("merge-dout-weight", f"{t} matches the reference with {DOUT_WEIGHTS[name[1]]} to {fmt(res)} "
+                         f"(bound {fmt(bound)}): each piece's output gradient is its own weight times dout", res, bound)
+    name = name if isinstance(name, str) else "merge-dout-weight"
     kind = next((k for k in LSE_OFF if name.startswith(k)), None)
     if explains(res) and kind is not None:
         x, y = ("a", "b") if name == kind else ("b", "a")
@@ -284,5 +322,5 @@ def _catalogue(t, got, gold, denom, error, bound, predicted):
                          "w_a = exp(lse_a - lse) and w_b = exp(lse_b - lse) sum to 1", res, bound)
     closest = f"; closest: {name} at {fmt(res)}" if res < error else ""
     return Diagnosis("none", f"{t} matches none of the merge mistakes (lse in base 2, weights not "
-                     f"normalised, the merged lse detached in the weights, no running maximum, empty partial to "
-                     f"NaN){closest}", res, bound)
+                     f"normalised, the merged lse detached in the weights, a piece's output gradient weighed by the "
+                     f"other's weight, no running maximum, empty partial to NaN){closest}", res, bound)

@@ -72,3 +72,15 @@ def merge_lse_detached(out_a, lse_a, out_b, lse_b):
     w_a, w_b = torch.exp(zero(lse_a) - lse.detach()), torch.exp(zero(lse_b) - lse.detach())
     out = w_a[..., None] * _empty_to_zero(out_a, lse_a) + w_b[..., None] * _empty_to_zero(out_b, lse_b)
     return out.to(out_a.dtype), torch.where(both, torch.full_like(lse, -math.inf), lse)
+
+
+
+def merge_dout_b_weighed_by_a(out_a, lse_a, out_b, lse_b):
+    """The forward right; its backward gives out_b the gradient w_a dout where w_b dout is meant
+    (the line for b's output gradient copied from a's), the lse gradients right (an empty b's
+    gradient left 0)."""
+    out, lse = merge(out_a, lse_a, out_b, lse_b)
+    both = torch.stack([lse_a, lse_b]).detach().float()
+    w_a, w_b = torch.nan_to_num(torch.softmax(both, dim=0))[..., None]       # each piece's weight
+    b = _empty_to_zero(out_b, lse_b)
+    return out + ((w_a - w_b) * (b - b.detach())).to(out.dtype), lse         # its value 0; ∂/∂out_b: w_a - w_b

@@ -211,3 +211,12 @@ def test_a_weight_taken_from_the_merged_lse_is_named_with_its_piece():
     out_row = next(r for r in report.failures if r.tensor == "out")
     assert "b's weight sigmoid(lse_b - lse) taken from the merged lse, where sigmoid(lse_b - lse_a) is meant" in \
         out_row.diagnosis.sentence, out_row.diagnosis.sentence
+
+
+def test_b_s_output_gradient_weighed_by_a_s_weight_is_named():
+    report = merge_check.check_merge(ex.merge_dout_b_weighed_by_a, dtypes=["float32"])
+    assert not report.passed and report.diagnosis == "merge-dout-weight", str(report)
+    douts = [r for r in report.failures if r.tensor == "dout_parts" and "empty" not in r.case]
+    assert douts and all(r.diagnosis.id == "merge-dout-weight" and "dout_b = w_a dout where w_b dout is meant"
+                         in r.diagnosis.sentence for r in douts), [r.diagnosis.sentence for r in douts]
+    assert all(r.passed for r in report.rows if r.tensor in ("out", "lse"))
