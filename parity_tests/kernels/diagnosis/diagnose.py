@@ -1977,8 +1977,10 @@ def _rows_read_as_zero(sub, failing, found):
     """A backward pass that loads an operand's rows past a bound as 0 (a masked load bounded by the
     other sequence's length, or at its last tile's start): dk or dq with V's rows from L on read as 0
     in dP = dO Vᵀ (dS = P ∘ (dP − D), D whole), dq with K's, dk with Q's, for L the other length or
-    the start of the operand's last partial tile of `mistakes.KEY_TILES`.  Nothing is fitted: each
-    is a hypothesis on its gradient alone."""
+    the start of the operand's last partial tile of `mistakes.KEY_TILES`; and dq with K's first rows
+    0 .. r − 1 read as 0, dk with Q's, r the remainder of the length by a tile (full tiles laid back
+    from the end, as the Triton tutorial's backward lays its unmasked ones: the remainder never
+    visited).  Nothing is fitted: each is a hypothesis on its gradient alone."""
     if found is None:
         return []
     P, f, case = found[0], found[3], sub.case
@@ -1998,6 +2000,21 @@ def _rows_read_as_zero(sub, failing, found):
                    f"{length[x]} is meant" if L == other[x] else f"{L}, a tile's start")
             out.append(mistakes.Hypothesis("rows-read-as-zero", f"{n}'s pass reading {x}'s rows {L} .. "
                                            f"{length[x] - 1} as 0 (a load masked at {why})",
+                                           lambda grads=True, n=n, pred=pred: {**sub.gold, n: pred}, (n,)))
+        if x not in ("K", "Q") or (n, x) not in (("dq", "K"), ("dk", "Q")):
+            continue
+        said = set()
+        for t in sorted(mistakes.KEY_TILES, reverse=True):       # alike (77 mod 64 = 77 mod 16): the largest said
+            r = length[x] % t
+            if not 0 < r < length[x] or length[x] < t or r in said:
+                continue
+            said.add(r)
+            op = {**f, x: np.where(np.arange(length[x])[:, None] < r, 0.0, f[x])}
+            dS = scale * P * (op["dO"] @ np.swapaxes(op["V"], -1, -2) - f["D"][..., None])
+            pred = dS @ op["K"] if n == "dq" else _per_kv(case, np.swapaxes(dS, -1, -2) @ op["Q"])
+            out.append(mistakes.Hypothesis("rows-read-as-zero", f"{n}'s pass reading {x}'s rows 0 .. {r - 1} as 0 "
+                                           f"(full tiles of {t} laid back from row {length[x]}: the first "
+                                           f"{length[x]} mod {t} = {r} never visited)",
                                            lambda grads=True, n=n, pred=pred: {**sub.gold, n: pred}, (n,)))
     return out
 

@@ -437,3 +437,33 @@ def test_a_lost_parenthesis_in_the_dq_passs_ds_is_named_with_the_keys_it_visits(
         assert rows["out"].passed and rows["dk"].passed and rows["dv"].passed
         assert rows["dq"].diagnosis.id == "delta-unweighted" and f"D subtracted unweighted at {said})" in \
             rows["dq"].diagnosis.sentence, rows["dq"].diagnosis.sentence
+
+
+class _DqFromTheLastKeys(torch.autograd.Function):
+    """Attention whose dQ pass walks full key tiles of 64 laid back from Tk (the Triton tutorial's
+    unmasked stage) and nothing more: keys 0 .. Tk mod 64 − 1 never reach dq."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, scale):
+        P = torch.softmax(scale * q @ k.transpose(-1, -2), -1)
+        ctx.save_for_backward(q, k, v, P)
+        ctx.scale = scale
+        return P @ v
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, P = ctx.saved_tensors
+        dS = P * (dout @ v.transpose(-1, -2) - (dout * (P @ v)).sum(-1, keepdim=True))
+        first = k.shape[-2] % 64
+        return ctx.scale * dS[..., first:] @ k[..., first:, :], ctx.scale * dS.transpose(-1, -2) @ q, \
+            P.transpose(-1, -2) @ dout, None
+
+
+def test_keys_before_a_dq_passs_full_tiles_laid_back_from_the_end_are_named():
+    def last_keys(q, k, v, *, causal, scale):
+        return _DqFromTheLastKeys.apply(q, k, v, scale)
+    rows = _rows(last_keys, Case(1, 2, 17, 77, 16, False))
+    assert rows["out"].passed and rows["dk"].passed and rows["dv"].passed
+    assert rows["dq"].diagnosis.id == "rows-read-as-zero" and "dq's pass reading K's rows 0 .. 12 as 0 (full tiles " \
+        "of 64 laid back from row 77: the first 77 mod 64 = 13 never visited)" in rows["dq"].diagnosis.sentence, \
+        rows["dq"].diagnosis.sentence
