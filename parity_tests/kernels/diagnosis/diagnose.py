@@ -3548,6 +3548,29 @@ def _group_heads(n, ev):
     return []
 
 
+def _packed_tile_rows(n, ev, bad):
+    """Words where the failing rows of each failing sequence ``bad`` of a varlen case are those it
+    shares a packed tile with the sequence before it (its first rows up to the next multiple of a
+    tile of `mistakes.KEY_TILES` in the packed token axis): a tile holding two sequences' rows
+    taken for the first's alone.  Query rows for out, lse, dq; key rows for dk, dv.  "" otherwise."""
+    rows_of = 1 if n in ("dk", "dv") else 0
+    if n not in ("out", "lse", "dq", "dk", "dv") or 0 in bad:
+        return ""
+    lens = [int(x) for x in ev.case.seqlens[rows_of]]
+    a, r = ev.arrays[n], ev.gold[n]
+    den = np.asarray(ev.den[n]).reshape(np.shape(ev.den[n]) + (1, 1))
+    wrong = ((np.abs(a - r) / den).max(-1) > ev.bounds[n]).any(1)                 # (B, T)
+    starts = np.cumsum([0] + lens)
+    for t in sorted(mistakes.KEY_TILES):
+        shared = {b: int(-starts[b] % t) for b in bad}                            # its rows in the previous' tile
+        if all(0 < shared[b] < lens[b] and wrong[b].any() and not wrong[b, shared[b]:].any() for b in bad):
+            which = "query" if rows_of == 0 else "key"
+            said = ", ".join(f"{b}: rows 0 .. {shared[b] - 1}" for b in bad)
+            return (f"; in each, only its first {which} rows, those in the packed tile of {t} that also holds the "
+                    f"sequence before it ({said}): a tile holding two sequences' rows taken for the first's alone")
+    return ""
+
+
 def _summaries(result, rows, ev):
     """What a user asks first, ahead of the sentence."""
     forward_ok = all(rows[n].passed for n in ("out", "lse") if n in rows)
@@ -3567,7 +3590,7 @@ def _summaries(result, rows, ev):
                 if after and set(bad) - set(empty) == set(after) and d.id in ("none", weights.ID):   # each after it
                     said += (f", none before the empty sequence {empty[0]} (what an empty sequence shifting the ones "
                              "after it gives)")
-                lead.append(said)
+                lead.append(said + _packed_tile_rows(n, ev, bad))
         lead += _group_heads(n, ev)
         r = rows[n]
         if r.cosine is not None and r.cosine < WRONG_WAY:

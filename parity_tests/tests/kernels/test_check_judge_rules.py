@@ -467,3 +467,39 @@ def test_keys_before_a_dq_passs_full_tiles_laid_back_from_the_end_are_named():
     assert rows["dq"].diagnosis.id == "rows-read-as-zero" and "dq's pass reading K's rows 0 .. 12 as 0 (full tiles " \
         "of 64 laid back from row 77: the first 77 mod 64 = 13 never visited)" in rows["dq"].diagnosis.sentence, \
         rows["dq"].diagnosis.sentence
+
+
+class _GradientCut(torch.autograd.Function):
+    """x itself; its gradient kept where ``keep`` (rows of the packed token axis) holds alone."""
+
+    @staticmethod
+    def forward(ctx, x, keep):
+        ctx.keep = keep
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.keep[:, None, None], None
+
+
+def _gradient_lost(rows_lost):
+    def kernel(q, k, v, *, causal, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+        lost = rows_lost(torch.arange(k.shape[0])[:, None], cu_seqlens_k[1:-1]).any(-1)
+        k, v = (_GradientCut.apply(x, (~lost).to(x.dtype)) for x in (k, v))
+        return varlen(q, k, v, causal=causal, scale=scale, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                      max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)[0]
+    return kernel
+
+
+def test_keys_in_a_packed_tile_shared_with_the_sequence_before_are_located_so():
+    case = Case(3, 2, 20, 40, 16, False, (("varlen", ((20, 20, 20), (40, 40, 40))),))
+    # the rows of the packed tile of 32 that holds the sequence before: 40 .. 63 and 80 .. 95
+    rows = _rows(_gradient_lost(lambda r, starts: (r >= starts) & (r < (starts + 31) // 32 * 32)), case,
+                 wanted=["varlen"])
+    assert rows["out"].passed and rows["dq"].passed
+    for n in ("dk", "dv"):
+        assert "only sequences 1, 2 of the batch; in each, only its first key rows, those in the packed tile of 32 " \
+            "that also holds the sequence before it (1: rows 0 .. 23, 2: rows 0 .. 15)" in rows[n].diagnosis.sentence, \
+            rows[n].diagnosis.sentence
+    rows = _rows(_gradient_lost(lambda r, starts: r >= starts), case, wanted=["varlen"])     # each whole: no tile
+    assert all(rows[n].failed and "packed tile" not in rows[n].diagnosis.sentence for n in ("dk", "dv"))
