@@ -1,7 +1,8 @@
 """``gqa``: k and v with fewer heads than q (MQA included); query head h reads kv head
 h // (Hq / Hkv).  Cases Hq/Hkv = 4/1, 6/2, 8/4.  Invited mistakes: kv heads tiled
-(h % Hkv) instead of interleaved, and dk, dv of a kv head taken from one query head
-of its group instead of summed over the group (the adjoint of the repeat is a sum)."""
+(h % Hkv) instead of interleaved, dk, dv of a kv head taken from one query head of its
+group instead of summed over the group (the adjoint of the repeat is a sum), and the
+bottom-right offset computed with the rows the group's heads are packed into (Tq x G)."""
 
 import numpy as np
 
@@ -23,6 +24,12 @@ def mistakes(ctx, kv_heads):
     if kv_heads > 1:
         out.append(ctx.H("gqa-repeat", "kv heads mapped with repeat (query head h reads kv head h % Hkv) "
                          "instead of repeat_interleave (h // (Hq/Hkv))", ctx.fwd(kv_map="repeat")))
+    if case.causal and ctx.align == "bottom-right":      # the query heads packed as rows of their kv head
+        tqs = [int(t) for t in case.seqlens[0]] if case.seqlens else [case.tq] * case.batch
+        out.append(ctx.H("gqa-packed-rows-offset", f"the bottom-right offset Tk - Tq computed with the packed rows "
+                         f"Tq x {group} for Tq (the group's query heads packed as rows of their kv head, as "
+                         f"FlashAttention-3's PackGQA does): the causal diagonal {group - 1} x Tq keys earlier",
+                         ctx.fwd(shift=[-(group - 1) * t for t in tqs])))
     if "dk" in ctx.golden_raw:
         q, k, v, dout = ctx.inputs
         cache = {}

@@ -252,7 +252,8 @@ def diagnose_case(rows, got, gold, denoms, states, dout, dlse, order, dtype):
     if any(r.failed and r.tensor == "dlse_parts" for r in rows):
         predicted["detached"] = detached_prediction(states, dout, dlse, order)
     if any(r.failed and r.tensor == "dout_parts" for r in rows):
-        predicted.update({("dout-weight", w): dout_weight_prediction(states, dout, dlse, order, w) for w in DOUT_WEIGHTS})
+        predicted.update({("dout-weight", w): dout_weight_prediction(states, dout, dlse, order, w)
+                          for w in DOUT_WEIGHTS})
     named_out = None
     forward_ok = not any(r.failed for r in rows if r.tensor in ("out", "lse"))
     for row in rows:

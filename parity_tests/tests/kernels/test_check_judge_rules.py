@@ -503,3 +503,18 @@ def test_keys_in_a_packed_tile_shared_with_the_sequence_before_are_located_so():
             rows[n].diagnosis.sentence
     rows = _rows(_gradient_lost(lambda r, starts: r >= starts), case, wanted=["varlen"])     # each whole: no tile
     assert all(rows[n].failed and "packed tile" not in rows[n].diagnosis.sentence for n in ("dk", "dv"))
+
+
+def test_a_bottom_right_offset_from_the_packed_rows_of_a_gqa_group_is_named():
+    def packed_rows_offset(q, k, v, *, causal, scale, align="top-left"):
+        group, tq, tk = q.shape[1] // k.shape[1], q.shape[2], k.shape[2]
+        k, v = (x.repeat_interleave(group, 1) for x in (k, v))
+        offset = tk - tq * group if align == "bottom-right" else 0            # Tq x G rows where Tq is meant
+        S = scale * q @ k.transpose(-1, -2)
+        if causal:
+            S = S.masked_fill(torch.arange(tk) > torch.arange(tq)[:, None] + offset, -math.inf)
+        return torch.nan_to_num(torch.softmax(S, -1)) @ v
+    case = Case(1, 8, 45, 203, 16, True, (("gqa", 4),))
+    rows = _rows(packed_rows_offset, case, wanted=["gqa"], align="bottom-right")
+    assert rows["out"].diagnosis.id == "gqa-packed-rows-offset" and "computed with the packed rows Tq x 2 for Tq" in \
+        rows["out"].diagnosis.sentence, rows["out"].diagnosis.sentence
