@@ -98,6 +98,13 @@ def slots(table, size, b, length, column=0, step=None, stride=None, tile=None, w
     return table[b, pos // step + column] * size + pos % step
 
 
+def _sorted_pages(table, b, used):
+    """``table`` with sequence b's first ``used`` pages in ascending order."""
+    table = table.copy()
+    table[b, :used] = np.sort(table[b, :used])
+    return table
+
+
 def cache(x, table, size, num, lengths, unread=math.nan):
     """x (B, T, H, D) -> (num, size, H, D): each sequence's keys in its pages, ``unread`` elsewhere."""
     flat = torch.full((num * size,) + tuple(x.shape[2:]), unread, dtype=x.dtype, device=x.device)
@@ -208,6 +215,9 @@ def mistakes(ctx, value):
                   f"tile's size) instead of % {size} (the page size): a cache block and a key block mixed up",
                   lambda tb, b, t=t: slots(tb, size, b, lengths[b], within=t))
             for t in (16, 32, 64, 128) if t != size and min(t, size) < max(lengths, default=0)]
+    out.append(_read(ctx, value, "paged-pages-sorted", "each sequence's pages read in ascending physical order, not "
+                     "the block table's (its order lost: the page list sorted, as torch.unique or a set gives)",
+                     lambda t, b: slots(_sorted_pages(t, b, -(-lengths[b] // size)), size, b, lengths[b])))
     whole = [n // size * size for n in lengths]
     if size > 1 and whole != list(lengths):
         out.append(ctx.H("paged-last-page-dropped", f"the last partial page dropped (keys {whole} "

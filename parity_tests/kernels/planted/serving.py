@@ -50,6 +50,9 @@ def _paged(q, k_cache, v_cache, block_table, cache_seqlens, causal, scale, mista
             slot = block_table[b].long()[first // page] * page + first % page + pos % 32
         elif mistake == "table-stride":                  # rows of the table max_pages - 1 apart
             slot = block_table.reshape(-1).long()[b * (block_table.shape[1] - 1) + column] * page + pos % cut
+        elif mistake == "pages-sorted":                  # the sequence's page list sorted (torch.unique's order)
+            used = -(-n // page)
+            slot = torch.sort(block_table[b].long()[:used]).values[column] * page + pos % cut
         else:
             slot = block_table[b].long()[column] * page + pos % cut
         outs.append(attend(q[b].double(), flat_k[slot], flat_v[slot], causal=causal, scale=scale,
@@ -98,6 +101,11 @@ def paged_decode_tile_in_one_page(q, k_cache, v_cache, *, block_table, cache_seq
     """Wrong: each tile of 32 keys read as 32 contiguous slots from its first key's page (a tile
     crossing a page boundary runs on into the slots after that page)."""
     return _paged(q, k_cache, v_cache, block_table, cache_seqlens, causal, scale, "tile-in-one-page")
+
+
+def paged_decode_pages_sorted(q, k_cache, v_cache, *, block_table, cache_seqlens, causal, scale):
+    """Wrong: each sequence's pages read in ascending physical order, not the block table's."""
+    return _paged(q, k_cache, v_cache, block_table, cache_seqlens, causal, scale, "pages-sorted")
 
 
 def paged_decode_offset_mod_tile(q, k_cache, v_cache, *, block_table, cache_seqlens, causal, scale):
