@@ -17,6 +17,9 @@ the ranks see them, gradients by autograd), with one thing changed:
   on a natural-log lse;
 - ``dkdv-not-reduced``: dk and dv not reduced back to the rank that owns the keys --
   each rank keeps only the share of its own queries;
+- ``block-local-mask``: the blocks of other ranks that the causal mask does not hide whole
+  given the own diagonal block's mask, block-local (row i of the shard sees the block's keys 0
+  .. i), as a ring that passes ``causal`` to every step does (``causal and step == 0`` is meant);
 - ``own-block-lse``: each block's backward given that block's own lse where the merged one
   is meant (`_own_block_lse_backward`): its P normalised within the block, D from the merged out.
 
@@ -48,6 +51,9 @@ HYPOTHESES = (
     ("no-lse-merge", "each rank normalised its partials alone (no lse merge)", dict(merge="equal")),
     ("lse-base-2", "lse merged in base 2", dict(merge="base2")),
     ("dkdv-not-reduced", "dk/dv not reduced back to the rank that owns the keys", dict(reduce=False)),
+    ("block-local-mask", "the blocks of other ranks masked as the own diagonal block (shard row i sees the "
+                         "block's keys 0 .. i: causal passed to every step where the own block alone needs it)",
+     dict(mask="block-local")),
 )
 # ... and the one of the backward alone, written out (`_own_block_lse_backward`)
 OWN_BLOCK_LSE = ("own-block-lse", "each block's backward given its own block's lse where the merged one is meant "
@@ -113,15 +119,26 @@ def _combine(partials, merge, weights):
     return state
 
 
+def _block_mask(seen_at, r, s, case, mask):
+    """Which keys of block s the query rows of shard r see: at their positions ``seen_at``, or
+    (``mask="block-local"``) a block of another rank that the mask does not hide whole seen as the
+    own diagonal block is, row i of the shard seeing the block's keys 0 .. i."""
+    seen = _visible(seen_at[r], seen_at[s], case.causal, case.get("window"))
+    if mask != "block-local" or s == r or not seen.any():
+        return seen
+    local = lambda pos: np.arange(len(pos), dtype=np.int64)
+    return _visible(local(seen_at[r]), local(seen_at[s]), case.causal, case.get("window"))
+
+
 def simulate(rounded, case, positions, *, mask="global", merge="lse", reduce=True, weights=None):
     """out, lse, dq, dk, dv (float64 arrays, global order) of the ring with one thing changed:
-    ``mask="rank-order"``; ``merge`` "base2", "equal" (``weights``: (B, H, T), a constant per
+    ``mask="rank-order"`` or "block-local"; ``merge`` "base2", "equal" (``weights``: (B, H, T), a constant per
     row) or "sum" (forward only); ``reduce=False``.  Its own loop, not the golden's tiles:
     its blocks are the ranks' shards in the sharding's order, and autograd through each
     partial carries a wrong mask, merge or reduction into the gradients as the ring would."""
     q, k, v, dout = (torch.from_numpy(np.asarray(a, dtype=np.float64)) for a in rounded)
     n = len(positions)
-    seen_at = positions if mask == "global" else _rank_order(positions)
+    seen_at = _rank_order(positions) if mask == "rank-order" else positions
     q_leaf = q.clone().requires_grad_(True)
     k_leaves = [k.clone().requires_grad_(True) for _ in range(n)]      # rank r's copy of every block
     v_leaves = [v.clone().requires_grad_(True) for _ in range(n)]
@@ -132,8 +149,7 @@ def simulate(rounded, case, positions, *, mask="global", merge="lse", reduce=Tru
             idx = torch.from_numpy(pos)
             blocks = [(r - step) % n for step in range(n)]
             partials = [_partial(q_leaf[:, :, idx], k_leaves[r][:, :, positions[s]], v_leaves[r][:, :, positions[s]],
-                                 _visible(seen_at[r], seen_at[s], case.causal, case.get("window")), case.scale)
-                        for s in blocks]
+                                 _block_mask(seen_at, r, s, case, mask), case.scale) for s in blocks]
             w = None if weights is None else torch.from_numpy(weights[:, :, pos])
             o, l = _combine(partials, merge, w)
             out[:, :, idx] = o.detach()

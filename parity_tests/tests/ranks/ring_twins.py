@@ -91,6 +91,21 @@ class _GatherKeepOwn(ring._Gather):
         return grad[dist.get_rank(ctx.group)], None
 
 
+def block_local_mask(q, k, v, *, causal, scale, group, q_positions, k_positions):
+    """``causal`` passed to every step: each other rank's block that the mask does not hide whole
+    masked as the own diagonal block is (row i of the shard sees the block's keys 0 .. i)."""
+    work = torch.float32 if q.dtype in (torch.bfloat16, torch.float16) else q.dtype
+    out = lse = None
+    for step, (k_s, v_s, pos_s) in enumerate(ring.gather_blocks(k.to(work), v.to(work), k_positions, group)):
+        seen = ring.visible(q_positions, pos_s, causal)
+        if step and causal and seen.any():
+            local = torch.where(pos_s >= 0, torch.arange(len(pos_s)), -1)        # padding keys stay unseen
+            seen = ring.visible(torch.arange(len(q_positions)), local, causal)
+        o, l = ring.partial_attention(q.to(work), k_s, v_s, seen, scale)
+        out, lse = (o, l) if out is None else ring.merge_states(out, lse, o, l)
+    return out.to(q.dtype)
+
+
 def _gather_keep_own(k, v, k_positions, group):
     return ring.gather_blocks(k, v, k_positions, group, autograd_gather=_GatherKeepOwn.apply)
 

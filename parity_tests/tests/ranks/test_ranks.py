@@ -123,6 +123,7 @@ def test_the_ring_example_passes_with_both_shardings(world):
     (ring_twins.lse_base_2, "lse-base-2", "head-tail"),
     (ring_twins.dkdv_not_reduced, "dkdv-not-reduced", "head-tail"),
     (ring_twins.own_block_lse_backward, "own-block-lse", "head-tail"),
+    (ring_twins.block_local_mask, "block-local-mask", "contiguous"),
 ])
 def test_each_planted_mistake_fails_and_is_named_with_its_rank(world, twin, name, sharding):
     report = check_ranks(twin, causal="yes", sharding=sharding, world=world, **SMALL)
