@@ -546,10 +546,10 @@ DELTA_OFF = 1e-3      # `_delta_rows`: a row's D off by more than this share of 
 def _delta_rows(delta, meant, dlse=0.0, constants=(), read=()):
     """Words for a backward's D = ``meant`` + ``delta`` (B, H, T) where ``meant`` (rowsum(dO ∘ O)
     less the lse gradient ``dlse``) is right: its lse gradient's term multiplied by one factor
-    (delta = (1 − c) dlse), or another per-row tensor of ``read`` ((formula, words, (B, H, T)), ...)
-    subtracted in its place (the saved lse loaded where dlse is meant), else on which rows it is off (all, or
-    which query rows of which batch entries), and there by what factor, or "0: never written"
-    where D' is 0 on each."""
+    (delta = (1 − c) dlse), or another per-row tensor of ``read`` ((formula, words, (B, H, T)),
+    ...) subtracted in its place (the saved lse loaded where dlse is meant), else on which rows it
+    is off (all, or which query rows of which batch entries), and there by what factor, or "0:
+    never written" where D' is 0 on each."""
     top = np.abs(meant).max(initial=0.0)
     off = np.abs(delta) > DELTA_OFF * top
     if not off.any():
@@ -1581,8 +1581,9 @@ def _delta_unweighted(sub, failing, found):
     seen = P > 0
     visits = [("the keys its row sees", seen)]
     cols = np.arange(case.tk)
-    for bm, bn in itertools.product(sorted(mistakes.KEY_TILES, reverse=True), mistakes.KEY_TILES):   # alike: the
-        walked = np.zeros_like(seen)                                          # larger query tile said (FA2's dQ pass)
+    # tile pairs that walk the same keys: the larger query tile said (FA2's dQ pass: BLOCK_M >= BLOCK_N)
+    for bm, bn in itertools.product(sorted(mistakes.KEY_TILES, reverse=True), mistakes.KEY_TILES):
+        walked = np.zeros_like(seen)
         for r0 in range(0, case.tq, bm):
             tile = seen[..., r0:r0 + bm, :].any(-2)                                  # (B, Hq, Tk)
             first = np.where(tile, cols, case.tk).min(-1) // bn * bn
@@ -2001,7 +2002,7 @@ def _rows_read_as_zero(sub, failing, found):
             out.append(mistakes.Hypothesis("rows-read-as-zero", f"{n}'s pass reading {x}'s rows {L} .. "
                                            f"{length[x] - 1} as 0 (a load masked at {why})",
                                            lambda grads=True, n=n, pred=pred: {**sub.gold, n: pred}, (n,)))
-        if x not in ("K", "Q") or (n, x) not in (("dq", "K"), ("dk", "Q")):
+        if (n, x) not in (("dq", "K"), ("dk", "Q")):
             continue
         said = set()
         for t in sorted(mistakes.KEY_TILES, reverse=True):       # alike (77 mod 64 = 77 mod 16): the largest said
@@ -2087,7 +2088,7 @@ def _backward_blocks(sub, failing, found):
     # walked axis past its end (dq walks keys; dk and dv walk query rows)
     seen = (P > 0).any((0, 1))
     masked = np.zeros_like(weight, dtype=bool)
-    for qt, kt in zip(*np.nonzero(weight >= 0)):
+    for qt, kt in np.ndindex(weight.shape):
         part = seen[qt * bm:(qt + 1) * bm, kt * bn:(kt + 1) * bn]
         past = (kt + 1) * bn > tk if by_rows else (qt + 1) * bm > tq
         masked[qt, kt] = part.any() and (past or not part.all())

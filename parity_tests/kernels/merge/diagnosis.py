@@ -284,8 +284,8 @@ def _catalogue(t, got, gold, denom, error, bound, predicted):
     if t == "dlse_parts" and predicted.get("detached") is not None:
         tried.append(("normaliser-detached", _residual(got, predicted["detached"], denom)))
     if t in ("dout_parts", "dlse_parts"):
-        tried += [(("dout-weight", w), _residual(got, p[t], denom)) for (k, w), p in
-                  ((k, p) for k, p in predicted.items() if isinstance(k, tuple) and k[0] == "dout-weight")]
+        tried += [(key, _residual(got, p[t], denom)) for key, p in predicted.items()
+                  if isinstance(key, tuple) and key[0] == "dout-weight"]
     if t in ("out", "lse"):
         tried += [(f"{kind}{'' if sign > 0 else '-negated'}", _residual(got, predicted[sign, kind][t], denom))
                   for kind in LSE_OFF for sign in (1, -1)]

@@ -132,8 +132,8 @@ def _block_mask(seen_at, r, s, case, mask):
 
 def simulate(rounded, case, positions, *, mask="global", merge="lse", reduce=True, weights=None):
     """out, lse, dq, dk, dv (float64 arrays, global order) of the ring with one thing changed:
-    ``mask="rank-order"`` or "block-local"; ``merge`` "base2", "equal" (``weights``: (B, H, T), a constant per
-    row) or "sum" (forward only); ``reduce=False``.  Its own loop, not the golden's tiles:
+    ``mask`` "rank-order" or "block-local"; ``merge`` "base2", "equal" (``weights``: (B, H, T),
+    a constant per row) or "sum" (forward only); ``reduce=False``.  Its own loop, not the golden's tiles:
     its blocks are the ranks' shards in the sharding's order, and autograd through each
     partial carries a wrong mask, merge or reduction into the gradients as the ring would."""
     q, k, v, dout = (torch.from_numpy(np.asarray(a, dtype=np.float64)) for a in rounded)
