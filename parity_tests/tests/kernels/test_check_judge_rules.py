@@ -348,7 +348,7 @@ def test_keys_and_values_read_with_their_signs_lost_are_named():
         out.diagnosis.sentence, out.diagnosis.sentence
 
 
-def test_an_accumulator_stored_in_float16_before_its_scale_is_named_an_overflow():
+def test_an_accumulator_stored_in_float16_before_its_scale_is_named_an_overflow(without_input_classes):
     def stored_before_scaled(q, k, v, *, causal, scale):      # the accumulator in raw units 2^17 times out's
         out, _ = attend(q.float(), k.float(), v.float(), causal=causal, scale=scale)
         return ((out * 2.0 ** 17).to(q.dtype) * 2.0 ** -17).to(q.dtype)
