@@ -518,3 +518,21 @@ def test_a_bottom_right_offset_from_the_packed_rows_of_a_gqa_group_is_named():
     rows = _rows(packed_rows_offset, case, wanted=["gqa"], align="bottom-right")
     assert rows["out"].diagnosis.id == "gqa-packed-rows-offset" and "computed with the packed rows Tq x 2 for Tq" in \
         rows["out"].diagnosis.sentence, rows["out"].diagnosis.sentence
+
+
+def test_a_broadcast_bias_read_through_its_own_views_strides_is_named():
+    def own_strides(q, k, v, *, causal, scale, bias):
+        full = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+        view = bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape)).contiguous()
+        offset = sum(torch.arange(n).reshape([-1 if a == b else 1 for b in range(4)]) * view.stride(a)
+                     for a, n in enumerate(full))                        # view.stride(), not the expansion's
+        flat = view.reshape(-1)
+        read = torch.where(offset < flat.numel(), flat[offset.clamp(max=flat.numel() - 1)], torch.zeros(()))
+        S = scale * q @ k.transpose(-1, -2) + read.to(q.dtype)
+        if causal:
+            S = S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool).triu(1), -math.inf)
+        return torch.softmax(S, -1) @ v
+    rows = _rows(own_strides, Case(2, 2, 17, 17, 16, True, (("bias", (2, 1, 1, 17)),)), wanted=["bias"])
+    for n in ("out", "dq", "dk", "dv", "dbias"):
+        assert rows[n].failed and rows[n].diagnosis.id == "bias-own-strides", (n, rows[n].diagnosis.sentence)
+    assert "read through the strides of its own view (2, 1, 1, 17), (17, 17, 17, 1)" in rows["out"].diagnosis.sentence
