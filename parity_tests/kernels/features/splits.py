@@ -11,7 +11,8 @@ Tk = 300; 133 splits of 7 keys (most ranges empty); 7 splits of a prefill chunk;
 only.  Invited mistakes: the partials merged without their rescaling exp(m_s − m) (each
 split's sums kept relative to its own maximum), an empty split's −inf turned into NaN
 (0/0 in its normalisation), or left at the workspace's 0 (its partial never written), the
-merge done in base 2 on natural-log partials."""
+merge done in base 2 on natural-log partials, each split's causal mask placed as if its key
+range were the whole sequence."""
 
 import math
 from dataclasses import replace
@@ -77,6 +78,39 @@ def _merged(ctx, parts, how):
     return predict
 
 
+def _aligned_alone(ctx, splits):
+    """out, lse of splits whose causal mask is placed as if each key range were a whole sequence
+    (a split kernel handed its slice of k and v without the slice's start and the whole length):
+    row i sees key j of the range [start, end) iff j − start ≤ i + o, o = (end − start) − Tq
+    bottom-right, 0 top-left; the partials then merged right."""
+    q, k, v, _ = ctx.inputs
+    t = lambda a: torch.as_tensor(np.asarray(a)).double()
+    kw = {**dense.keywords(ctx.opts, arrays=("bias", "alibi_slopes")), "causal": False}
+    bias = kw.pop("bias", 0.0)
+    tk = k.shape[2]
+    first, total = ctx.rows or (0, q.shape[2])
+    i, j = torch.arange(first, first + q.shape[2])[:, None], torch.arange(tk)
+    width = math.ceil(tk / splits)
+
+    def predict(grads=True):
+        outs, lses = [], []
+        for start in range(0, tk, width):
+            end = min(tk, start + width)
+            o = end - start - total if ctx.align == "bottom-right" else 0
+            seen = (j >= start) & (j < end) & (j - start <= i + o)
+            mask = torch.zeros(seen.shape, dtype=torch.float64).masked_fill(~seen, -math.inf)
+            out_s, lse_s = dense.attention(t(q), t(k), t(v), bias=bias + mask, rows=ctx.rows, **kw)
+            outs.append(out_s.numpy())
+            lses.append(lse_s.numpy())
+        lse_s = np.stack(lses)
+        lse = np.logaddexp.reduce(lse_s, axis=0)
+        with np.errstate(invalid="ignore"):
+            w = np.where(np.isfinite(lse_s), np.exp(lse_s - np.where(np.isfinite(lse), lse, 0.0)), 0.0)
+        out = (w[..., None] * np.nan_to_num(np.stack(outs))).sum(0)
+        return ctx.as_4d({"out": out, "lse": lse})
+    return predict
+
+
 def _empty_nan(ctx, parts):
     def predict(grads=True):
         lse_s = parts()[1]
@@ -113,7 +147,10 @@ def mistakes(ctx, splits):
                   _merged(ctx, parts, "empty-zero"), present("out", "lse")),
             ctx.H("splits-lse-base-2", "the partial states merged in base 2 (lse = log2 Σ 2^lse_s, weights "
                   "2^(lse_s − lse)) while each split's lse is a natural log", _merged(ctx, parts, "base-2"),
-                  present("out", "lse"))]
+                  present("out", "lse"))] + \
+        ([ctx.H("splits-aligned-alone", f"each split's causal mask placed as if its key range were the whole "
+                f"sequence ({ctx.align}: the split's start and the whole length not handed to the split kernel)",
+                _aligned_alone(ctx, splits), present("out", "lse"))] if ctx.case.causal else [])
 
 
 FEATURE = Feature("splits", "num_splits=int, FlashAttention's split-KV: the unsplit result for 1, 2, 3, 7 and "

@@ -139,8 +139,12 @@ def _split(q, k, v, causal, scale, num_splits, align, mistake=None):
     tq, tk = q.shape[2], k.shape[2]
     offset = tk - tq if align == "bottom-right" else 0
     width = -(-tk // num_splits)
-    parts = [_partial(q, k, v, min(s * width, tk), min((s + 1) * width, tk), causal, scale, offset, mistake)
-             for s in range(num_splits)]
+    ranges = [(min(s * width, tk), min((s + 1) * width, tk)) for s in range(num_splits)]
+    if mistake == "aligned-alone":          # each range taken for a whole sequence: its own offset, from its start
+        offsets = [j0 + (j1 - j0 - tq if align == "bottom-right" else 0) for j0, j1 in ranges]
+    else:
+        offsets = [offset] * num_splits
+    parts = [_partial(q, k, v, j0, j1, causal, scale, o, mistake) for (j0, j1), o in zip(ranges, offsets)]
     outs = torch.stack([p[0] for p in parts])
     lses = torch.stack([p[1] for p in parts])                               # (S, B, H, Tq)
     if mistake == "empty-zero":                       # an empty split's partial never written: 0 and lse 0
@@ -178,6 +182,11 @@ def split_decode_empty_zero(q, k, v, *, causal, scale, num_splits=1, align="top-
     """Wrong: a split that sees no key returns early without writing its partial, so the merge reads
     the workspace's zeros: lse 0 (not −inf) and out 0, each a term exp(0) in the sum."""
     return _split(q, k, v, causal, scale, num_splits, align, "empty-zero").to(q.dtype)
+
+
+def split_decode_aligned_alone(q, k, v, *, causal, scale, num_splits=1, align="top-left"):
+    """Wrong: each split's causal mask placed as if its key range were the whole sequence."""
+    return _split(q, k, v, causal, scale, num_splits, align, "aligned-alone").to(q.dtype)
 
 
 def split_decode_base_2(q, k, v, *, causal, scale, num_splits=1, align="top-left"):
