@@ -92,7 +92,7 @@ FITTED = ("constant-factor", "lse-offset", "lse-max-factor", "axes-permuted", "s
           "broadcast-sum",
           "backward-blocks", "tile-factors", "rows-weighted", "rows-rescaled", "key-tile-ranges", "tile-masks",
           "key-spans", "sink-counted", "rows-moved", "scores-scaled", "denominator", "tiles-weighted", "tiles-left-out",
-          "tiles-scaled", "values-read-as-zero", "wrong-delta", "dp-scaled", "backward-p-scaled")
+          "tiles-scaled", "values-read-as-zero", "wrong-delta", "dp-scaled", "backward-p-scaled", "out-channels-moved")
 
 # A catalogued mistake that leaves at most this share of the error against the
 # reference explains the tensor, even where its own rounding exceeds the bound
@@ -379,7 +379,7 @@ def _catalogue(rest, rows, ev):
             _sink_counted(sub) + _rows_moved(sub) + _scores_scaled(sub) + _tiles_weighted(sub) + \
             _tiles_left_out(sub) + _values_read_as_zero(sub) + _values_from_other_tiles(sub) + \
             _output_rounded(sub) + _inputs_rounded(sub) + _inputs_sign_lost(sub) + _channels_permuted(sub) + \
-            _kv_head_map(sub)
+            _out_channels_moved(sub) + _kv_head_map(sub)
         hyps += [h for h in fitted if not _zeros_where_wrong(sub.arrays["out"], sub.gold["out"],   # rows left blank
                                                              _predict(h, cache, grads=False)["out"], sub.den["out"],
                                                              sub.bounds["out"])]
@@ -2302,6 +2302,32 @@ def _channels_permuted(sub):
                                            "un-permuted, or interleaved and split halves taken for each other)",
                                            predict, ("out", "lse")))
     return out
+
+
+def _out_channels_moved(sub):
+    """out's channels in another order, whatever the order: each channel d of the target's out
+    matched to the reference's channel nearest it over every row, π(d); named where π is a
+    permutation other than the identity (an epilogue's un-shuffle applying a permutation where its
+    inverse is meant, lanes stored in another order), said within the smallest group of channels
+    it keeps (8: a byte-permute of FP8 lanes).  [] on a block of rows, or where out is not finite."""
+    got = sub.arrays.get("out")
+    if sub.rows is not None or got is None or not np.isfinite(got).all():
+        return []
+    gold = sub.gold["out"]
+    d = got.shape[-1]
+    a, g = got.reshape(-1, d), gold.reshape(-1, d)
+    cost = (a * a).sum(0)[:, None] - 2 * a.T @ g + (g * g).sum(0)[None, :]          # |a_d − g_c|², (d, c)
+    order = cost.argmin(1)
+    if len(set(order.tolist())) != d or (order == np.arange(d)).all():
+        return []
+    group = next(n for n in (2, 4, 8, 16, 32, 64, d) if d % n == 0 and (order // n == np.arange(d) // n).all())
+    shown = ", ".join(map(str, order[:min(group, 8)])) + (", .." if group > 8 else "")
+    where = f"within each group of {group} channels, channel p holding the reference's channel {shown}" \
+        if group < d else f"channel p holding the reference's channel {shown}"
+    return [mistakes.Hypothesis("out-channels-moved", f"out's channels in another order ({where}: an "
+                                "epilogue's un-shuffle applying its permutation where the inverse is meant, or lanes "
+                                "stored in another order)", lambda grads=True: {**sub.gold, "out": gold[..., order]},
+                                ("out",), fitted=("out",))]
 
 
 MAX_COUNT = 8          # `_keys_weighted`: a key counted up to this many times (split ranges overlapping by a tile)

@@ -536,3 +536,14 @@ def test_a_broadcast_bias_read_through_its_own_views_strides_is_named():
     for n in ("out", "dq", "dk", "dv", "dbias"):
         assert rows[n].failed and rows[n].diagnosis.id == "bias-own-strides", (n, rows[n].diagnosis.sentence)
     assert "read through the strides of its own view (2, 1, 1, 17), (17, 17, 17, 1)" in rows["out"].diagnosis.sentence
+
+
+def test_outputs_channels_in_another_order_are_named_with_the_order():
+    perm = torch.tensor([0, 2, 4, 6, 1, 3, 5, 7])              # FP8 lanes' byte-permute, applied twice
+    order = torch.cat([perm[perm], 8 + perm[perm]])
+
+    def unshuffled_twice(q, k, v, *, causal, scale):
+        return attend(q, k, v, causal=causal, scale=scale)[0][..., order]
+    out = _rows(unshuffled_twice, SMALL)["out"]
+    assert out.diagnosis.id == "out-channels-moved" and "within each group of 8 channels, channel p holding the " \
+        "reference's channel 0, 4, 1, 5, 2, 6, 3, 7" in out.diagnosis.sentence, out.diagnosis.sentence
