@@ -27,7 +27,8 @@ For each failing tensor of a case (out, lse, dout_parts, dlse_parts), in order:
    update of lse written before that of out).
 6. *A piece's output gradient weighed by the other's weight* (dout_parts, dlse_parts): each
    merge's backward replayed with dout_b = w_a dout (or dout_a = w_b dout, or both swapped),
-   its lse gradients right given what it receives.
+   its lse gradients right given what it receives; or *the merged lse's gradient handed to each
+   piece whole* (dlse_parts): dlse_x = w_x ⟨dO, out_x − out⟩ + dlse.
 7. Otherwise "matches none of the merge mistakes", with the closest one when it
    comes closer than the reference.
 """
@@ -41,7 +42,7 @@ from numpy_ref import merge as ref
 from parity_tests.kernels.diagnosis.diagnose import Diagnosis, MATCH_SHARE
 
 __all__ = ["diagnose_case", "bad_entries", "base2_prediction", "unnormalised_prediction", "lse_off_prediction",
-           "merged_lse_weight_prediction", "dout_weight_prediction", "naive_bad_rows"]
+           "merged_lse_weight_prediction", "dout_weight_prediction", "dlse_unweighted_prediction", "naive_bad_rows"]
 
 LN2 = math.log(2.0)
 # The merged lse off by the difference of the two, everywhere or on one side (`lse_off_prediction`):
@@ -109,10 +110,10 @@ DOUT_WEIGHTS = {("a", "a"): "dout_b = w_a dout where w_b dout is meant (b's outp
                 ("b", "a"): "dout_a = w_b dout and dout_b = w_a dout (the two weights swapped in the backward)"}
 
 
-def dout_weight_prediction(states, dout, dlse, order, weights):
-    """(dout_parts, dlse_parts) of a merge whose backward weighs each piece's output gradient by
-    ``weights`` (a's, b's: "a" or "b", a key of `DOUT_WEIGHTS`) where (w_a, w_b) is meant, each lse
-    gradient right given the output gradient its merge receives (a fold passes the wrong one on)."""
+def _replayed_backward(states, dout, dlse, order, pair):
+    """(dout_parts, dlse_parts) of a fold whose pair merge's backward is ``pair``(g_out, g_lse, w,
+    right) -> (dout_a, dlse_a, dout_b, dlse_b), given the gradients its merge receives, the pieces'
+    weights w {"a": w_a, "b": w_b} and the right backward's four (a fold passes a wrong one on)."""
     work, tape = list(states), []
     for i, j in ref.merge_plan(len(states), order):
         tape.append((i, j, work[i], work[j]))
@@ -121,10 +122,27 @@ def dout_weight_prediction(states, dout, dlse, order, weights):
     grads[0] = (dout, dlse)
     for i, j, s_i, s_j in reversed(tape):
         g_out, g_lse = grads[i]
-        _, di_lse, _, dj_lse = ref.merge_states_backward(g_out, g_lse, *s_i, *s_j)
+        right = ref.merge_states_backward(g_out, g_lse, *s_i, *s_j)
         w = dict(zip("ab", ref._weights(s_i[1], s_j[1])[:2]))
-        grads[i], grads[j] = (w[weights[0]][..., None] * g_out, di_lse), (w[weights[1]][..., None] * g_out, dj_lse)
+        da_out, da_lse, db_out, db_lse = pair(g_out, g_lse, w, right)
+        grads[i], grads[j] = (da_out, da_lse), (db_out, db_lse)
     return {"dout_parts": np.stack([g[0] for g in grads]), "dlse_parts": np.stack([g[1] for g in grads])}
+
+
+def dout_weight_prediction(states, dout, dlse, order, weights):
+    """(dout_parts, dlse_parts) of a merge whose backward weighs each piece's output gradient by
+    ``weights`` (a's, b's: "a" or "b", a key of `DOUT_WEIGHTS`) where (w_a, w_b) is meant, each lse
+    gradient right given the output gradient its merge receives."""
+    return _replayed_backward(states, dout, dlse, order, lambda g_out, g_lse, w, right: (
+        w[weights[0]][..., None] * g_out, right[1], w[weights[1]][..., None] * g_out, right[3]))
+
+
+def dlse_unweighted_prediction(states, dout, dlse, order):
+    """(dout_parts, dlse_parts) of a merge whose backward hands the merged lse's gradient to each
+    piece whole, dlse_x = w_x <dO, out_x − out> + dlse where w_x (<dO, out_x − out> + dlse) is meant
+    (∂lse/∂lse_x = w_x taken as 1): each piece's lse gradient too large by (1 − w_x) dlse."""
+    return _replayed_backward(states, dout, dlse, order, lambda g_out, g_lse, w, right: (
+        right[0], right[1] + (1 - w["a"]) * g_lse, right[2], right[3] + (1 - w["b"]) * g_lse))
 
 
 def lse_off_prediction(states, order, sign, one_sided=False):
@@ -254,6 +272,8 @@ def diagnose_case(rows, got, gold, denoms, states, dout, dlse, order, dtype):
     if any(r.failed and r.tensor == "dout_parts" for r in rows):
         predicted.update({("dout-weight", w): dout_weight_prediction(states, dout, dlse, order, w)
                           for w in DOUT_WEIGHTS})
+    if any(r.failed and r.tensor == "dlse_parts" for r in rows):
+        predicted["dlse-unweighted"] = dlse_unweighted_prediction(states, dout, dlse, order)
     named_out = None
     forward_ok = not any(r.failed for r in rows if r.tensor in ("out", "lse"))
     for row in rows:
@@ -283,6 +303,8 @@ def _catalogue(t, got, gold, denom, error, bound, predicted):
         tried += [(f"merged-lse-weight-{x}", _residual(got, predicted["merged-lse-weight", x], denom)) for x in "ab"]
     if t == "dlse_parts" and predicted.get("detached") is not None:
         tried.append(("normaliser-detached", _residual(got, predicted["detached"], denom)))
+    if t == "dlse_parts" and predicted.get("dlse-unweighted") is not None:
+        tried.append(("dlse-unweighted", _residual(got, predicted["dlse-unweighted"][t], denom)))
     if t in ("dout_parts", "dlse_parts"):
         tried += [(key, _residual(got, p[t], denom)) for key, p in predicted.items()
                   if isinstance(key, tuple) and key[0] == "dout-weight"]
@@ -306,6 +328,10 @@ def _catalogue(t, got, gold, denom, error, bound, predicted):
                          f"taken from the merged lse, where sigmoid(lse_{x} - lse_{y}) is meant, to {fmt(res)} (bound "
                          f"{fmt(bound)}): lse updated before out (out = out - sigmoid(lse_b - lse)(out - out_b) "
                          "needs the running lse as it was); the later merges weigh that out", res, bound)
+    if explains(res) and name == "dlse-unweighted":
+        return Diagnosis(name, f"{t} matches the reference with the merged lse's gradient handed to each piece whole, "
+                         f"dlse_x = w_x <dO, out_x - out> + dlse where w_x (<dO, out_x - out> + dlse) is meant, to "
+                         f"{fmt(res)} (bound {fmt(bound)}): d lse / d lse_x is w_x, not 1", res, bound)
     if explains(res) and name == "normaliser-detached":
         return Diagnosis(name, f"{t} matches the reference with the merged lse held constant in the weights "
                          f"w_x = exp(lse_x - lse) (detached, as the stabilising maximum may be) to {fmt(res)} "
@@ -324,4 +350,5 @@ def _catalogue(t, got, gold, denom, error, bound, predicted):
     closest = f"; closest: {name} at {fmt(res)}" if res < error else ""
     return Diagnosis("none", f"{t} matches none of the merge mistakes (lse in base 2, weights not "
                      f"normalised, the merged lse detached in the weights, a piece's output gradient weighed by the "
-                     f"other's weight, no running maximum, empty partial to NaN){closest}", res, bound)
+                     f"other's weight, the merged lse's gradient handed whole, no running maximum, empty partial to "
+                     f"NaN){closest}", res, bound)

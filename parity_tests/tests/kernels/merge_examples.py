@@ -84,3 +84,27 @@ def merge_dout_b_weighed_by_a(out_a, lse_a, out_b, lse_b):
     w_a, w_b = torch.nan_to_num(torch.softmax(both, dim=0))[..., None]       # each piece's weight
     b = _empty_to_zero(out_b, lse_b)
     return out + ((w_a - w_b) * (b - b.detach())).to(out.dtype), lse         # its value 0; ∂/∂out_b: w_a - w_b
+
+
+
+class _HandedWhole(torch.autograd.Function):
+    """0 forward; backward: (1 − w_a) g and (1 − w_b) g to lse_a and lse_b, where the merge's own
+    backward gives w_x g: the two together hand each piece g whole."""
+
+    @staticmethod
+    def forward(ctx, lse_a, lse_b, w_a, w_b):
+        ctx.save_for_backward(w_a, w_b)
+        return torch.zeros_like(lse_a)
+
+    @staticmethod
+    def backward(ctx, g):
+        w_a, w_b = ctx.saved_tensors
+        return (1 - w_a) * g, (1 - w_b) * g, None, None
+
+
+def merge_dlse_unweighted(out_a, lse_a, out_b, lse_b):
+    """The forward right; its backward hands the merged lse's gradient to each piece whole,
+    dlse_x = w_x <dO, out_x - out> + dlse (d lse / d lse_x taken as 1, w_x meant)."""
+    out, lse = merge(out_a, lse_a, out_b, lse_b)
+    w_a, w_b = torch.nan_to_num(torch.softmax(torch.stack([lse_a, lse_b]).detach().float(), dim=0))
+    return out, lse + _HandedWhole.apply(lse_a, lse_b, w_a, w_b).to(lse.dtype)

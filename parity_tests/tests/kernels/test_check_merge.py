@@ -220,3 +220,10 @@ def test_b_s_output_gradient_weighed_by_a_s_weight_is_named():
     assert douts and all(r.diagnosis.id == "merge-dout-weight" and "dout_b = w_a dout where w_b dout is meant"
                          in r.diagnosis.sentence for r in douts), [r.diagnosis.sentence for r in douts]
     assert all(r.passed for r in report.rows if r.tensor in ("out", "lse"))
+
+
+def test_the_merged_lse_s_gradient_handed_to_each_piece_whole_is_named():
+    report = merge_check.check_merge(ex.merge_dlse_unweighted, dtypes=["float32"])
+    assert not report.passed and ids(report) == {"dlse-unweighted"}, str(report)
+    assert {r.tensor for r in report.failures} == {"dlse_parts"}
+    assert "d lse / d lse_x is w_x, not 1" in report.failures[0].diagnosis.sentence
