@@ -366,7 +366,7 @@ def _catalogue(rest, rows, ev):
             hyps += _dq_head_map(sub)
         entry = _backward_by_entry(sub, rest)           # one dense forward, shared by the readings of entries
         hyps += _last_tile_only(sub, rest, entry) + _backward_blocks(sub, rest, entry) + \
-            _delta_unweighted(sub, rest, entry) + \
+            _delta_unweighted(sub, rest, entry) + _delta_pointer_advanced(sub, rest, entry) + \
             _tile_factors(sub, rest, entry) + (_rows_weighted(sub, rest, entry) or _rows_rescaled(sub, rest, entry))
         hyps += mistakes.option_twins(_mistakes_context(sub), hyps) + _backward_products(sub, rest, entry) + \
             _rows_read_as_zero(sub, rest, entry) + _do_read_otherwise(sub, rest, entry) + \
@@ -656,6 +656,30 @@ def _delta_per_tile(sub, failing):
             "delta-per-tile", f"the backward's D = rowsum(dO ∘ O) summed over each key tile of {t} alone (D = "
             f"rowsum(P ∘ dP) within the tile, in the tile loop) instead of over the whole row",
             lambda grads=True, preds=preds: {**sub.gold, **preds}, ("dq", "dk")))
+    return out
+
+
+def _delta_pointer_advanced(sub, failing, found):
+    """The dQ pass's D loaded inside its key loop from a pointer advanced with the key tiles (the
+    load written in the loop where it belongs before it, or its pointer advanced with K's): key tile
+    t's dS_ij = P_ij (dP_ij − D_{i + t·n}), rows past the end read as 0 (a masked load), for each
+    key tile n of `mistakes.KEY_TILES`, the loop from key tile 0.  dq alone (`_backward_by_entry`);
+    nothing fitted."""
+    if found is None or "dq" not in failing:
+        return []
+    P, _, _, f = found
+    case, scale = sub.case, sub.opts["scale"]
+    dP = f["dO"] @ np.swapaxes(f["V"], -1, -2)
+    tq = case.tq
+    out = []
+    for n in (n for n in mistakes.KEY_TILES if n < case.tk):
+        rows = np.arange(tq)[:, None] + (np.arange(case.tk) // n)[None, :] * n          # (Tq, Tk): the row read
+        D = np.where(rows < tq, np.take(f["D"], np.minimum(rows, tq - 1), axis=-1), 0.0)
+        dq = scale * (P * (dP - D)) @ f["K"]
+        out.append(mistakes.Hypothesis(
+            "delta-pointer-advanced", f"the dQ pass's D loaded in its key loop from a pointer advanced with the key "
+            f"tiles of {n} (key tile t taking the D of row i + {n}t, past the last row 0): a load that belongs "
+            "before the loop", lambda grads=True, dq=dq: {**sub.gold, "dq": dq}, ("dq",)))
     return out
 
 

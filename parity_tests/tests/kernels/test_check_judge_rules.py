@@ -547,3 +547,36 @@ def test_outputs_channels_in_another_order_are_named_with_the_order():
     out = _rows(unshuffled_twice, SMALL)["out"]
     assert out.diagnosis.id == "out-channels-moved" and "within each group of 8 channels, channel p holding the " \
         "reference's channel 0, 4, 1, 5, 2, 6, 3, 7" in out.diagnosis.sentence, out.diagnosis.sentence
+
+
+class _DeltaPointerAdvanced(torch.autograd.Function):
+    """Causal attention whose dQ pass loads D inside its loop over key tiles of 16 from a pointer
+    advanced with them: key tile t takes the D of row i + 16 t (0 past the last row)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, scale):
+        S = scale * q @ k.transpose(-1, -2)
+        P = torch.softmax(S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool).triu(1), -math.inf), -1)
+        ctx.save_for_backward(q, k, v, P)
+        ctx.scale = scale
+        return P @ v
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, P = ctx.saved_tensors
+        dP, D = dout @ v.transpose(-1, -2), (dout * (P @ v)).sum(-1)
+        tq, tk = P.shape[-2:]
+        rows = torch.arange(tq)[:, None] + torch.arange(tk)[None, :] // 16 * 16
+        shifted = torch.where(rows < tq, D[..., rows.clamp(max=tq - 1)], torch.zeros(()))
+        dS = P * (dP - D[..., None])
+        return ctx.scale * (P * (dP - shifted)) @ k, ctx.scale * dS.transpose(-1, -2) @ q, \
+            P.transpose(-1, -2) @ dout, None
+
+
+def test_a_dq_pass_loading_d_from_a_pointer_advanced_with_its_key_tiles_is_named():
+    def advanced(q, k, v, *, causal, scale):
+        return _DeltaPointerAdvanced.apply(q, k, v, scale)
+    rows = _rows(advanced, Case(1, 2, 45, 45, 16, True))
+    assert rows["out"].passed and rows["dk"].passed and rows["dv"].passed
+    assert rows["dq"].diagnosis.id == "delta-pointer-advanced" and "key tile t taking the D of row i + 16t" in \
+        rows["dq"].diagnosis.sentence, rows["dq"].diagnosis.sentence
