@@ -80,16 +80,19 @@ def pages(case, value):
     return table, num
 
 
-def slots(table, size, b, length, column=0, step=None, stride=None, tile=None, within=None):
+def slots(table, size, b, length, column=0, step=None, stride=None, tile=None, within=None, bits=None):
     """The flat slot (page · size + offset) of each key position of sequence b; ``column``
     shifts the table column read, ``step`` is the page size the positions are cut by,
     ``stride`` the row stride the table is read with (its flat entries); ``tile``: each key
     tile of that many read as contiguous slots from its first key's slot; ``within``: the
-    offset in the page taken modulo that instead of the page size."""
+    offset in the page taken modulo that instead of the page size; ``bits``: the offset taken
+    as pos & bits."""
     step = step or size
     pos = np.arange(length)
     if within is not None:
         return table[b, pos // step] * size + pos % within
+    if bits is not None:
+        return table[b, pos // step] * size + (pos & bits)
     if tile is not None:
         first = pos - pos % tile
         return table[b, first // step] * size + first % step + pos % tile
@@ -215,6 +218,11 @@ def mistakes(ctx, value):
                   f"tile's size) instead of % {size} (the page size): a cache block and a key block mixed up",
                   lambda tb, b, t=t: slots(tb, size, b, lengths[b], within=t))
             for t in (16, 32, 64, 128) if t != size and min(t, size) < max(lengths, default=0)]
+    if size & (size - 1) == 0:                        # a power of two: the offset a mask
+        out.append(_read(ctx, value, "paged-offset-mask", f"the offset in a page taken as pos & {size} where pos & "
+                         f"{size - 1} is meant (the mask's - 1 left out: 0 or the page size, so every key reads the "
+                         "first slot of its page or of the page after it)",
+                         lambda t, b: slots(t, size, b, lengths[b], bits=size)))
     out.append(_read(ctx, value, "paged-pages-sorted", "each sequence's pages read in ascending physical order, not "
                      "the block table's (its order lost: the page list sorted, as torch.unique or a set gives)",
                      lambda t, b: slots(_sorted_pages(t, b, -(-lengths[b] // size)), size, b, lengths[b])))

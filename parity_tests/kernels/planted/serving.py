@@ -50,6 +50,8 @@ def _paged(q, k_cache, v_cache, block_table, cache_seqlens, causal, scale, mista
             slot = block_table[b].long()[first // page] * page + first % page + pos % 32
         elif mistake == "table-stride":                  # rows of the table max_pages - 1 apart
             slot = block_table.reshape(-1).long()[b * (block_table.shape[1] - 1) + column] * page + pos % cut
+        elif mistake == "offset-mask":                   # pos & page where pos & (page - 1) is meant
+            slot = block_table[b].long()[column] * page + (pos & page)
         elif mistake == "pages-sorted":                  # the sequence's page list sorted (torch.unique's order)
             used = -(-n // page)
             slot = torch.sort(block_table[b].long()[:used]).values[column] * page + pos % cut
@@ -106,6 +108,11 @@ def paged_decode_tile_in_one_page(q, k_cache, v_cache, *, block_table, cache_seq
 def paged_decode_pages_sorted(q, k_cache, v_cache, *, block_table, cache_seqlens, causal, scale):
     """Wrong: each sequence's pages read in ascending physical order, not the block table's."""
     return _paged(q, k_cache, v_cache, block_table, cache_seqlens, causal, scale, "pages-sorted")
+
+
+def paged_decode_offset_mask(q, k_cache, v_cache, *, block_table, cache_seqlens, causal, scale):
+    """Wrong: the offset in a page taken as pos & page_size, the mask's - 1 left out."""
+    return _paged(q, k_cache, v_cache, block_table, cache_seqlens, causal, scale, "offset-mask")
 
 
 def paged_decode_offset_mod_tile(q, k_cache, v_cache, *, block_table, cache_seqlens, causal, scale):

@@ -27,12 +27,13 @@ PAGED_TWINS = {"paged-past-seqlens": ex.paged_decode_past_seqlens,
                "paged-last-page-dropped": ex.paged_decode_last_page_dropped,
                "paged-tile-in-one-page": ex.paged_decode_tile_in_one_page,
                "paged-offset-mod-tile": ex.paged_decode_offset_mod_tile,
-               "paged-pages-sorted": ex.paged_decode_pages_sorted}
+               "paged-pages-sorted": ex.paged_decode_pages_sorted,
+               "paged-offset-mask": ex.paged_decode_offset_mask}
 WORDS = {"paged-past-seqlens": "cache_seqlens ignored", "paged-off-by-one-page": "one page off",
          "paged-table-stride": "row stride", "paged-page-size": "page size taken as",
          "paged-last-page-dropped": "last partial page dropped",
          "paged-tile-in-one-page": "from the page of its first key", "paged-offset-mod-tile": "position % 16",
-         "paged-pages-sorted": "ascending physical order"}
+         "paged-pages-sorted": "ascending physical order", "paged-offset-mask": "the mask's - 1 left out"}
 SPLIT_TWINS = {"splits-not-rescaled": ex.split_decode_not_rescaled,
                "splits-empty-nan": ex.split_decode_empty_nan,
                "splits-empty-lse-zero": ex.split_decode_empty_zero,
