@@ -298,26 +298,32 @@ def test_a_backward_from_a_q_saved_already_scaled_is_named_on_every_gradient():
         assert f"times one constant, {1 / (scale or 0.25):.6g} (1/scale)" in dq.sentence, dq.sentence
 
 
-class _DqFromSomeBlocks(torch.autograd.Function):
-    """Causal attention whose backward's dq sums dS k over the (query tile, key tile) blocks of 32
-    x 32 that ``kept`` keeps alone: its masked stage lost (the diagonal's blocks), or a block seen whole."""
+class _DqWritten(torch.autograd.Function):
+    """softmax(scale q kᵀ) v (``causal``: top-left), its backward written out with dk and dv right
+    and dq = ``dq_of``(P, dP, D, k, scale) (D = rowsum(dO ∘ O), (..., Tq, 1)): one dQ pass's slip."""
 
     @staticmethod
-    def forward(ctx, q, k, v, scale, kept):
+    def forward(ctx, q, k, v, scale, causal, dq_of):
         S = scale * q @ k.transpose(-1, -2)
-        S = S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool).triu(1), -math.inf)
+        if causal:
+            S = S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool).triu(1), -math.inf)
         P = torch.softmax(S, -1)
         ctx.save_for_backward(q, k, v, P)
-        ctx.scale, ctx.kept = scale, kept
+        ctx.scale, ctx.dq_of = scale, dq_of
         return P @ v
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, P = ctx.saved_tensors
-        dS = P * (dout @ v.transpose(-1, -2) - (dout * (P @ v)).sum(-1, keepdim=True))
-        keep = torch.kron(ctx.kept, torch.ones(32, 32))[:q.shape[-2], :k.shape[-2]]
-        return ctx.scale * (dS * keep) @ k, ctx.scale * dS.transpose(-1, -2) @ q, P.transpose(-1, -2) @ dout, \
-            None, None
+        dP, D = dout @ v.transpose(-1, -2), (dout * (P @ v)).sum(-1, keepdim=True)
+        dS = P * (dP - D)
+        return ctx.dq_of(P, dP, D, k, ctx.scale), ctx.scale * dS.transpose(-1, -2) @ q, \
+            P.transpose(-1, -2) @ dout, None, None, None
+
+
+def _dq_written(dq_of):
+    """A kernel whose dQ pass is ``dq_of`` (`_DqWritten`)."""
+    return lambda q, k, v, *, causal, scale: _DqWritten.apply(q, k, v, scale, causal, dq_of)
 
 
 def test_a_dq_pass_that_loses_its_masked_stage_is_told_from_one_that_skips_a_block():
@@ -326,8 +332,8 @@ def test_a_dq_pass_that_loses_its_masked_stage_is_told_from_one_that_skips_a_blo
                            ("past", torch.tensor([[0.0, 1.0], [1.0, 0.0], [1.0, 0.0]]), 45),  # ... and keys 32 .. 44
                            ("interior", torch.ones(3, 3).index_put_((torch.tensor(2), torch.tensor(0)),
                                                                     torch.tensor(0.0)), 96)):  # (2, 0), seen whole
-        def dq_from_some_blocks(q, k, v, *, causal, scale):
-            return _DqFromSomeBlocks.apply(q, k, v, scale, kept)
+        keep = torch.kron(kept, torch.ones(32, 32))[:96, :tk]         # dq from the blocks of 32 x 32 kept
+        dq_from_some_blocks = _dq_written(lambda P, dP, D, k, scale, keep=keep: scale * (P * (dP - D) * keep) @ k)
         rows = _rows(dq_from_some_blocks, Case(1, 2, 96, tk, 16, True))
         assert rows["out"].passed and rows["dk"].passed and rows["dv"].passed
         dq = rows["dq"].diagnosis
@@ -403,27 +409,6 @@ def test_the_saved_lse_read_for_its_gradient_is_said_in_the_backwards_row_term()
             "lse gradient dlse is meant)" in rows[n].diagnosis.sentence, rows[n].diagnosis.sentence
 
 
-class _DeltaUnweighted(torch.autograd.Function):
-    """Causal attention whose dQ pass forms dS = P ∘ dP − D (D = rowsum(dO ∘ O)) at the keys of
-    ``visited`` (Tq, Tk), where P ∘ (dP − D) is meant; dk and dv right."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, scale, visited):
-        S = scale * q @ k.transpose(-1, -2)
-        P = torch.softmax(S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool).triu(1), -math.inf), -1)
-        ctx.save_for_backward(q, k, v, P)
-        ctx.scale, ctx.visited = scale, visited
-        return P @ v
-
-    @staticmethod
-    def backward(ctx, dout):
-        q, k, v, P = ctx.saved_tensors
-        dP, D = dout @ v.transpose(-1, -2), (dout * (P @ v)).sum(-1, keepdim=True)
-        dS = P * (dP - D)
-        return ctx.scale * (P * dP - D * ctx.visited) @ k, ctx.scale * dS.transpose(-1, -2) @ q, \
-            P.transpose(-1, -2) @ dout, None, None
-
-
 def test_a_lost_parenthesis_in_the_dq_passs_ds_is_named_with_the_keys_it_visits():
     t = 45
     seen = torch.ones(t, t).tril()
@@ -433,38 +418,18 @@ def test_a_lost_parenthesis_in_the_dq_passs_ds_is_named_with_the_keys_it_visits(
         tiles[r0:r0 + 32, :end] = 1
     for visited, said in ((seen, "the keys its row sees"),
                           (tiles, "every key of the key tiles of 16 its query tile of 32 walks")):
-        def delta_unweighted(q, k, v, *, causal, scale):
-            return _DeltaUnweighted.apply(q, k, v, scale, visited)
+        delta_unweighted = _dq_written(lambda P, dP, D, k, scale, visited=visited: scale * (P * dP - D * visited) @ k)
         rows = _rows(delta_unweighted, Case(1, 2, t, t, 16, True))
         assert rows["out"].passed and rows["dk"].passed and rows["dv"].passed
         assert rows["dq"].diagnosis.id == "delta-unweighted" and f"D subtracted unweighted at {said})" in \
             rows["dq"].diagnosis.sentence, rows["dq"].diagnosis.sentence
 
 
-class _DqFromTheLastKeys(torch.autograd.Function):
-    """Attention whose dQ pass walks full key tiles of 64 laid back from Tk (the Triton tutorial's
-    unmasked stage) and nothing more: keys 0 .. Tk mod 64 − 1 never reach dq."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, scale):
-        P = torch.softmax(scale * q @ k.transpose(-1, -2), -1)
-        ctx.save_for_backward(q, k, v, P)
-        ctx.scale = scale
-        return P @ v
-
-    @staticmethod
-    def backward(ctx, dout):
-        q, k, v, P = ctx.saved_tensors
-        dS = P * (dout @ v.transpose(-1, -2) - (dout * (P @ v)).sum(-1, keepdim=True))
-        first = k.shape[-2] % 64
-        return ctx.scale * dS[..., first:] @ k[..., first:, :], ctx.scale * dS.transpose(-1, -2) @ q, \
-            P.transpose(-1, -2) @ dout, None
-
-
 def test_keys_before_a_dq_passs_full_tiles_laid_back_from_the_end_are_named():
-    def last_keys(q, k, v, *, causal, scale):
-        return _DqFromTheLastKeys.apply(q, k, v, scale)
-    rows = _rows(last_keys, Case(1, 2, 17, 77, 16, False))
+    def dq_of(P, dP, D, k, scale):          # full key tiles of 64 laid back from Tk, and nothing more
+        first = k.shape[-2] % 64
+        return scale * (P * (dP - D))[..., first:] @ k[..., first:, :]
+    rows = _rows(_dq_written(dq_of), Case(1, 2, 17, 77, 16, False))
     assert rows["out"].passed and rows["dk"].passed and rows["dv"].passed
     assert rows["dq"].diagnosis.id == "rows-read-as-zero" and "dq's pass reading K's rows 0 .. 12 as 0 (full tiles " \
         "of 64 laid back from row 77: the first 77 mod 64 = 13 never visited)" in rows["dq"].diagnosis.sentence, \
@@ -551,34 +516,13 @@ def test_outputs_channels_in_another_order_are_named_with_the_order():
         "reference's channel 0, 4, 1, 5, 2, 6, 3, 7" in out.diagnosis.sentence, out.diagnosis.sentence
 
 
-class _DeltaPointerAdvanced(torch.autograd.Function):
-    """Causal attention whose dQ pass loads D inside its loop over key tiles of 16 from a pointer
-    advanced with them: key tile t takes the D of row i + 16 t (0 past the last row)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, scale):
-        S = scale * q @ k.transpose(-1, -2)
-        P = torch.softmax(S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool).triu(1), -math.inf), -1)
-        ctx.save_for_backward(q, k, v, P)
-        ctx.scale = scale
-        return P @ v
-
-    @staticmethod
-    def backward(ctx, dout):
-        q, k, v, P = ctx.saved_tensors
-        dP, D = dout @ v.transpose(-1, -2), (dout * (P @ v)).sum(-1)
+def test_a_dq_pass_loading_d_from_a_pointer_advanced_with_its_key_tiles_is_named():
+    def dq_of(P, dP, D, k, scale):          # key tile t of 16 takes the D of row i + 16 t, 0 past the last row
         tq, tk = P.shape[-2:]
         rows = torch.arange(tq)[:, None] + torch.arange(tk)[None, :] // 16 * 16
-        shifted = torch.where(rows < tq, D[..., rows.clamp(max=tq - 1)], torch.zeros(()))
-        dS = P * (dP - D[..., None])
-        return ctx.scale * (P * (dP - shifted)) @ k, ctx.scale * dS.transpose(-1, -2) @ q, \
-            P.transpose(-1, -2) @ dout, None
-
-
-def test_a_dq_pass_loading_d_from_a_pointer_advanced_with_its_key_tiles_is_named():
-    def advanced(q, k, v, *, causal, scale):
-        return _DeltaPointerAdvanced.apply(q, k, v, scale)
-    rows = _rows(advanced, Case(1, 2, 45, 45, 16, True))
+        shifted = torch.where(rows < tq, D[..., 0][..., rows.clamp(max=tq - 1)], torch.zeros(()))
+        return scale * (P * (dP - shifted)) @ k
+    rows = _rows(_dq_written(dq_of), Case(1, 2, 45, 45, 16, True))
     assert rows["out"].passed and rows["dk"].passed and rows["dv"].passed
     assert rows["dq"].diagnosis.id == "delta-pointer-advanced" and "key tile t taking the D of row i + 16t" in \
         rows["dq"].diagnosis.sentence, rows["dq"].diagnosis.sentence
