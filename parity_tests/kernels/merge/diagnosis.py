@@ -80,28 +80,6 @@ def base2_prediction(states, dout, dlse, order):
             "dlse_parts": np.stack([g[1] * LN2 for g in grads])}
 
 
-def detached_prediction(states, dout, dlse, order):
-    """dlse_parts of a merge whose weights exp(lse_x − lse) hold the merged lse constant (detached
-    as the stabilising maximum may be): each partial lse's gradient w_x (<dO, out_x − out> + dlse)
-    loses its −<dO, out> term.  The fold replayed forward, then each merge's backward so written."""
-    work, tape = list(states), []
-    for i, j in ref.merge_plan(len(states), order):
-        tape.append((i, j, work[i], work[j]))
-        work[i] = ref.merge_states(*work[i], *work[j])
-    grads = [None] * len(states)
-    grads[0] = (dout, dlse)
-    for i, j, (out_a, lse_a), (out_b, lse_b) in reversed(tape):
-        g_out, g_lse = grads[i]
-        w_a, w_b, _ = ref._weights(lse_a, lse_b)                  # the merge's own two-way softmax
-        pair = []
-        for w, out_x, lse_x in ((w_a, out_a, lse_a), (w_b, out_b, lse_b)):
-            empty = np.isneginf(lse_x)
-            held = np.einsum("...d,...d->...", g_out, np.where(empty[..., None], 0.0, out_x))    # <dO, out_x>
-            pair.append((w[..., None] * g_out, np.where(empty, 0.0, w * (held + g_lse))))
-        grads[i], grads[j] = pair
-    return np.stack([g[1] for g in grads])
-
-
 # The output gradients' weights of a pair merge's backward other than (w_a, w_b): (a's, b's) -> words
 DOUT_WEIGHTS = {("a", "a"): "dout_b = w_a dout where w_b dout is meant (b's output gradient weighed by a's weight: "
                             "a line copied)",
@@ -112,8 +90,9 @@ DOUT_WEIGHTS = {("a", "a"): "dout_b = w_a dout where w_b dout is meant (b's outp
 
 def _replayed_backward(states, dout, dlse, order, pair):
     """(dout_parts, dlse_parts) of a fold whose pair merge's backward is ``pair``(g_out, g_lse, w,
-    right) -> (dout_a, dlse_a, dout_b, dlse_b), given the gradients its merge receives, the pieces'
-    weights w {"a": w_a, "b": w_b} and the right backward's four (a fold passes a wrong one on)."""
+    right, out) -> (dout_a, dlse_a, dout_b, dlse_b), given the gradients its merge receives, the
+    pieces' weights w {"a": w_a, "b": w_b} (0 for an empty piece), the right backward's four and
+    the pair's merged out (a fold passes a wrong gradient on)."""
     work, tape = list(states), []
     for i, j in ref.merge_plan(len(states), order):
         tape.append((i, j, work[i], work[j]))
@@ -124,7 +103,7 @@ def _replayed_backward(states, dout, dlse, order, pair):
         g_out, g_lse = grads[i]
         right = ref.merge_states_backward(g_out, g_lse, *s_i, *s_j)
         w = dict(zip("ab", ref._weights(s_i[1], s_j[1])[:2]))
-        da_out, da_lse, db_out, db_lse = pair(g_out, g_lse, w, right)
+        da_out, da_lse, db_out, db_lse = pair(g_out, g_lse, w, right, ref.merge_states(*s_i, *s_j)[0])
         grads[i], grads[j] = (da_out, da_lse), (db_out, db_lse)
     return {"dout_parts": np.stack([g[0] for g in grads]), "dlse_parts": np.stack([g[1] for g in grads])}
 
@@ -133,7 +112,7 @@ def dout_weight_prediction(states, dout, dlse, order, weights):
     """(dout_parts, dlse_parts) of a merge whose backward weighs each piece's output gradient by
     ``weights`` (a's, b's: "a" or "b", a key of `DOUT_WEIGHTS`) where (w_a, w_b) is meant, each lse
     gradient right given the output gradient its merge receives."""
-    return _replayed_backward(states, dout, dlse, order, lambda g_out, g_lse, w, right: (
+    return _replayed_backward(states, dout, dlse, order, lambda g_out, g_lse, w, right, out: (
         w[weights[0]][..., None] * g_out, right[1], w[weights[1]][..., None] * g_out, right[3]))
 
 
@@ -141,8 +120,18 @@ def dlse_unweighted_prediction(states, dout, dlse, order):
     """(dout_parts, dlse_parts) of a merge whose backward hands the merged lse's gradient to each
     piece whole, dlse_x = w_x <dO, out_x − out> + dlse where w_x (<dO, out_x − out> + dlse) is meant
     (∂lse/∂lse_x = w_x taken as 1): each piece's lse gradient too large by (1 − w_x) dlse."""
-    return _replayed_backward(states, dout, dlse, order, lambda g_out, g_lse, w, right: (
+    return _replayed_backward(states, dout, dlse, order, lambda g_out, g_lse, w, right, out: (
         right[0], right[1] + (1 - w["a"]) * g_lse, right[2], right[3] + (1 - w["b"]) * g_lse))
+
+
+def detached_prediction(states, dout, dlse, order):
+    """dlse_parts of a merge whose weights exp(lse_x − lse) hold the merged lse constant (detached
+    as the stabilising maximum may be): each partial lse's gradient w_x (<dO, out_x − out> + dlse)
+    loses its −<dO, out> term, w_x <dO, out> more than the right one (0 for an empty piece)."""
+    def pair(g_out, g_lse, w, right, out):
+        held = np.einsum("...d,...d->...", g_out, out)                                  # <dO, out>
+        return (right[0], right[1] + w["a"] * held, right[2], right[3] + w["b"] * held)
+    return _replayed_backward(states, dout, dlse, order, pair)["dlse_parts"]
 
 
 def lse_off_prediction(states, order, sign, one_sided=False):
