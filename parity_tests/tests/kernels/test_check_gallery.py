@@ -6,6 +6,7 @@ import torch
 
 import parity_tests
 from parity_tests.kernels.planted.chapter import GALLERY
+from sampled import one_in
 
 pytestmark = pytest.mark.usefixtures("without_input_classes")   # (conftest.py)
 
@@ -17,7 +18,7 @@ SMALL = dict(tokens=["17", "45x77"], head_dims=[16], heads=[2], batch=[1], dtype
 SHORT_GALLERY = {name: entry for name, entry in GALLERY.items() if name != "low_precision_accumulator"}
 
 
-@pytest.mark.parametrize("name", list(SHORT_GALLERY))
+@pytest.mark.parametrize("name", one_in(2, list(SHORT_GALLERY)))
 def test_each_wrong_kernel_fails_and_is_named(name):
     kernel, expected = SHORT_GALLERY[name]
     report = parity_tests.check(kernel, **SMALL)

@@ -14,6 +14,7 @@ from parity_tests.kernels.cases import Case, case_rng
 from parity_tests.kernels.features import FEATURES, REGISTRY, parse_features
 from parity_tests.kernels import planted
 from parity_tests.kernels.planted.featured import FEATURE_GALLERY
+from sampled import one_in
 
 # the small case a set of features is added to (4 heads: GQA keeps 2 kv heads)
 BASE = Case(2, 4, 13, 21, 16, True)
@@ -97,8 +98,7 @@ def test_the_default_share_runs_every_mistake_and_each_feature_meets_several():
     assert all(len(s) >= 2 for s in shares.values()), shares
 
 
-@pytest.mark.parametrize("feature", [f if i % 2 == 0 else pytest.param(f, marks=pytest.mark.slow)   # half by
-                                     for i, f in enumerate(FEATURES)])                             # default
+@pytest.mark.parametrize("feature", one_in(2, FEATURES))
 def test_no_planted_mistake_makes_the_check_raise_on_a_feature(feature, monkeypatch):
     as_if("screened", monkeypatch)            # the whole case's diagnosis, and a block's before it
     rows = check_mistakes(sampled(feature), [feature])

@@ -18,6 +18,7 @@ from parity_tests.kernels.features import REGISTRY, Plan
 from parity_tests.kernels.diagnosis import diagnose
 from parity_tests.kernels.planted.featured import attend, wrong_kernel
 from crashing_kernels import sdpa, with_backward
+from sampled import one_in
 
 pytestmark = pytest.mark.usefixtures("without_input_classes")   # (conftest.py)
 
@@ -847,6 +848,7 @@ def _tiles_skipped(every, skipped, tile=16):
     return kernel
 
 
+@pytest.mark.slow
 def test_query_tiles_never_written_are_named_with_their_work_indices():
     report = parity_tests.check(_tiles_skipped(8, (4, 5, 6, 7)), tokens=["100"], dtypes=["float32"],
                                 head_dims=[16], heads=[3], batch=[2])
@@ -927,6 +929,7 @@ def test_blocks_masked_otherwise_are_named_with_the_blocks(change, said):
     assert {d.id for d in found.values()} == {"tile-masks"}, {n: d.sentence for n, d in found.items()}
 
 
+@pytest.mark.slow
 def test_a_sink_added_without_the_row_maximum_is_named_so():
     def sink_unshifted(q, k, v, *, causal, scale, sinks):
         S = (q.double() @ k.double().transpose(-1, -2)) * scale
@@ -964,6 +967,7 @@ def test_key_tiles_weighed_against_another_maximum_are_named_with_their_factors(
     assert "each row's key tiles of 32 mixed with other weights than their softmax mass" in out.diagnosis.sentence
 
 
+@pytest.mark.slow
 def test_alibi_distances_from_packed_positions_are_named_as_an_offset_of_alibi():
     def packed_alibi(q, k, v, *, causal, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                      alibi_slopes):
@@ -1471,7 +1475,7 @@ def test_keys_seen_once_unmasked_and_once_masked_are_named_with_the_keys():
         out.diagnosis.sentence
 
 
-@pytest.mark.parametrize("align", ["top-left", "bottom-right"])
+@pytest.mark.parametrize("align", one_in(2, ["top-left", "bottom-right"]))
 def test_padding_rows_read_from_the_next_slice_in_the_dk_dv_pass_are_named_so(align):
     offset = 32 if align == "bottom-right" else 0                 # its padding rows see keys up to 79 .. 80
     kernel = lambda q, k, v, *, causal, scale: _PaddedQueryTile.apply(q, k, v, scale, "next", True, offset)

@@ -17,6 +17,7 @@ from parity_tests.lab.mistakes import MATCH_BOUND
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from mutations import MUTATIONS, mutate  # noqa: E402
+from sampled import one_in  # noqa: E402
 
 SOLUTIONS = pathlib.Path(grade.template_path("softmax_backward", solution=True).__fspath__()).parent
 
@@ -52,8 +53,7 @@ def test_every_catalogued_mistake_has_a_written_out_copy(exercise):
 CASES = [(ex, name) for ex, table in MUTATIONS.items() for name in table]
 
 
-@pytest.mark.parametrize("exercise, mistake", [c if i % 3 == 0 else pytest.param(*c, marks=pytest.mark.slow)
-                                               for i, c in enumerate(CASES)],              # a third by default
+@pytest.mark.parametrize("exercise, mistake", one_in(3, CASES),
                          ids=[f"{e}:{m}" for e, m in CASES])
 def test_each_mistake_is_named_first(exercise, mistake, tmp_path):
     source = mutate((SOLUTIONS / f"{exercise}.py").read_text(), MUTATIONS[exercise][mistake])

@@ -18,6 +18,7 @@ from parity_tests.common import faults
 from parity_tests.common.variant_faults import VARIANT_FAULTS
 from parity_tests.matrix import harness
 from parity_tests.matrix import run as run_parity
+from sampled import one_in
 
 # What each fault must break (every failing row satisfies it), and where it must show.
 CAUSAL = ("CausalAttention", "MultiHeadAttentionWrapper", "MultiHeadAttention",
@@ -64,8 +65,7 @@ OVERFLOWING = ("blockwise-max-not-updated", "blockwise-lse-without-max")
 
 
 @pytest.mark.filterwarnings("error::RuntimeWarning")
-@pytest.mark.parametrize("name", [n if i % 4 == 0 else pytest.param(n, marks=pytest.mark.slow)   # a quarter by
-                                  for i, n in enumerate(faults.names())])                        # default
+@pytest.mark.parametrize("name", one_in(4, faults.names()))
 def test_planted_fault_fails_the_command(name, tmp_path, capsys):
     quiet = np.errstate(over="ignore", invalid="ignore") if name in OVERFLOWING \
         else contextlib.nullcontext()
