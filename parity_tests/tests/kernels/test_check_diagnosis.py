@@ -219,6 +219,26 @@ def test_a_cause_is_named_only_well_inside_the_bound_and_clearly_closer_than_the
     assert _named([0.045, 0.5]).id == "h0"                    # 0.45 of the bound
 
 
+def test_a_runner_up_withholds_the_name_where_it_predicts_otherwise_in_any_one_slice():
+    """Two (batch, head) slices; the runner-up (1.6x farther) predicts what the first does in one
+    and something else in the other: no cause.  One predicting the same everywhere (within the
+    bound of it) is no rival: the first is named."""
+    from parity_tests.kernels.diagnosis.mistakes import Hypothesis
+    ref = np.zeros((1, 2, 4, 4))
+    got, bound = ref + 1.0, 0.1
+
+    def named(first, second):
+        hyps = [Hypothesis(f"h{i}", f"hypothesis {i}", lambda grads=True, p=p: {"dq": p}, ("dq",))
+                for i, p in enumerate((first, second))]
+        return diagnose._diagnose_tensor("dq", hyps, {}, {"dq": got}, {"dq": ref}, 1.0, bound, (slice(None),) * 2)
+
+    first = got - 0.04
+    otherwise_in_one = got + 0.065
+    otherwise_in_one[0, 0] = first[0, 0]                      # the same as the first in slice 0 only
+    assert named(first, otherwise_in_one).id == "none"
+    assert named(first, first - 0.02).id == "h0"              # 0.06 away, but the first's prediction again
+
+
 def test_a_share_of_a_large_error_is_a_match_only_within_four_bounds():
     assert diagnose.explains(1.5, 1e4, 1.0)                   # a sharper softmax rounds past the bound
     assert diagnose.explains(3.5, 1e4, 1.0)

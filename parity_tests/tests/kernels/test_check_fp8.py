@@ -47,6 +47,16 @@ def test_a_right_fp8_kernel_passes_every_case_with_gqa():
     assert max(r.inputs_error for r in rows) > max(r.error for r in rows)
 
 
+def test_an_fp8_cache_reports_its_quantisation_beside_the_verdict():
+    """The KV cache alone in FP8 (one case, the default run): the error its quantisation makes
+    on its own is on the row, beside (and larger than) the right kernel's."""
+    case = min(REGISTRY["fp8_kv"].cases(True, Plan()), key=lambda c: c.tq * c.tk)
+    report = run_cases(fp8_gallery.RIGHT_KV["fa3"], ["fp8_kv"], [case], dtypes=["bfloat16"])
+    assert report.passed and [r.tensor for r in report.rows] == ["out"], str(report)
+    row = report.rows[0]
+    assert row.inputs_error is not None and row.inputs_error > row.error and "quantisation alone" in row.note
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["bfloat16", pytest.param("float16", marks=needs_dtype("float16"))])
 def test_a_right_fp8_kv_kernel_passes_with_flashinfers_head_dims(dtype):
