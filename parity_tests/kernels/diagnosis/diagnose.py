@@ -89,8 +89,8 @@ FIT_SHARE = 0.1
 # by one factor is also each row off by its own).
 FITTED = ("constant-factor", "lse-offset", "lse-max-factor", "axes-permuted", "state-carried", "keys-unseen",
           "last-tile-only", "keys-weighted", "sequence-offsets", "slice-values", "head-map", "dq-head-map",
-          "broadcast-sum",
-          "backward-blocks", "tile-factors", "rows-weighted", "rows-rescaled", "key-tile-ranges", "tile-masks",
+          "broadcast-sum", "backward-blocks", "backward-counts", "tile-factors", "rows-weighted", "rows-rescaled",
+          "key-tile-ranges", "tile-masks",
           "key-spans", "sink-counted", "rows-moved", "scores-scaled", "denominator", "tiles-weighted", "tiles-left-out",
           "tiles-scaled", "values-read-as-zero", "wrong-delta", "dp-scaled", "backward-p-scaled", "out-channels-moved")
 
@@ -365,7 +365,8 @@ def _catalogue(rest, rows, ev):
         if "dq" in rest:
             hyps += _dq_head_map(sub)
         entry = _backward_by_entry(sub, rest)           # one dense forward, shared by the readings of entries
-        hyps += _last_tile_only(sub, rest, entry) + _backward_blocks(sub, rest, entry) + \
+        blocks = _backward_blocks(sub, rest, entry)
+        hyps += _last_tile_only(sub, rest, entry) + blocks + _backward_counts(sub, rest, entry, blocks) + \
             _delta_unweighted(sub, rest, entry) + _delta_pointer_advanced(sub, rest, entry) + \
             _tile_factors(sub, rest, entry) + (_rows_weighted(sub, rest, entry) or _rows_rescaled(sub, rest, entry))
         hyps += mistakes.option_twins(_mistakes_context(sub), hyps) + _backward_products(sub, rest, entry) + \
@@ -1104,7 +1105,8 @@ def _constants(sub):
     """(value, words) of the constants a tensor off by one factor is most often off by, the case's
     own first: those of its numeric options (the scale, a softcap, a dropout probability: v, 1/v,
     1 − v, 1/(1 − v) and the last two squared), the group of query heads per kv head, its sizes (a mean
-    where a sum is meant: 1/B, 1/H, 1/Tq, 1/Tk, or a sum where a mean is), then a few of any formula."""
+    where a sum is meant: 1/B, 1/H, 1/Tq, 1/Tk, or a sum where a mean is), 2 (a gradient accumulated
+    twice), then a few of any formula."""
     case = sub.case
     out = []
     for name, v in sub.opts.items():
@@ -1120,6 +1122,7 @@ def _constants(sub):
                         (case.tk, "the keys")):
         if size > 1:
             out += [(1 / size, f"1/{size}: averaged over {words}"), (size, f"{size}: summed over {words}")]
+    out += [(2.0, "2: accumulated twice (by two passes, or one pass run twice)")]
     return out + list(GENERIC_CONSTANTS)
 
 
@@ -2126,6 +2129,72 @@ def _backward_blocks(sub, failing, found):
     return [mistakes.Hypothesis("backward-blocks", f"a backward that leaves out {left} (query tile, "
                                 f"key tile) blocks of {bm} x {bn} that the forward uses ({said}): {why}",
                                 predict, tuple(preds), fitted=(fit_to,))]
+
+
+def _backward_counts(sub, failing, found, blocks):
+    """A backward reduction that adds some terms twice or leaves them out, tile by tile: dq's
+    sum over keys (dQ = scale dS K) or dv's (dk's) sum over query rows, each term of a tile
+    counted 0, 1 or 2 times (a key tile laid back from the range's end to stay whole, overlapping
+    the one before it; a loop's bound a few keys off).  Tiles of the gradient's own rows of each
+    size of `mistakes.KEY_TILES` (the largest first: the fewest fitted counts), each term's count
+    fitted tile by tile by least squares and rounded, the prediction held to the bound.  Where no
+    count is 2 and whole blocks are left out, `_backward_blocks` (``blocks``) says it better."""
+    fit_to = next((n for n in ("dq", "dv", "dk") if n in failing and np.isfinite(sub.arrays.get(n, np.nan)).all()),
+                  None)
+    if found is None or fit_to is None:
+        return []
+    P, _, block, _ = found
+    case, got = sub.case, sub.arrays[fit_to]
+    own_len, terms = (case.tq, case.tk) if fit_to == "dq" else (case.tk, case.tq)
+    if terms > 2 * UNSEEN_KEYS:
+        return []
+    term, own = ("key", "query") if fit_to == "dq" else ("query row", "key")
+    for size in sorted({min(t, own_len) for t in mistakes.KEY_TILES}, reverse=True):
+        fitted = _counts_by_tile(P, block, fit_to, got, own_len, terms, size)
+        if fitted is None:
+            continue
+        pred, counts = fitted
+        if not counts or slice_errors(got, pred, sub.den[fit_to]).max() > sub.bounds[fit_to]:
+            continue
+        twice = any(tile[2] for tile in counts.values())
+        if not twice and blocks:
+            return []
+        said = [(f"{own} rows {a} .. {b} ({own} tile {a // size} of {size})" if size < own_len else f"every {own} row")
+                + ": "
+                + ", ".join(f"{term}s {ranges(tile[c])} {'twice' if c else 'left out'}" for c in (2, 0) if tile.get(c))
+                for (a, b), tile in counts.items()]
+        shown = "; ".join(said[:4]) + ("; ..." if len(said) > 4 else "")
+        why = "tiles of the reduction that overlap (a last tile laid back to end at the range's end, or a loop " \
+            "bound stepped back) add those terms twice" if twice else "a loop's start or end a few terms off"
+
+        def predict(grads=True, pred=pred):
+            return {**sub.gold, fit_to: pred}
+        return [mistakes.Hypothesis("backward-counts", f"a backward whose {fit_to} counts some {term}s' terms "
+                                    f"other than once ({shown}): {why}", predict, (fit_to,), fitted=(fit_to,))]
+    return []
+
+
+def _counts_by_tile(P, block, n, got, own_len, terms, size):
+    """(prediction, {(first, last row): {count: [terms]}} for the tiles with a count other than 1)
+    of gradient ``n`` with each term of each tile of ``size`` rows counted a whole 0, 1 or 2 times,
+    fitted to ``got``; None where a fitted count is not within 0.05 of one of those."""
+    pred, counts = np.zeros_like(got), {}
+    for start in range(0, own_len, size):
+        rows = slice(start, min(start + size, own_len))
+        cols = [j for j in range(terms) if (P[..., rows, j] if n == "dq" else P[..., j, rows]).any()]
+        if not cols:
+            continue
+        parts = np.stack([(block(n, rows, slice(j, j + 1)) if n == "dq" else block(n, slice(j, j + 1), rows))
+                          .reshape(-1) for j in cols], axis=1)
+        w = np.linalg.lstsq(parts, got[..., rows, :].reshape(-1), rcond=None)[0]
+        whole = np.round(w)
+        if np.abs(w - whole).max() > 0.05 or not set(np.unique(whole)) <= {0.0, 1.0, 2.0}:
+            return None
+        pred[..., rows, :] = (parts @ whole).reshape(got[..., rows, :].shape)
+        off = {c: [cols[i] for i in np.nonzero(whole == c)[0]] for c in (0, 2)}
+        if off[0] or off[2]:
+            counts[start, rows.stop - 1] = off
+    return pred, counts
 
 
 def _keys_unseen(sub):

@@ -347,6 +347,25 @@ def test_a_dq_pass_that_loses_its_masked_stage_is_told_from_one_that_skips_a_blo
     assert "(query tile 1 without key tile 0): a tile loop's start or end off" in said["interior"], said
 
 
+def _dq_over_key_tiles(starts):
+    """dq summed over key tiles of 16 starting at ``starts(tk)``: each tile's scale dS K added once."""
+    def dq_of(P, dP, D, k, scale):
+        dS = P * (dP - D)
+        return scale * sum(dS[..., s:s + 16] @ k[..., s:s + 16, :] for s in starts(k.shape[-2]))
+    return _dq_written(dq_of)
+
+
+def test_keys_a_dq_pass_adds_twice_or_leaves_out_are_named_with_their_rows():
+    laid_back = _dq_over_key_tiles(lambda tk: [*range(0, tk - 16, 16), tk - 16])    # the last tile kept whole
+    dq = _rows(laid_back, Case(1, 2, 45, 45, 16, True))["dq"].diagnosis
+    assert dq.id == "backward-counts" and "(every query row: keys 29 .. 31 twice): tiles of the reduction that " \
+        "overlap" in dq.sentence, dq.sentence
+    last_key_lost = _dq_written(lambda P, dP, D, k, scale: scale * (P * (dP - D))[..., :-1] @ k[..., :-1, :])
+    dq = _rows(last_key_lost, Case(1, 2, 45, 45, 16, False))["dq"].diagnosis
+    assert dq.id == "backward-counts" and "(every query row: keys 44 left out): a loop's start or end" in dq.sentence, \
+        dq.sentence
+
+
 def test_keys_and_values_read_with_their_signs_lost_are_named():
     def signs_lost(q, k, v, *, causal, scale):
         return attend(q, k.abs(), v.abs(), causal=causal, scale=scale)[0]

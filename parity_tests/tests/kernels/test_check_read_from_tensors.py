@@ -257,6 +257,16 @@ def test_a_gradient_averaged_over_the_batch_is_named_so():
     assert "0.333333 (1/3: averaged over the batch entries)" in said["dk"].sentence, said["dk"].sentence
 
 
+def test_a_gradient_accumulated_twice_is_named_so():
+    def dv_twice(q, k, v, *, causal, scale):                  # dv added by two passes
+        return sdpa(q, k, with_backward(v, lambda g: 2 * g), causal=causal, scale=scale)
+    rows = runner.run_case(targets.resolve(dv_twice), Case(1, 1, 17, 17, 16, True), "float32", "cpu")
+    said = {r.tensor: r.diagnosis for r in rows if not r.passed}
+    assert set(said) == {"dv"} and said["dv"].id == "constant-factor", {n: d.sentence for n, d in said.items()}
+    assert "one constant, 2 (2: accumulated twice (by two passes, or one pass run twice))" in said["dv"].sentence, \
+        said["dv"].sentence
+
+
 @pytest.mark.parametrize("slip, said", [
     (lambda lse: lse.transpose(1, 2).contiguous().reshape(lse.shape),      # built (B, T, H), reshaped to (B, H, T)
      "laid out as (1, 17, 2) (axes (0, 2, 1)) and read back by reshape"),
