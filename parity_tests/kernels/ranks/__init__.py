@@ -38,6 +38,7 @@ from parity_tests.common import options
 from parity_tests.common import tolerances as tol
 import parity_tests.kernels.runner as runner
 import parity_tests.kernels.ranks.diagnosis as rank_diagnosis
+from parity_tests.kernels.diagnosis import diagnose
 from parity_tests.kernels import targets
 from parity_tests.kernels.ranks import world as rank_world
 from parity_tests.kernels.cases import Case
@@ -319,6 +320,7 @@ def _run_case(ranks, name, sent, case, dtype, device, shardings, wanted, seed, t
     names = ["out"] + (["lse"] if wants_lse else []) + ["dq", "dk", "dv"]
     t0 = time.perf_counter()
     gold = runner.golden(inputs, opts)
+    full = dict(gold)                                        # lse -inf where a row sees no key, kept
     t1 = time.perf_counter()
     base = runner.baseline(inputs, opts, dtype, device)
     times["golden"] += t1 - t0
@@ -355,12 +357,15 @@ def _run_case(ranks, name, sent, case, dtype, device, shardings, wanted, seed, t
         got = _assemble(results, positions, gold, names)
         if wants_lse:
             got["lse"] = np.where(unjudged, 0.0, got["lse"])
-        rows += _judge(row, got, gold, den, bounds, names, rounded, case, positions, sharding)
+        evidence = lambda got: diagnose.Evidence(
+            case, "top-left", dtype, device, wanted, inputs, opts, {n: _four(gold[n]) for n in names}, full, den,
+            bounds, {n: _four(got[n]) for n in names}, got, None, None)
+        rows += _judge(row, got, gold, den, bounds, names, rounded, case, positions, sharding, evidence)
         times["judging"] += time.perf_counter() - t0
     return rows
 
 
-def _judge(row, got, gold, den, bounds, names, rounded, case, positions, sharding):
+def _judge(row, got, gold, den, bounds, names, rounded, case, positions, sharding, evidence=None):
     owner = rank_diagnosis.owners(positions)
     rows, failing = {}, []
     for n in names:
@@ -371,7 +376,8 @@ def _judge(row, got, gold, den, bounds, names, rounded, case, positions, shardin
         if not ok:
             failing.append(n)
     if failing:
-        found = rank_diagnosis.diagnose(failing, got, gold, den, bounds, rounded, case, positions, sharding)
+        found = rank_diagnosis.diagnose(failing, got, gold, den, bounds, rounded, case, positions, sharding,
+                                        evidence)
         for n, d in found.items():
             rows[n].diagnosis = d
     return [rows[n] for n in names]

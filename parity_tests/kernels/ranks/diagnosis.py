@@ -32,12 +32,14 @@ only where it leaves at most ``diagnosis.CLOSEST_SHARE`` of the error, within
 ``diagnosis.CLOSEST_WITHIN`` bounds (a guess as far from the tensor as the reference is says nothing).
 """
 
+import os
+
 import numpy as np
 import torch
 
 from parity_tests.kernels import runner
 from parity_tests.kernels.dense import sees
-from parity_tests.kernels.diagnosis.diagnose import CLOSEST_SHARE, CLOSEST_WITHIN, Diagnosis, explains
+from parity_tests.kernels.diagnosis.diagnose import CLOSEST_SHARE, CLOSEST_WITHIN, Diagnosis, _catalogue, explains
 from parity_tests.kernels.merge import plain_merge
 
 __all__ = ["owners", "chunks", "simulate", "diagnose", "HYPOTHESES", "DENSE_LIMIT"]
@@ -225,8 +227,9 @@ def locate(n, a, ref, denom, positions):
                        f"{start}..{stop - 1}); by rank: {ranks}")
 
 
-def diagnose(failing, got, gold, den, bounds, rounded, case, positions, sharding):
-    """``{tensor: Diagnosis}`` for each failing tensor."""
+def diagnose(failing, got, gold, den, bounds, rounded, case, positions, sharding, evidence=None):
+    """``{tensor: Diagnosis}`` for each failing tensor; ``evidence(got)``, where given, the
+    `diagnose.Evidence` of the tensors as one kernel's (`_read_as_one_kernel`)."""
     owner = owners(positions)
     found = {}
     for n in failing:
@@ -246,7 +249,31 @@ def diagnose(failing, got, gold, den, bounds, rounded, case, positions, sharding
     predictions = _predictions(got, rounded, case, positions)
     for n in todo:
         found[n] = _best(n, got[n], gold[n], den[n], bounds[n], predictions, owner, positions, case)
+    unnamed = [n for n in todo if found[n].id == "none"]
+    if unnamed and evidence is not None:
+        for n, d in _read_as_one_kernel(unnamed, failing, evidence(got)).items():
+            if d.id not in ("none", "not-diagnosed"):
+                found[n] = Diagnosis(d.id, f"{found[n].sentence}; read as one kernel over the whole sequence "
+                                           f"(the ranks' rows in their global order): {d.sentence}",
+                                     d.residual, d.bound)
     return found
+
+
+def _read_as_one_kernel(names, failing, ev):
+    """The single-device catalogue and readings (`diagnose._catalogue`) on the ranks' tensors put
+    back in global order, as if one kernel had computed them: what no sharding mistake names
+    may still be a mask, a key range or a backward term read there.  Nothing that calls the
+    kernel again (a world of ranks) is tried."""
+    class Judged:
+        def __init__(self, n):
+            self.passed = n not in failing
+    rows = {n: Judged(n) for n in ev.arrays}
+    try:
+        return _catalogue(names, rows, ev)
+    except Exception:                     # the check's own defect: the sharding's reading stands
+        if os.environ.get(runner.DIAGNOSIS_RAISES) == "1":
+            raise
+        return {}
 
 
 def _predictions(got, rounded, case, positions):

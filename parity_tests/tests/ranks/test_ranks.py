@@ -135,13 +135,17 @@ def test_each_planted_mistake_fails_and_is_named_with_its_rank(world, twin, name
         assert row.note.startswith("rank ") and f"worst at {row.note}," in row.diagnosis.sentence
 
 
-def test_a_mistake_outside_the_catalogue_is_located_but_not_named(world):
+def test_a_mistake_no_sharding_mistake_names_is_located_then_read_as_one_kernels(world):
+    """The scale left out of every block: no sharding mistake, but the single-device catalogue
+    names it on the ranks' rows put back in their global order."""
     report = check_ranks(ring_twins.scale_ignored, causal="yes", sharding="head-tail", world=world, **SMALL)
-    assert not report.passed and report.diagnosis is None
+    assert not report.passed and report.diagnosis == "no-scale", str(report)
     for row in report.failures:
-        assert row.diagnosis.id == "none" and "Matches none of the sharding mistakes" in row.diagnosis.sentence
-        assert "closest" not in row.diagnosis.sentence     # each mistake is as far from it as the reference is
-        assert f"worst at {row.note}," in row.diagnosis.sentence
+        said = row.diagnosis.sentence
+        assert row.diagnosis.id == "no-scale" and "Matches none of the sharding mistakes; read as one kernel over " \
+            "the whole sequence (the ranks' rows in their global order): " in said, said
+        assert "closest" not in said                      # each sharding mistake is as far from it as the reference is
+        assert f"worst at {row.note}," in said
 
 
 def test_local_positions_are_right_when_the_shards_are_contiguous(world):
