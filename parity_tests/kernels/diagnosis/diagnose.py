@@ -91,8 +91,8 @@ FITTED = ("constant-factor", "lse-offset", "lse-max-factor", "axes-permuted", "s
           "last-tile-only", "keys-weighted", "sequence-offsets", "slice-values", "head-map", "dq-head-map",
           "broadcast-sum", "backward-blocks", "backward-counts", "tile-factors", "rows-weighted", "rows-rescaled",
           "key-tile-ranges", "tile-masks",
-          "key-spans", "sink-counted", "rows-moved", "scores-scaled", "denominator", "tiles-weighted", "tiles-left-out",
-          "tiles-scaled", "values-read-as-zero", "wrong-delta", "dp-scaled", "backward-p-scaled", "out-channels-moved")
+          "key-spans", "sink-counted", "rows-moved", "scores-scaled", "denominator", "deferred-rescale",
+          "tiles-weighted", "tiles-left-out", "tiles-scaled", "values-read-as-zero", "wrong-delta", "dp-scaled", "backward-p-scaled", "out-channels-moved")
 
 # A catalogued mistake that leaves at most this share of the error against the
 # reference explains the tensor, even where its own rounding exceeds the bound
@@ -377,7 +377,7 @@ def _catalogue(rest, rows, ev):
     if "out" in rest and plain(["out"]):
         fitted = _keys_unseen(sub) + _sequence_offsets(sub) + _state_carried(sub) + _keys_weighted(sub) + \
             _key_tile_ranges(sub) + _tile_masks(sub) + _key_spans(sub) + _values_from_other_slices(sub) + \
-            _sink_counted(sub) + _rows_moved(sub) + _scores_scaled(sub) + _tiles_weighted(sub) + \
+            _sink_counted(sub) + _rows_moved(sub) + _scores_scaled(sub) + _deferred_rescale(sub) + _tiles_weighted(sub) + \
             _tiles_left_out(sub) + _values_read_as_zero(sub) + _values_from_other_tiles(sub) + \
             _output_rounded(sub) + _inputs_rounded(sub) + _inputs_sign_lost(sub) + _channels_permuted(sub) + \
             _out_channels_moved(sub) + _kv_head_map(sub)
@@ -3301,6 +3301,36 @@ def _key_tile_parts(sub):
         if 2 <= -(-P.shape[-1] // tile) <= RANGE_TILES:
             Pt = _in_tiles(P, -1, tile)
             yield tile, Pt, np.einsum("bhqnt,bhntd->bhqnd", Pt, _in_tiles(v, 2, tile)), wrong
+
+
+def _deferred_rescale(sub):
+    """An online softmax that adds key tile t's P V after acc is rescaled for the tile it visits next:
+    a software-pipelined loop deferring each tile's product, acc = acc · α + P_t V_t where
+    (acc + P_t V_t) · α is meant (α = exp(m_t − m_t+1)), l right.  Tile t's share of row i is then
+    multiplied by exp(m_t+1 − m_t), the rise of the row's running maximum at the next tile, the last
+    tile's by 1: out_i = Σ_t exp(m_t+1 − m_t) Σ_{j in t} P_ij v_j, the maxima from the reference's
+    scores (log P), the tiles of `mistakes.KEY_TILES` visited from the first or from the last.
+    Nothing fitted; held to the bound."""
+    got, bound = sub.arrays["out"], sub.bounds["out"]
+    for tile, Pt, part, wrong in _key_tile_parts(sub):
+        with np.errstate(divide="ignore"):
+            top = np.log(Pt).max(-1)                                              # (B, H, Tq, n), -inf: unseen
+        for order in ("first", "last"):
+            m = np.maximum.accumulate(top if order == "first" else top[..., ::-1], axis=-1)
+            rise = np.concatenate([m[..., 1:], m[..., -1:]], -1) - np.where(np.isfinite(m), m, 0.0)
+            factor = np.where(np.isfinite(m), np.exp(np.where(np.isfinite(rise), rise, 0.0)), 1.0)
+            factor = factor if order == "first" else factor[..., ::-1]
+            if np.abs(factor[wrong] - 1).max(initial=0.0) <= FIT_SHARE:
+                continue
+            pred = np.einsum("bhqn,bhqnd->bhqd", factor, part)
+            if slice_errors(got, pred, sub.den["out"]).max() <= bound:
+                return [mistakes.Hypothesis(
+                    "deferred-rescale", f"each key tile's P V (tiles of {tile}, visited from the {order}) added after "
+                    "the accumulator is rescaled for the next tile (its share multiplied by exp(m_next − m), the rise "
+                    "of the row's running maximum, up to " f"{float(factor[wrong].max()):.3g}; l right): a pipelined "
+                    "loop that defers each tile's product and adds it where (acc + P V) · α is meant",
+                    lambda grads=True, pred=pred: {**sub.gold, "out": pred}, ("out",), fitted=("out",))]
+    return []
 
 
 def _tiles_weighted(sub):

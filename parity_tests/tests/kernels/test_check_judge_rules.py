@@ -366,6 +366,26 @@ def test_keys_a_dq_pass_adds_twice_or_leaves_out_are_named_with_their_rows():
         dq.sentence
 
 
+def test_a_pipelined_loop_adding_each_tiles_product_after_the_rescale_is_named():
+    def deferred(q, k, v, *, causal, scale):                 # key tiles of 16, P V of a tile added one step late
+        S = scale * q @ k.transpose(-1, -2)
+        if causal:
+            S = S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool).triu(1), -math.inf)
+        m = torch.full(S.shape[:-1] + (1,), -math.inf, dtype=S.dtype)
+        acc, l, late = torch.zeros_like(q), torch.zeros_like(m), None
+        for t in range(0, S.shape[-1], 16):
+            new = torch.maximum(m, S[..., t:t + 16].amax(-1, keepdim=True))
+            alpha = torch.exp(m - new).nan_to_num(0.0)
+            P = torch.exp(S[..., t:t + 16] - new)
+            l, m = l * alpha + P.sum(-1, keepdim=True), new
+            acc = acc * alpha + (late if late is not None else 0.0)       # (acc + late) * alpha is meant
+            late = P @ v[..., t:t + 16, :]
+        return (acc + late) / l
+    out = _rows(deferred, Case(1, 2, 45, 45, 16, True))["out"].diagnosis
+    assert out.id == "deferred-rescale" and "(tiles of 16, visited from the first) added after the accumulator is " \
+        "rescaled for the next tile" in out.sentence, out.sentence
+
+
 def test_keys_and_values_read_with_their_signs_lost_are_named():
     def signs_lost(q, k, v, *, causal, scale):
         return attend(q, k.abs(), v.abs(), causal=causal, scale=scale)[0]
