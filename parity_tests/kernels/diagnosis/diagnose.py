@@ -90,9 +90,9 @@ FIT_SHARE = 0.1
 FITTED = ("constant-factor", "lse-offset", "lse-max-factor", "axes-permuted", "state-carried", "keys-unseen",
           "last-tile-only", "keys-weighted", "sequence-offsets", "slice-values", "head-map", "dq-head-map",
           "broadcast-sum", "backward-blocks", "backward-counts", "tile-factors", "rows-weighted", "rows-rescaled",
-          "key-tile-ranges", "tile-masks",
-          "key-spans", "sink-counted", "rows-moved", "scores-scaled", "denominator", "deferred-rescale",
-          "tiles-weighted", "tiles-left-out", "tiles-scaled", "values-read-as-zero", "wrong-delta", "dp-scaled", "backward-p-scaled", "out-channels-moved")
+          "key-tile-ranges", "tile-masks", "key-spans", "sink-counted", "sink-weighed", "rows-moved", "scores-scaled",
+          "denominator", "deferred-rescale", "tiles-weighted", "tiles-left-out", "tiles-scaled", "values-read-as-zero",
+          "wrong-delta", "dp-scaled", "backward-p-scaled", "out-channels-moved")
 
 # A catalogued mistake that leaves at most this share of the error against the
 # reference explains the tensor, even where its own rounding exceeds the bound
@@ -1336,7 +1336,7 @@ def _sink_counted(sub):
     k = np.where(told, 1 + (1 / np.where(told, c, 1.0) - 1) / np.where(told, p, 1.0), 1.0)
     whole = np.round(k)
     if not told.any() or np.abs(k - whole)[told].max() > SINK_INTEGER or whole.min() < 0 or (whole == 1).all():
-        return unshifted
+        return unshifted + _sink_weighed(sub, p, k, told)
     extra = 1 + (whole - 1) * p
     pred = {"out": sub.gold["out"] / extra[..., None]}
     if "lse" in sub.gold:
@@ -1348,9 +1348,43 @@ def _sink_counted(sub):
     else:
         said = "counted " + "; ".join(f"{times(n)} on query rows {ranges(rows)}" for n, rows in sorted(counts.items())) \
             + f" of {sub.case.tq} in their denominators, once on the other rows"
-    return unshifted + [mistakes.Hypothesis("sink-counted", f"the sink's weight {said} (a sink folded into every "
-                                            "partial of a split or tile loop, or into one tile only)",
-                                            lambda grads=True: {**sub.gold, **pred}, tuple(pred), fitted=("out",))]
+    weighed = [] if slice_errors(got, pred["out"], sub.den["out"]).max() <= sub.bounds["out"] else \
+        _sink_weighed(sub, p, k, told)                                        # not a whole number of times
+    return unshifted + weighed + [mistakes.Hypothesis(
+        "sink-counted", f"the sink's weight {said} (a sink folded into every partial of a split or tile loop, or into "
+        "one tile only)", lambda grads=True: {**sub.gold, **pred}, tuple(pred), fitted=("out",))]
+
+
+def _sink_weighed(sub, p, k, told):
+    """The sink's weight in each row's sum multiplied by one factor x_h per head, its logit shifted
+    by log x_h (an exp2 offset left out of the sink's term, the scores' cap applied to the sink):
+    with k_i read as in `_sink_counted`, x_h the median of k_i over the head's rows where the sink
+    weighs, the prediction out_i / (1 + (x_h − 1) p_i) held to the bound.  Tried first as the
+    power of two nearest those factors, shared by every head, then as a numeric option c of the
+    case capping the sink's logit as the scores are, c tanh(sink / c); the first that holds is said."""
+    x = np.array([np.median(k[:, h][told[:, h]]) if told[:, h].any() else 1.0 for h in range(k.shape[1])])
+    if np.abs(x - 1).max() <= 1e-2 or (x <= 0).any():
+        return []
+    sink = np.asarray(sub.opts["sinks"], dtype=np.float64)
+    shown = told.any((0, 2))
+    e = int(round(float(np.median(np.log2(x[shown])))))
+    tried = [(np.full_like(x, 2.0 ** e), f"2^{e} on every head: an exp2 offset of {abs(e)} (log2 units) "
+              f"{'left out of' if e < 0 else 'added to'} the sink's term alone (FlashAttention-3's FP8 max offset "
+              "is 8)")] if e else []
+    tried += [(np.exp(c * np.tanh(sink / c) - sink), f"{', '.join(f'{f:.3g}' for f in x[shown])} by head: the sink's "
+               f"logit capped as the scores are, c tanh(sink / c) with c the case's {n} = {c:g}")
+              for n, c in mistakes._positive_scalars(sub.opts).items()]
+    tried += [(x, f"{x[shown].min():.3g} .. {x[shown].max():.3g} by head")]
+    for factor, said in tried:
+        extra = 1 + (factor[None, :, None] - 1) * p
+        pred = {"out": sub.gold["out"] / extra[..., None]}
+        if slice_errors(sub.arrays["out"], pred["out"], sub.den["out"]).max() <= sub.bounds["out"]:
+            if "lse" in sub.gold:
+                pred["lse"] = _judged_lse(sub, sub.gold["lse"] + np.log(extra).reshape(sub.gold["lse"].shape))
+            return [mistakes.Hypothesis("sink-weighed", f"the sink's weight in each row's sum multiplied by a factor "
+                                        f"of its head, {said}", lambda grads=True, pred=pred: {**sub.gold, **pred},
+                                        tuple(pred), fitted=("out",))]
+    return []
 
 
 def _sink_unshifted(sub, p):

@@ -955,6 +955,36 @@ def test_a_sink_added_without_the_row_maximum_is_named_so():
     assert report.diagnosis == "sink-unshifted", str(report)
 
 
+def _sink_logit_as(sink_logit):
+    """An attention with sinks whose sink enters each row's sum as exp(sink_logit(sinks, softcap) - m)."""
+    def kernel(q, k, v, *, causal, scale, sinks, softcap=None):
+        S = (q.double() @ k.double().transpose(-1, -2)) * scale
+        if softcap is not None:
+            S = softcap * torch.tanh(S / softcap)
+        if causal:
+            S = S.masked_fill(torch.ones_like(S, dtype=torch.bool).triu(1), -math.inf)
+        m = torch.maximum(S.amax(-1, keepdim=True), sinks.double()[None, :, None, None])
+        e = torch.exp(S - m)
+        l = e.sum(-1, keepdim=True) + torch.exp(sink_logit(sinks.double(), softcap)[None, :, None, None] - m)
+        return ((e @ v.double()) / l).to(q.dtype)
+    return kernel
+
+
+def test_a_sinks_weight_off_by_a_factor_per_head_is_named_with_its_cause():
+    offset_left_out = _sink_logit_as(lambda s, cap: s - 8 * math.log(2))     # FA3's max offset, in the keys' only
+    report = parity_tests.check(offset_left_out, features=["sinks"], tokens=["45x77"], causal="yes", **ONE)
+    out = {d.sentence for r, d in report.diagnoses if r.tensor == "out" and d.id == "sink-weighed"}
+    assert report.diagnosis == "sink-weighed" and out, [d.sentence for _, d in report.diagnoses]
+    assert all("multiplied by a factor of its head, 2^-8 on every head: an exp2 offset of 8 (log2 units) left out "
+               "of the sink's term alone" in said for said in out), out
+    capped_too = _sink_logit_as(lambda s, cap: cap * torch.tanh(s / cap))
+    report = parity_tests.check(capped_too, features=["softcap", "sinks"], tokens=["45x77"], causal="yes", **ONE)
+    out = {d.sentence for r, d in report.diagnoses if r.tensor == "out"}
+    assert report.diagnosis == "sink-weighed", [d.sentence for _, d in report.diagnoses]
+    assert any("by head: the sink's logit capped as the scores are, c tanh(sink / c) with c the case's softcap = "
+               in said for said in out), out
+
+
 def test_key_tiles_weighed_against_another_maximum_are_named_with_their_factors():
     def lazy_rescale(q, k, v, *, causal, scale, tile=32, threshold=8.0):
         """A lazy online softmax: acc and l rescaled only when the maximum moves by more than the
