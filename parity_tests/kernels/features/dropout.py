@@ -23,7 +23,7 @@ drops other weights than its forward is caught there, named.  Then:
 Cases: p = 0, 0.1 and 0.5 at T = 77 (D = 64), 0.1 at 45 x 113 (D = 32), 0.5 at 113 x 45
 (D = 40), causal and not.  Invited mistakes: the 1/(1 − p) rescale left out or applied
 twice; the scores dropped (masked out of the softmax) instead of the weights after it; a
-backward mask other than the forward's; dropout left on at dropout_p = 0; a mask the seed
+backward mask other than the forward's (in the dQ pass's dP, or in a dK/dV pass's own); dropout left on at dropout_p = 0; a mask the seed
 does not reproduce."""
 
 import math
@@ -158,60 +158,92 @@ def recover(case, dropout, inputs, opts, caller):
                              f"p-value {pvalue:.1e} < {ALPHA:g}"))
     differ = int((((W_b != 0) & seen) != kept_f).sum()) if hkv == h else 0
     if differ:
-        how = f"{differ} of {n} weights kept in one and dropped in the other (the backward's mask read from dv " \
-              "with dO = the identity)"
-    else:
-        lost, gained = _softmax_backward_mask(caller, case, rounded, opts, kept_f)
-        how = f"{lost} of the {k} weights the forward kept are dropped in the backward's dP (read from dq with " \
-              "k = the identity)" if lost else "weights the forward dropped are kept in the backward's dP (read " \
-              "from dq with k = the identity)" if gained else ""
-    if how:                                # dv read the forward's mask when only dP's differs
-        found.append(Finding(("dq", "dk", "dv") if differ else ("dq", "dk"), "dropout-backward-mask",
-                             f"the backward drops other weights than the forward: {how}", alike=True))
+        how, where = f"{differ} of {n} weights kept in one and dropped in the other (the backward's mask read " \
+            "from dv with dO = the identity)", ("dq", "dk", "dv")
+    else:                                  # dv read the forward's mask: dP's, seen through dq, then through dk
+        how, where = "", ()
+        read = {g: _softmax_backward_mask(caller, case, rounded, opts, kept_f, g) for g in ("dq", "dk")}
+        for grad, other, pass_, probe in (("dq", "dk", "backward's dP", "dq with k"),
+                                          ("dk", "dq", "dK/dV pass's dP", "dk with q")):
+            lost, gained, unmasked = read[grad]
+            unmasked &= not read[other][2]     # the other pass masked: no mask here is this pass's alone
+            said = f"no weight dropped in the {pass_} (its mask left out, the 1/(1 - p) kept or not)" if unmasked \
+                else f"{lost} of the {k} weights the forward kept are dropped in the {pass_}" if lost else \
+                f"weights the forward dropped are kept in the {pass_}" if gained else ""
+            if said:
+                how, where = f"{said} (read from {probe} = the identity)", ("dq", "dk") if grad == "dq" else ("dk",)
+                break
+    if how:
+        found.append(Finding(where, "dropout-backward-mask", f"the backward drops other weights than the forward: "
+                             f"{how}", alike=True))
     return learnt, found
 
 
-def _softmax_backward_mask(caller, case, rounded, opts, kept_f):
+def _softmax_backward_mask(caller, case, rounded, opts, kept_f, grad="dq"):
     """How many weights the mask inside the softmax's backward (dP = (dO Vᵀ) ∘ M) keeps or drops
-    otherwise than the forward's ``kept_f``, seen through dq.  With every v_j and dO_i the first
-    unit vector, dO Vᵀ = 1 and dP = M; with k = columns of the identity (D keys at a time),
-    dq_i = scale dS_i over those keys, and dS_ij / P_ij = M_ij − R_i (R_i the row term,
-    whatever the kernel takes for it).  So within a row, the keys the forward kept share one
-    value of dS / P, and those it dropped another: a key off its class's value by more than
-    half a step of M (M is 0 or at least 1) was masked otherwise in the backward.  Rows with
-    one key are left out (their dS is 0: their mask cannot be seen).  Returns (how many keys
-    the forward kept sit off their class's value: dropped in the backward, exactly when most of
-    them are kept there; whether any key the forward dropped sits off its class's value)."""
+    otherwise than the forward's ``kept_f``, seen through ``grad``.  With every v_j and dO_i the
+    first unit vector, dO Vᵀ = 1 and dP = M.  Through dq: with k = columns of the identity (D keys
+    at a time), dq_i = scale dS_i over those keys.  Through dk (a dK/dV pass computing its own dP):
+    with q = columns of the identity over the query rows (D rows at a time, on one query head of
+    each kv group, the others' q 0, so that only its rows reach dk), dk_j = scale dS_j over those
+    rows.  dS_ij / P_ij = M_ij − R_i (R_i the row term, whatever the kernel takes for it), P from
+    the probe's own inputs.  So within a row, the keys the forward kept share one value of dS / P,
+    and those it dropped another: a key off its class's value by more than half a step of M (M is
+    0 or at least 1) was masked otherwise in the backward.  Rows with one key are left out (their
+    dS is 0: their mask cannot be seen).  Returns (how many keys the forward kept sit off their
+    class's value: dropped in the backward, exactly when most of them are kept there; whether any
+    key the forward dropped sits off its class's value; whether the two classes share one value,
+    in the median row that holds both: no mask in dP at all)."""
     from numpy_ref import reference_attention
     b, h, hkv, tq, tk, d, dv = case.batch, case.heads, case.hkv, case.tq, case.tk, case.head_dim, case.dv
     unit_v, unit_o = np.zeros((b, hkv, tk, dv)), np.zeros((b, h, tq, dv))
     unit_v[..., 0], unit_o[..., 0] = 1.0, 1.0
-    lost, gained = 0, False
-    for s in range(-(-tk // d)):
-        k0, k1 = s * d, min(tk, (s + 1) * d)
-        k = _identity_columns(tk, k0, d, (b, hkv))
-        got = _probe(caller, {**rounded, "k": k, "v": unit_v, "dout": unit_o})
-        if not isinstance(got, dict) or not isinstance(got.get("dq"), np.ndarray):
-            return 0, False                     # no dq to read: the gradients are judged as they are
-        P = reference_attention(rounded["q"], k, np.broadcast_to(np.eye(tk), (b, hkv, tk, tk)), **opts)["out"]
-        P = P[..., k0:k1]
-        dS = got["dq"][..., : k1 - k0] / case.scale
+    eye = np.broadcast_to(np.eye(tk), (b, hkv, tk, tk))
+    lost, gained, gaps = 0, False, []
+    probes = [(s, None) for s in range(-(-tk // d))] if grad == "dq" else \
+        [(s, r) for r in range(h // hkv) for s in range(-(-tq // d))]
+    for s, r in probes:
+        if grad == "dq":
+            k = _identity_columns(tk, s * d, d, (b, hkv))
+            inputs = {**rounded, "k": k, "v": unit_v, "dout": unit_o}
+        else:
+            q = np.zeros((b, h, tq, d))
+            q[:, r::h // hkv] = _identity_columns(tq, s * d, d, (b, hkv))
+            inputs = {**rounded, "q": q, "v": unit_v, "dout": unit_o}
+        got = _probe(caller, inputs)
+        if not isinstance(got, dict) or not isinstance(got.get(grad), np.ndarray):
+            return 0, False, False              # nothing to read: the gradients are judged as they are
+        P = reference_attention(inputs["q"], inputs["k"], eye, **opts)["out"]          # (b, h, tq, tk)
+        if grad == "dq":
+            a0, a1 = s * d, min(tk, (s + 1) * d)
+            P, kept, x_of = P[..., a0:a1], kept_f[..., a0:a1], got["dq"][..., : a1 - a0] / case.scale
+        else:                                   # rows a0 .. a1 of head r of each group; dk (b, hkv, tk, d)
+            a0, a1 = s * d, min(tq, (s + 1) * d)
+            P, kept = P[:, r::h // hkv, a0:a1], kept_f[:, r::h // hkv, a0:a1]
+            x_of = got["dk"][..., : a1 - a0].swapaxes(-1, -2) / case.scale         # (b, hkv, rows, tk)
         seen = P > 0
         with np.errstate(divide="ignore", invalid="ignore"):
-            x = np.where(seen, dS / np.where(seen, P, 1.0), np.nan)
+            x = np.where(seen, x_of / np.where(seen, P, 1.0), np.nan)
         rows = seen.sum(-1) >= 2
-        for kept, cls in ((True, kept_f[..., k0:k1]), (False, ~kept_f[..., k0:k1])):
+        mids = []
+        for is_kept, cls in ((True, kept), (False, ~kept)):
             xc = np.where(cls & seen, x, np.nan)
             has = rows & ((cls & seen).sum(-1) >= 1)
             with np.errstate(all="ignore"), warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)
                 mid = np.nanmedian(np.where(has[..., None], xc, 0.0), axis=-1)
+            mids.append(np.where(has, mid, np.nan))
             off = int(((np.abs(xc - mid[..., None]) > 0.5) & has[..., None]).sum())
-            if kept:
+            if is_kept:
                 lost += off
             else:
                 gained = gained or off > 0
-    return lost, gained
+        both = np.isfinite(mids[0]) & np.isfinite(mids[1])         # rows with kept and dropped keys
+        if both.any():
+            gaps.append(np.abs(mids[0] - mids[1])[both])
+    # no mask at all: kept and dropped keys alike in every row (M is 1/(1 − p) on the kept, 0 on the dropped)
+    unmasked = bool(gaps) and float(np.median(np.concatenate(gaps))) < 0.5
+    return lost, gained, unmasked
 
 
 # ----------------------------------------------------------------------------

@@ -121,6 +121,44 @@ def test_a_backward_mask_read_through_a_probe_is_refuted_by_a_gradient_right_on_
     assert "dropout-backward-mask" not in {r.diagnosis.id for r in report.failures if r.diagnosis}, str(report)
 
 
+class _DkPassUnmasked(torch.autograd.Function):
+    """Dropout on the weights, its backward written out: dv and the dQ pass's dP masked, the dK/dV
+    pass's dP only rescaled, dP ∘ keep / (1 - p) meant (one pass's mask left out)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, scale, causal, p):
+        S = scale * q @ k.transpose(-1, -2)
+        if causal:
+            S = S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool).triu(1), -torch.inf)
+        P = torch.softmax(S, -1)
+        kept = (torch.rand(P.shape, dtype=P.dtype) >= p) / (1 - p)
+        out = (P * kept) @ v
+        ctx.save_for_backward(q, k, v, P, kept, out)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        q, k, v, P, kept, out = ctx.saved_tensors
+        dP, D = g @ v.transpose(-1, -2), (g * out).sum(-1, keepdim=True)
+        dq = ctx.scale * (P * (dP * kept - D)) @ k
+        dk = ctx.scale * (P * (dP * kept.max() - D)).transpose(-1, -2) @ q          # the mask left out
+        return dq, dk, (P * kept).transpose(-1, -2) @ g, None, None, None
+
+
+def test_a_dk_dv_pass_that_leaves_the_mask_out_of_its_dp_is_named_so(one_case):
+    one_case(0.1)
+
+    def dk_unmasked(q, k, v, *, causal, scale, dropout_p):
+        return _DkPassUnmasked.apply(q, k, v, scale, causal, dropout_p)
+    report = parity_tests.check(dk_unmasked, features=["dropout"], **TINY)
+    rows = {r.tensor: r for r in _dropout_rows(report)}
+    assert rows["dk"].failed and not rows["dq"].failed and not rows["dv"].failed, str(report)
+    said = rows["dk"].diagnosis
+    assert said.id == "dropout-backward-mask" and "no weight dropped in the dK/dV pass's dP (its mask left out" \
+        in said.sentence, said.sentence
+
+
 @pytest.mark.slow                      # importing scipy.stats takes seconds
 def test_the_binomial_test_is_scipys_exact_two_sided_one():
     binomtest = pytest.importorskip("scipy.stats").binomtest
