@@ -68,7 +68,7 @@ from parity_tests.kernels import dense, targets
 from parity_tests.kernels.cases import offset_of
 from parity_tests.kernels.diagnosis import poisoned, row_block, weights
 from parity_tests.kernels.diagnosis.location import TILES, locate, ranges
-from parity_tests.kernels.features import INPUT_GRADS, INPUTS, NO_GRAD, PER_HEAD, per_head, stored_inputs
+from parity_tests.kernels.features import INPUT_GRADS, INPUTS, NO_GRAD, PER_HEAD, key_ranges, per_head, stored_inputs
 
 __all__ = ["Diagnosis", "Evidence", "diagnose", "slice_errors", "rounding_ceiling", "DENSE_LIMIT"]
 
@@ -2267,9 +2267,25 @@ def _keys_unseen(sub):
                                dlse=r.get("dlse") if grads else None, unseen_from=firsts))
     said = [f"{j} .. {e - 1}" + ("" if case.batch == 1 else f" of sequence {b}")
             for b, (j, e) in enumerate(zip(firsts, ends)) if j < e]
-    return [mistakes.Hypothesis("keys-unseen", f"keys {', '.join(said)} seen by no query (what a split, tile or page "
-                                "size rounded down, or a last partial tile skipped, gives)",
+    why = _ranges_lost(case, set(firsts), set(ends)) or "what a split, tile or page size rounded down, or a last " \
+        "partial tile skipped, gives"
+    return [mistakes.Hypothesis("keys-unseen", f"keys {', '.join(said)} seen by no query ({why})",
                                 predict, ("out", "lse", "dq", "dk", "dv"), fitted=("out",))]
+
+
+def _ranges_lost(case, firsts, ends):
+    """Where the keys lost from one first key on are whole key ranges the kernel computes apart
+    (`features.key_ranges`: split-KV's splits), which ones, in words; else ""."""
+    declared = key_ranges(case)
+    if declared is None or len(firsts) != 1 or ends != {case.tk}:
+        return ""
+    name, spans = declared
+    lost = [i for i, (a, _) in enumerate(spans) if a >= min(firsts)]
+    if not lost or spans[lost[0]][0] != min(firsts):
+        return ""
+    which = f"range {lost[0]}" if len(lost) == 1 else f"ranges {lost[0]} .. {lost[-1]}"
+    return f"{which} of the {len(spans)} key ranges the kernel computes apart ({name} = " \
+        f"{dict(case.features)[name]}), whole: their partial states lost, dropped by the merge or never written"
 
 
 NARROW = ("bfloat16", "float16", "float8_e4m3fn", "float8_e5m2")     # `_inputs_rounded`'s dtypes

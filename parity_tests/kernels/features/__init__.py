@@ -66,6 +66,7 @@ HOOKS = {
     "recover": ("case", "value", "inputs", "opts", "caller", "seed", "device", "dtype", "align"),
     "lse_form": ("case", "value", "inputs", "align", "lse"),
     "reduced": ("case", "value", "inputs", "golden", "align"),        # -> {tensor: the sizes its sum adds}
+    "key_ranges": ("case", "value"),                                   # -> [(start, stop)] of the keys
 }
 
 
@@ -151,6 +152,8 @@ class Judging:
     #                            (dsinks), its bound at least that sum's rounding (`tolerances.reduction_floor`)
     inputs_error: bool = False  # the error of its inputs' own rounding (FP8's quantisation: the golden
     #                            on the drawn inputs against the golden on the rounded) beside the verdict
+    key_ranges: object = None  # hook -> [(start, stop)]: the key ranges its kernels compute apart (split-KV's
+    #                            splits), in order, so that keys a reading finds lost are said in those ranges
 
 
 @dataclass(frozen=True)
@@ -199,8 +202,8 @@ class Feature:
         object.__setattr__(self, "draw", hook("draw", self.draw))
         object.__setattr__(self, "calling", replace(calling, **{n: hook(n, getattr(calling, n)) for n in
                                                                 ("reference", "arguments", "hand", "recover")}))
-        object.__setattr__(self, "judging", replace(self.judging, lse_form=hook("lse_form", self.judging.lse_form),
-                                                    reduced=hook("reduced", self.judging.reduced)))
+        object.__setattr__(self, "judging", replace(self.judging, **{n: hook(n, getattr(self.judging, n)) for n in
+                                                                  ("lse_form", "reduced", "key_ranges")}))
 
     @property
     def keywords(self):
@@ -322,6 +325,16 @@ def layout_name(layout):
 
 # The inputs every case has; a feature may declare them again (FP8 stores q, k, v in float8).
 CORE = ("q", "k", "v", "dout")
+
+
+def key_ranges(case):
+    """(feature, [(start, stop)]) of the key ranges ``case``'s kernel computes apart, as the first of
+    its features declaring `Judging.key_ranges` gives them; None where none does."""
+    for name, value in case.features:
+        hook = REGISTRY[name].judging.key_ranges if name in REGISTRY else None
+        if hook is not None:
+            return name, hook(case=case, value=value)
+    return None
 
 
 def declared_inputs(features):

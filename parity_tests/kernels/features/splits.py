@@ -34,6 +34,12 @@ def cases(causal, plan):
     return [replace(c, align="bottom-right") for c in out] if plan.takes_align else out
 
 
+def ranges(case, splits):
+    """The splits' key ranges [(start, stop)], ceil(Tk / num_splits) keys each, those past Tk left out."""
+    width = math.ceil(case.tk / splits)
+    return [(s * width, min(case.tk, (s + 1) * width)) for s in range(splits) if s * width < case.tk]
+
+
 def partials(ctx, splits):
     """(out_s (S, B, H, Tq, Dv), lse_s (S, B, H, Tq), m_s (S, B, H, Tq)) in float64: the
     reference's options with the keys outside each range masked by a −inf bias (Tq: the
@@ -156,4 +162,4 @@ def mistakes(ctx, splits):
 FEATURE = Feature("splits", "num_splits=int, FlashAttention's split-KV: the unsplit result for 1, 2, 3, 7 and "
                   "133 splits, splits that see no key included; forward only",
                   cases=cases, label=lambda s: f"splits {s}", options=(Option("num_splits", int, to=("kernel",)),),
-                  mistakes=mistakes, judging=Judging(forward_only=True))
+                  mistakes=mistakes, judging=Judging(forward_only=True, key_ranges=ranges))

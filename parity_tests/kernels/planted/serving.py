@@ -152,6 +152,8 @@ def _split(q, k, v, causal, scale, num_splits, align, mistake=None):
     else:
         offsets = [offset] * num_splits
     parts = [_partial(q, k, v, j0, j1, causal, scale, o, mistake) for (j0, j1), o in zip(ranges, offsets)]
+    if mistake == "last-dropped" and num_splits > 1:  # the merge's loop stops one split short
+        parts = parts[:-1]
     outs = torch.stack([p[0] for p in parts])
     lses = torch.stack([p[1] for p in parts])                               # (S, B, H, Tq)
     if mistake == "empty-zero":                       # an empty split's partial never written: 0 and lse 0
@@ -189,6 +191,11 @@ def split_decode_empty_zero(q, k, v, *, causal, scale, num_splits=1, align="top-
     """Wrong: a split that sees no key returns early without writing its partial, so the merge reads
     the workspace's zeros: lse 0 (not −inf) and out 0, each a term exp(0) in the sum."""
     return _split(q, k, v, causal, scale, num_splits, align, "empty-zero").to(q.dtype)
+
+
+def split_decode_last_dropped(q, k, v, *, causal, scale, num_splits=1, align="top-left"):
+    """Wrong: the last split's partial state left out of the merge (its loop one split short)."""
+    return _split(q, k, v, causal, scale, num_splits, align, "last-dropped").to(q.dtype)
 
 
 def split_decode_aligned_alone(q, k, v, *, causal, scale, num_splits=1, align="top-left"):
