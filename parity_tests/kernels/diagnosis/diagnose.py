@@ -2167,24 +2167,27 @@ def _backward_blocks(sub, failing, found):
 
 def _backward_counts(sub, failing, found, blocks):
     """A backward reduction that adds some terms twice or leaves them out, tile by tile: dq's
-    sum over keys (dQ = scale dS K) or dv's (dk's) sum over query rows, each term of a tile
-    counted 0, 1 or 2 times (a key tile laid back from the range's end to stay whole, overlapping
-    the one before it; a loop's bound a few keys off).  Tiles of the gradient's own rows of each
-    size of `mistakes.KEY_TILES` (the largest first: the fewest fitted counts), each term's count
-    fitted tile by tile by least squares and rounded, the prediction held to the bound.  Where no
-    count is 2 and whole blocks are left out, `_backward_blocks` (``blocks``) says it better."""
+    sum over keys (dQ = scale dS K) or dv's (dk's) sum over query rows (dV = Pᵀ dO, dK = scale
+    dSᵀ Q, over each kv head's group), each term of a tile counted 0, 1 or 2 times (a key tile
+    laid back from the range's end to stay whole, overlapping the one before it; a loop's bound a
+    few keys off).  Tiles of the gradient's own rows of each size of `mistakes.KEY_TILES` (the
+    largest first: the fewest fitted counts), each term's count fitted tile by tile by least
+    squares (`_counts_by_tile`) and rounded, the prediction held to the bound.  Where no count is
+    2 and whole blocks are left out, `_backward_blocks` (``blocks``) says it better."""
     fit_to = next((n for n in ("dq", "dv", "dk") if n in failing and np.isfinite(sub.arrays.get(n, np.nan)).all()),
                   None)
     if found is None or fit_to is None:
         return []
-    P, _, block, _ = found
-    case, got = sub.case, sub.arrays[fit_to]
-    own_len, terms = (case.tq, case.tk) if fit_to == "dq" else (case.tk, case.tq)
-    if terms > 2 * UNSEEN_KEYS:
-        return []
+    case, got, f = sub.case, sub.arrays[fit_to], found[3]
+    grouped = lambda a: a.reshape(case.batch, case.hkv, case.heads // case.hkv, *a.shape[2:])
+    swap = lambda a: np.swapaxes(a, -1, -2)
+    left, right = {"dq": (f["scale · dS"][:, :, None], f["K"][:, :, None]),
+                   "dv": (grouped(swap(f["P"])), grouped(f["dO"])),
+                   "dk": (grouped(swap(f["scale · dS"])), grouped(f["Q"]))}[fit_to]
+    own_len = left.shape[-2]
     term, own = ("key", "query") if fit_to == "dq" else ("query row", "key")
     for size in sorted({min(t, own_len) for t in mistakes.KEY_TILES}, reverse=True):
-        fitted = _counts_by_tile(P, block, fit_to, got, own_len, terms, size)
+        fitted = _counts_by_tile(left, right, got, size)
         if fitted is None:
             continue
         pred, counts = fitted
@@ -2194,8 +2197,7 @@ def _backward_counts(sub, failing, found, blocks):
         if not twice and blocks:
             return []
         said = [(f"{own} rows {a} .. {b} ({own} tile {a // size} of {size})" if size < own_len else f"every {own} row")
-                + ": "
-                + ", ".join(f"{term}s {ranges(tile[c])} {'twice' if c else 'left out'}" for c in (2, 0) if tile.get(c))
+                + ": " + ", ".join(f"{term}s {ranges(tile[c])} {'twice' if c else 'left out'}" for c in (2, 0) if tile[c])
                 for (a, b), tile in counts.items()]
         shown = "; ".join(said[:4]) + ("; ..." if len(said) > 4 else "")
         why = "tiles of the reduction that overlap (a last tile laid back to end at the range's end, or a loop " \
@@ -2208,24 +2210,32 @@ def _backward_counts(sub, failing, found, blocks):
     return []
 
 
-def _counts_by_tile(P, block, n, got, own_len, terms, size):
-    """(prediction, {(first, last row): {count: [terms]}} for the tiles with a count other than 1)
-    of gradient ``n`` with each term of each tile of ``size`` rows counted a whole 0, 1 or 2 times,
-    fitted to ``got``; None where a fitted count is not within 0.05 of one of those."""
+def _counts_by_tile(left, right, got, size):
+    """(prediction, {(first, last row): {0: [terms], 2: [terms]}} for the tiles with a count other
+    than 1) of a gradient y_o = Σ_t c_t Σ_h L^h_ot R^h_t (``left`` (B, K, G, own, terms), ``right``
+    (B, K, G, terms, D): G query heads summed onto each of K heads; ``got`` (B, K, own, D)) with
+    each term t of each tile of ``size`` own rows counted c_t = 0, 1 or 2 times; None where a fitted
+    count is not within 0.05 of one of those.  The counts of a tile solve the normal equations
+    Σ_u G_tu c_u = b_t, G_tu = Σ (L^h_ot L^h'_ou)(R^h_t · R^h'_u) and b_t = Σ L^h_ot (y_o · R^h_t)
+    (sums over batch, heads, the tile's rows), on the terms any of its rows weighs."""
     pred, counts = np.zeros_like(got), {}
-    for start in range(0, own_len, size):
-        rows = slice(start, min(start + size, own_len))
-        cols = [j for j in range(terms) if (P[..., rows, j] if n == "dq" else P[..., j, rows]).any()]
-        if not cols:
+    gram_r = np.einsum("bkhtd,bkgud->bkhgtu", right, right)
+    for start in range(0, left.shape[-2], size):
+        rows = slice(start, min(start + size, left.shape[-2]))
+        L, y = left[..., rows, :], got[..., rows, :]
+        G = (np.einsum("bkhot,bkgou->bkhgtu", L, L) * gram_r).sum((0, 1, 2, 3))
+        cols = np.nonzero(np.diag(G) > 0)[0]
+        if not len(cols):
             continue
-        parts = np.stack([(block(n, rows, slice(j, j + 1)) if n == "dq" else block(n, slice(j, j + 1), rows))
-                          .reshape(-1) for j in cols], axis=1)
-        w = np.linalg.lstsq(parts, got[..., rows, :].reshape(-1), rcond=None)[0]
+        b = np.einsum("bkhot,bkod,bkhtd->t", L, y, right)
+        w = np.linalg.lstsq(G[np.ix_(cols, cols)], b[cols], rcond=None)[0]
         whole = np.round(w)
         if np.abs(w - whole).max() > 0.05 or not set(np.unique(whole)) <= {0.0, 1.0, 2.0}:
             return None
-        pred[..., rows, :] = (parts @ whole).reshape(got[..., rows, :].shape)
-        off = {c: [cols[i] for i in np.nonzero(whole == c)[0]] for c in (0, 2)}
+        c = np.zeros(left.shape[-1])
+        c[cols] = whole
+        pred[..., rows, :] = np.einsum("bkhot,t,bkhtd->bkod", L, c, right)
+        off = {n: [int(cols[i]) for i in np.nonzero(whole == n)[0]] for n in (0, 2)}
         if off[0] or off[2]:
             counts[start, rows.stop - 1] = off
     return pred, counts
@@ -3368,7 +3378,8 @@ def _deferred_rescale(sub):
         for order in ("first", "last"):
             m = np.maximum.accumulate(top if order == "first" else top[..., ::-1], axis=-1)
             rise = np.concatenate([m[..., 1:], m[..., -1:]], -1) - np.where(np.isfinite(m), m, 0.0)
-            factor = np.where(np.isfinite(m), np.exp(np.where(np.isfinite(rise), rise, 0.0)), 1.0)
+            with np.errstate(over="ignore"):                                      # a rise past 709: inf, no fit
+                factor = np.where(np.isfinite(m), np.exp(np.where(np.isfinite(rise), rise, 0.0)), 1.0)
             factor = factor if order == "first" else factor[..., ::-1]
             if np.abs(factor[wrong] - 1).max(initial=0.0) <= FIT_SHARE:
                 continue

@@ -165,7 +165,7 @@ def recover(case, dropout, inputs, opts, caller):
         read = {g: _softmax_backward_mask(caller, case, rounded, opts, kept_f, g) for g in ("dq", "dk")}
         for grad, other, pass_, probe in (("dq", "dk", "backward's dP", "dq with k"),
                                           ("dk", "dq", "dK/dV pass's dP", "dk with q")):
-            lost, gained, unmasked = read[grad]
+            lost, gained, unmasked = read[grad] if grad == "dq" else (0, False, read[grad][2])   # dk: a sample
             unmasked &= not read[other][2]     # the other pass masked: no mask here is this pass's alone
             said = f"no weight dropped in the {pass_} (its mask left out, the 1/(1 - p) kept or not)" if unmasked \
                 else f"{lost} of the {k} weights the forward kept are dropped in the {pass_}" if lost else \
@@ -184,9 +184,9 @@ def _softmax_backward_mask(caller, case, rounded, opts, kept_f, grad="dq"):
     otherwise than the forward's ``kept_f``, seen through ``grad``.  With every v_j and dO_i the
     first unit vector, dO Vᵀ = 1 and dP = M.  Through dq: with k = columns of the identity (D keys
     at a time), dq_i = scale dS_i over those keys.  Through dk (a dK/dV pass computing its own dP):
-    with q = columns of the identity over the query rows (D rows at a time, on one query head of
-    each kv group, the others' q 0, so that only its rows reach dk), dk_j = scale dS_j over those
-    rows.  dS_ij / P_ij = M_ij − R_i (R_i the row term, whatever the kernel takes for it), P from
+    with q = columns of the identity over the first D query rows, on the first query head of each
+    kv group (the others' q 0, so that only its rows reach dk), dk_j = scale dS_j over those rows:
+    one call, enough to tell a dP with no mask at all.  dS_ij / P_ij = M_ij − R_i (R_i the row term, whatever the kernel takes for it), P from
     the probe's own inputs.  So within a row, the keys the forward kept share one value of dS / P,
     and those it dropped another: a key off its class's value by more than half a step of M (M is
     0 or at least 1) was masked otherwise in the backward.  Rows with one key are left out (their
@@ -200,8 +200,7 @@ def _softmax_backward_mask(caller, case, rounded, opts, kept_f, grad="dq"):
     unit_v[..., 0], unit_o[..., 0] = 1.0, 1.0
     eye = np.broadcast_to(np.eye(tk), (b, hkv, tk, tk))
     lost, gained, gaps = 0, False, []
-    probes = [(s, None) for s in range(-(-tk // d))] if grad == "dq" else \
-        [(s, r) for r in range(h // hkv) for s in range(-(-tq // d))]
+    probes = [(s, None) for s in range(-(-tk // d))] if grad == "dq" else [(0, 0)]   # dk: its first rows alone
     for s, r in probes:
         if grad == "dq":
             k = _identity_columns(tk, s * d, d, (b, hkv))
