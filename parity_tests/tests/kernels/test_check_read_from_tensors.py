@@ -977,6 +977,10 @@ def test_a_sinks_weight_off_by_a_factor_per_head_is_named_with_its_cause():
     assert report.diagnosis == "sink-weighed" and out, [d.sentence for _, d in report.diagnoses]
     assert all("multiplied by a factor of its head, 2^-8 on every head: an exp2 offset of 8 (log2 units) left out "
                "of the sink's term alone" in said for said in out), out
+
+
+@pytest.mark.slow                      # softcap's cases and sinks': 2 s
+def test_a_sink_capped_as_the_scores_are_is_named_with_the_cap():
     capped_too = _sink_logit_as(lambda s, cap: cap * torch.tanh(s / cap))
     report = parity_tests.check(capped_too, features=["softcap", "sinks"], tokens=["45x77"], causal="yes", **ONE)
     out = {d.sentence for r, d in report.diagnoses if r.tensor == "out"}
