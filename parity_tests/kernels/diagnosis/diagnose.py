@@ -377,7 +377,8 @@ def _catalogue(rest, rows, ev):
     if "out" in rest and plain(["out"]):
         fitted = _keys_unseen(sub) + _sequence_offsets(sub) + _state_carried(sub) + _keys_weighted(sub) + \
             _key_tile_ranges(sub) + _tile_masks(sub) + _key_spans(sub) + _values_from_other_slices(sub) + \
-            _sink_counted(sub) + _rows_moved(sub) + _scores_scaled(sub) + _deferred_rescale(sub) + _tiles_weighted(sub) + \
+            _sink_counted(sub) + _rows_moved(sub) + _scores_scaled(sub) + _deferred_rescale(sub) + \
+            _tiles_weighted(sub) + \
             _tiles_left_out(sub) + _values_read_as_zero(sub) + _values_from_other_tiles(sub) + \
             _output_rounded(sub) + _inputs_rounded(sub) + _inputs_sign_lost(sub) + _channels_permuted(sub) + \
             _out_channels_moved(sub) + _kv_head_map(sub)
@@ -2197,8 +2198,8 @@ def _backward_counts(sub, failing, found, blocks):
         if not twice and blocks:
             return []
         said = [(f"{own} rows {a} .. {b} ({own} tile {a // size} of {size})" if size < own_len else f"every {own} row")
-                + ": " + ", ".join(f"{term}s {ranges(tile[c])} {'twice' if c else 'left out'}" for c in (2, 0) if tile[c])
-                for (a, b), tile in counts.items()]
+                + ": " + ", ".join(f"{term}s {ranges(tile[c])} {'twice' if c else 'left out'}"
+                                   for c in (2, 0) if tile[c]) for (a, b), tile in counts.items()]
         shown = "; ".join(said[:4]) + ("; ..." if len(said) > 4 else "")
         why = "tiles of the reduction that overlap (a last tile laid back to end at the range's end, or a loop " \
             "bound stepped back) add those terms twice" if twice else "a loop's start or end a few terms off"
@@ -3387,9 +3388,9 @@ def _deferred_rescale(sub):
             if slice_errors(got, pred, sub.den["out"]).max() <= bound:
                 return [mistakes.Hypothesis(
                     "deferred-rescale", f"each key tile's P V (tiles of {tile}, visited from the {order}) added after "
-                    "the accumulator is rescaled for the next tile (its share multiplied by exp(m_next − m), the rise "
-                    "of the row's running maximum, up to " f"{float(factor[wrong].max()):.3g}; l right): a pipelined "
-                    "loop that defers each tile's product and adds it where (acc + P V) · α is meant",
+                    "the accumulator is rescaled for the next tile (its share multiplied by exp(m_next − m), the "
+                    f"rise of the row's running maximum, up to {float(factor[wrong].max()):.3g}; l right): a "
+                    "pipelined loop that defers each tile's product and adds it where (acc + P V) · α is meant",
                     lambda grads=True, pred=pred: {**sub.gold, "out": pred}, ("out",), fitted=("out",))]
     return []
 

@@ -23,8 +23,8 @@ drops other weights than its forward is caught there, named.  Then:
 Cases: p = 0, 0.1 and 0.5 at T = 77 (D = 64), 0.1 at 45 x 113 (D = 32), 0.5 at 113 x 45
 (D = 40), causal and not.  Invited mistakes: the 1/(1 − p) rescale left out or applied
 twice; the scores dropped (masked out of the softmax) instead of the weights after it; a
-backward mask other than the forward's (in the dQ pass's dP, or in a dK/dV pass's own); dropout left on at dropout_p = 0; a mask the seed
-does not reproduce."""
+backward mask other than the forward's (in the dQ pass's dP, or in a dK/dV pass's own);
+dropout left on at dropout_p = 0; a mask the seed does not reproduce."""
 
 import math
 import warnings
@@ -182,18 +182,19 @@ def recover(case, dropout, inputs, opts, caller):
 def _softmax_backward_mask(caller, case, rounded, opts, kept_f, grad="dq"):
     """How many weights the mask inside the softmax's backward (dP = (dO Vᵀ) ∘ M) keeps or drops
     otherwise than the forward's ``kept_f``, seen through ``grad``.  With every v_j and dO_i the
-    first unit vector, dO Vᵀ = 1 and dP = M.  Through dq: with k = columns of the identity (D keys
-    at a time), dq_i = scale dS_i over those keys.  Through dk (a dK/dV pass computing its own dP):
-    with q = columns of the identity over the first D query rows, on the first query head of each
-    kv group (the others' q 0, so that only its rows reach dk), dk_j = scale dS_j over those rows:
-    one call, enough to tell a dP with no mask at all.  dS_ij / P_ij = M_ij − R_i (R_i the row term, whatever the kernel takes for it), P from
-    the probe's own inputs.  So within a row, the keys the forward kept share one value of dS / P,
-    and those it dropped another: a key off its class's value by more than half a step of M (M is
-    0 or at least 1) was masked otherwise in the backward.  Rows with one key are left out (their
-    dS is 0: their mask cannot be seen).  Returns (how many keys the forward kept sit off their
-    class's value: dropped in the backward, exactly when most of them are kept there; whether any
-    key the forward dropped sits off its class's value; whether the two classes share one value,
-    in the median row that holds both: no mask in dP at all)."""
+    first unit vector, dO Vᵀ = 1 and dP = M.  Through dq: with k = columns of the identity (D
+    keys at a time), dq_i = scale dS_i over those keys.  Through dk (a dK/dV pass computing its
+    own dP): with q = columns of the identity over the first D query rows, on the first query
+    head of each kv group (the others' q 0, so that only its rows reach dk), dk_j = scale dS_j
+    over those rows: one call, enough to tell a dP with no mask at all.  dS_ij / P_ij = M_ij −
+    R_i (R_i the row term, whatever the kernel takes for it), P from the probe's own inputs.  So
+    within a row, the keys the forward kept share one value of dS / P, and those it dropped
+    another: a key off its class's value by more than half a step of M (M is 0 or at least 1)
+    was masked otherwise in the backward.  Rows with one key are left out (their dS is 0: their
+    mask cannot be seen).  Returns (how many keys the forward kept sit off their class's value:
+    dropped in the backward, exactly when most of them are kept there; whether any key the
+    forward dropped sits off its class's value; whether the two classes share one value, in the
+    median row that holds both: no mask in dP at all)."""
     from numpy_ref import reference_attention
     b, h, hkv, tq, tk, d, dv = case.batch, case.heads, case.hkv, case.tq, case.tk, case.head_dim, case.dv
     unit_v, unit_o = np.zeros((b, hkv, tk, dv)), np.zeros((b, h, tq, dv))
