@@ -2989,10 +2989,13 @@ def _key_tile_ranges(sub):
     before = np.concatenate([np.full(top.shape[:-1] + (1,), -np.inf), np.maximum.accumulate(top, -1)[..., :-1]], -1)
     raised = top > before
     last_raise = raised.shape[-1] - 1 - np.argmax(raised[..., ::-1], -1)
+    other = _other_tiles_ranges(groups, np.where(seen.any(-1), own_lo, Tk), np.where(seen.any(-1), own_hi, 0))
     why = "each row's key tiles before the last one that raised its running maximum dropped: a rescale " \
           "exp(m_old - m_new) that comes to 0 (its exponent in other units, or underflowing)" if \
         (lo[changed] == last_raise[changed]).all() and (hi[changed] == own_hi[changed]).all() else \
-        "a tile loop's start or end off"
+        f"each the key tiles another query tile of {other[0]} spans ({other[1]}): a key range computed for " \
+        "another tile's rows (a bound hoisted out of a loop over two query tiles, or a tile index mapped twice)" \
+        if other else "a tile loop's start or end off"
 
     def predict(grads=True):
         return as_4d(dense.run(r["q"], r["k"], r["v"], r["dout"] if grads else None, opts, grads=grads,
@@ -3000,6 +3003,28 @@ def _key_tile_ranges(sub):
     return [mistakes.Hypothesis("key-tile-ranges", f"query rows reading another range of key tiles of {tile} than "
                                 f"they see ({said}): {why}", predict,
                                 ("out", "lse", "dq", "dk", "dv"), fitted=("out",))]
+
+
+def _other_tiles_ranges(groups, own_lo, own_hi):
+    """(query tile size, words) where each group of `_key_tile_ranges` (rows reading key tiles
+    [a, b)) lies in one query tile of a size of `TILES` and reads exactly the key tiles that
+    another query tile's rows span together (``own_lo``, ``own_hi``: each row's own, (B, H, Tq),
+    rows that see no key neutral); None otherwise."""
+    lo, hi = own_lo.min((0, 1)), own_hi.max((0, 1))                           # over every slice
+    tq = lo.shape[0]
+    for q in (t for t in TILES if t < tq):
+        spans = [(int(lo[s:s + q].min()), int(hi[s:s + q].max())) for s in range(0, tq, q)]
+        said = []
+        for (a, b, _, _), rows in groups.items():
+            tiles = {i // q for i in rows}
+            others = [u for u, span in enumerate(spans) if span == (a, b) and u not in tiles]
+            if len(tiles) != 1 or not others:
+                break
+            u = others[0]
+            said.append(f"rows {ranges(sorted(rows))} read query tile {u}'s (rows {u * q} .. {min(tq, (u + 1) * q) - 1})")
+        else:
+            return q, "; ".join(said)
+    return None
 
 
 def _own_scale(pred, denom):

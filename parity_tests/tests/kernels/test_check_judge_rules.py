@@ -386,6 +386,21 @@ def test_a_pipelined_loop_adding_each_tiles_product_after_the_rescale_is_named()
         "rescaled for the next tile" in out.sentence, out.sentence
 
 
+def test_query_tiles_reading_their_partners_key_range_are_named_with_the_partner():
+    def paired(q, k, v, *, causal, scale):      # causal load balance: tiles t and n-1-t, one key range for both
+        S = scale * q @ k.transpose(-1, -2)
+        tq, tk = S.shape[-2:]
+        n = -(-tq // 32)
+        rows, keys = torch.arange(tq)[:, None], torch.arange(tk)[None, :]
+        reach = (torch.minimum(rows // 32, n - 1 - rows // 32) + 1) * 32    # the light tile's, for both
+        hidden = (keys > rows) | (keys >= reach) if causal else keys >= reach
+        return torch.softmax(S.masked_fill(hidden, -math.inf), -1) @ v
+    out = _rows(paired, Case(1, 2, 100, 100, 16, True))["out"].diagnosis
+    assert out.id == "key-tile-ranges" and "each the key tiles another query tile of 32 spans (rows 64 .. 95 read " \
+        "query tile 1's (rows 32 .. 63); rows 96 .. 99 read query tile 0's (rows 0 .. 31)): a key range computed " \
+        "for another tile's rows" in out.sentence, out.sentence
+
+
 def test_keys_and_values_read_with_their_signs_lost_are_named():
     def signs_lost(q, k, v, *, causal, scale):
         return attend(q, k.abs(), v.abs(), causal=causal, scale=scale)[0]
