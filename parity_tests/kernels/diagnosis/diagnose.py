@@ -286,6 +286,8 @@ def diagnose(failing, rows, ev):
             rejected = []
             result[n] = name_non_finite(n, ev, rejected) or _padding_rows_seen(n, rows, ev) or \
                 _non_finite(n, ev.arrays[n], ev.case, ev.align, ev.keyless)
+            if result[n].id == "non-finite" and n == "out":
+                result[n].sentence += _nan_where_weights_underflow(ev)
             result[n].against = tuple(rejected)
     rest = [n for n in failing if n not in result and n in ev.arrays]
     if rest and ev.second is None:
@@ -788,6 +790,42 @@ UNBIASED = 0.5
 # A failing tensor "points the wrong way" below this cosine with the reference (an
 # unrelated one sits near 0 either side).
 WRONG_WAY = -0.2
+
+
+# A weight under 2^-DEEP_WEIGHT of its row's largest adds nothing a float32 sum can hold (2^-64 is
+# past float32's epsilon squared): non-finite only on rows holding such weights points at an exponential.
+DEEP_WEIGHT = 64
+
+
+def _nan_where_weights_underflow(ev):
+    """Where out is non-finite on exactly the query rows whose smallest weight, against the row's
+    largest, lies below some 2^-x (each row with a key more than x log2 units under its maximum,
+    and only those), in words: an exponential that breaks past some argument.  "" otherwise (on
+    a block of rows, or where the dense weights are too large to hold)."""
+    P = _dense_weights(ev)
+    if P is None:
+        return ""
+    bad = ~np.isfinite(ev.arrays["out"]).all(-1)                                   # (B, H, Tq)
+    seen = P > 0
+    with np.errstate(divide="ignore"):
+        spread = np.where(seen, np.log2(np.where(seen, P, 1.0)), np.inf).min(-1) - \
+            np.log2(np.where(seen.any(-1), P.max(-1), 1.0))                        # ≤ 0; inf: no key
+    if not bad.any() or (~bad & seen.any(-1)).sum() == 0 or not np.isfinite(spread[bad]).all():
+        return ""
+    right = ~bad & seen.any(-1)
+    deepest_right, shallowest_bad = float(spread[right].min()), float(spread[bad].max())
+    why = ": an exponential computed so that it breaks past some argument (a hand-written exp2 without its lower " \
+        "clamp, a bit trick on the exponent field, or an underflow turned into NaN)"
+    if shallowest_bad < deepest_right:
+        return (f"; non-finite on exactly the query rows with a weight below 2^{shallowest_bad:.0f} of their largest "
+                f"(a key more than {-shallowest_bad:.0f} log2 units under the row's maximum; the rows whose keys all "
+                f"lie within {-deepest_right:.0f} of it are right){why}")
+    deep = int((right & (spread <= shallowest_bad)).sum())
+    if shallowest_bad <= -DEEP_WEIGHT and deep <= right.sum() / 2:   # rows holding weights no sum can feel
+        return (f"; every non-finite row has a weight below 2^{shallowest_bad:.0f} of its largest (a key more than "
+                f"{-shallowest_bad:.0f} log2 units under the row's maximum; {deep} of the {int(right.sum())} right rows "
+                f"have one too: on some lanes or tiles only){why}")
+    return ""
 
 
 def _non_finite(t, a, case, align, keyless=None):

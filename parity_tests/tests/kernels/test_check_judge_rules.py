@@ -401,6 +401,19 @@ def test_query_tiles_reading_their_partners_key_range_are_named_with_the_partner
         "for another tile's rows" in out.sentence, out.sentence
 
 
+def test_nan_on_exactly_the_rows_holding_a_deep_weight_is_said_so():
+    def exp_breaking_below_minus_5(q, k, v, *, causal, scale):      # an exponential with no lower clamp
+        S = scale * q @ k.transpose(-1, -2)
+        if causal:
+            S = S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool).triu(1), -math.inf)
+        x = S - S.amax(-1, keepdim=True)
+        e = torch.where(torch.isinf(x), 0.0, torch.where(x < -5, math.nan, torch.exp(x)))
+        return (e @ v) / e.sum(-1, keepdim=True)
+    out = _rows(exp_breaking_below_minus_5, Case(1, 2, 45, 45, 16, True))["out"].diagnosis
+    assert out.id == "non-finite" and "; non-finite on exactly the query rows with a weight below 2^-7 of their " \
+        "largest (a key more than 7 log2 units under the row's maximum" in out.sentence, out.sentence
+
+
 def test_keys_and_values_read_with_their_signs_lost_are_named():
     def signs_lost(q, k, v, *, causal, scale):
         return attend(q, k.abs(), v.abs(), causal=causal, scale=scale)[0]
