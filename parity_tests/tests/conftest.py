@@ -91,7 +91,7 @@ def without_input_classes(request, monkeypatch):
     T = 45-77 and D = 40-64): half a small check's cost.  For a default test whose subject is a
     feature, a verdict or a diagnosis on its own small cases; the classes themselves are
     test_check_inputs.py's, every README and docs run keeps them, and so does every ``slow``
-    test (the full grids)."""
-    if request.node.get_closest_marker("slow") is None:
+    test (the full grids) but those only moved there for time (``moved``: `sampled.MOVED`)."""
+    if request.node.get_closest_marker("slow") is None or request.node.get_closest_marker("moved") is not None:
         from parity_tests.kernels import variations
         monkeypatch.setattr(variations, "CLASSES", ())

@@ -19,7 +19,7 @@ from parity_tests.kernels import audit as audit_mod
 from parity_tests.kernels import audit_report
 from parity_tests.kernels import planted, run, runner, targets
 from parity_tests.kernels.planted import correct
-from sampled import one_in
+from sampled import moved, one_in
 
 # one length, causal: the plan adds its input classes (strides, scale, large logits, integers, Tq > Tk)
 SMALL = dict(dtypes=["bfloat16"], tokens=["17"], head_dims=[16], heads=[2], batch=[1], causal="yes")
@@ -196,7 +196,7 @@ def test_one_golden_per_case_shared_by_every_kernel(monkeypatch):
     assert len(calls) == report.settings["cases"] and len(report.mistakes) == 2 and len(report.correct) >= 10
 
 
-@pytest.mark.slow
+@moved
 def test_a_float32_reference_is_offered_and_tighter():
     same = parity_tests.audit(atol=1e-2, rtol=1e-2, mistakes=["no-scale"], **SMALL)
     f32 = parity_tests.audit(atol=1e-2, rtol=1e-2, mistakes=["no-scale"], reference="float32", **SMALL)

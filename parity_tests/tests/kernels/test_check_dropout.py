@@ -16,6 +16,7 @@ from parity_tests.kernels.cases import Case
 from parity_tests.kernels.features import REGISTRY
 from parity_tests.kernels.features import dropout as dropout_mod
 from parity_tests.kernels.planted.featured import attend, kernel, wrong_kernel
+from sampled import moved
 
 TINY = dict(tokens=["5"], head_dims=[16], heads=[1], batch=[1], dtypes=["float32"], causal="yes")
 
@@ -105,7 +106,7 @@ def test_a_mask_at_the_wrong_rate_or_not_from_the_seed_is_named(one_case, how, n
     assert any(words in d.sentence for _, d in report.diagnoses), [d.sentence for _, d in report.diagnoses][:4]
 
 
-@pytest.mark.slow                      # every probe of both passes: 3 s
+@moved                      # every probe of both passes: 3 s
 def test_a_backward_mask_read_through_a_probe_is_refuted_by_a_gradient_right_on_its_own(one_case):
     # dq alone wrong, from the next key's k (and another draw): the probe with k = the identity reads
     # it as another mask in dP, which would move dk too; dk is right, so no mask is claimed

@@ -15,7 +15,7 @@ from parity_tests.kernels.cases import Case
 from crashing_kernels import with_backward
 from parity_tests.kernels.planted.featured import FEATURE_GALLERY, attend, kernel, one_unit_off_every_other_call, varlen, wrong_kernel
 from needs import needs
-from sampled import one_in
+from sampled import moved, one_in
 
 pytestmark = pytest.mark.usefixtures("without_input_classes")   # (conftest.py)
 
@@ -258,7 +258,7 @@ def test_a_window_edge_is_named():
     assert "only the keys at the window's left edge differ" in report.diagnoses[0][1].sentence
 
 
-@pytest.mark.slow                      # every case of GQA's and the grid's fails: 3 s
+@moved                      # every case of GQA's and the grid's fails: 3 s
 def test_a_gradient_pointing_the_wrong_way_is_named_so():
     def turned_dq(q, k, v, *, causal, scale):           # -1/2 of dq for even rows, -1/4 for odd ones
         factors = torch.tensor([-0.5, -0.25]).repeat(q.shape[2])[:q.shape[2], None]
@@ -271,7 +271,7 @@ def test_a_gradient_pointing_the_wrong_way_is_named_so():
         r"\(cosine -0\.9\d with the reference\); where: ", d.sentence) for d in dq), [d.sentence for d in dq]
 
 
-@pytest.mark.slow                      # every case of GQA's and the grid's fails: 3 s
+@moved                      # every case of GQA's and the grid's fails: 3 s
 def test_a_gradient_off_by_one_factor_is_named_with_it_and_said_to_point_the_wrong_way():
     def halved_dq(q, k, v, *, causal, scale):
         return attend(with_backward(q, lambda g: -0.5 * g), k, v, causal=causal, scale=scale)[0]

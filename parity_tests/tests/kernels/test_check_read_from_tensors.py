@@ -18,7 +18,7 @@ from parity_tests.kernels.features import REGISTRY, Plan
 from parity_tests.kernels.diagnosis import diagnose
 from parity_tests.kernels.planted.featured import attend, wrong_kernel
 from crashing_kernels import sdpa, with_backward
-from sampled import one_in
+from sampled import moved, one_in
 
 pytestmark = pytest.mark.usefixtures("without_input_classes")   # (conftest.py)
 
@@ -858,7 +858,7 @@ def _tiles_skipped(every, skipped, tile=16):
     return kernel
 
 
-@pytest.mark.slow
+@moved
 def test_query_tiles_never_written_are_named_with_their_work_indices():
     report = parity_tests.check(_tiles_skipped(8, (4, 5, 6, 7)), tokens=["100"], dtypes=["float32"],
                                 head_dims=[16], heads=[3], batch=[2])
@@ -939,7 +939,7 @@ def test_blocks_masked_otherwise_are_named_with_the_blocks(change, said):
     assert {d.id for d in found.values()} == {"tile-masks"}, {n: d.sentence for n, d in found.items()}
 
 
-@pytest.mark.slow
+@moved
 def test_a_sink_added_without_the_row_maximum_is_named_so():
     def sink_unshifted(q, k, v, *, causal, scale, sinks):
         S = (q.double() @ k.double().transpose(-1, -2)) * scale
@@ -979,7 +979,7 @@ def test_a_sinks_weight_off_by_a_factor_per_head_is_named_with_its_cause():
                "of the sink's term alone" in said for said in out), out
 
 
-@pytest.mark.slow                      # softcap's cases and sinks': 2 s
+@moved                      # softcap's cases and sinks': 2 s
 def test_a_sink_capped_as_the_scores_are_is_named_with_the_cap():
     capped_too = _sink_logit_as(lambda s, cap: cap * torch.tanh(s / cap))
     report = parity_tests.check(capped_too, features=["softcap", "sinks"], tokens=["45x77"], causal="yes", **ONE)
@@ -1011,7 +1011,7 @@ def test_key_tiles_weighed_against_another_maximum_are_named_with_their_factors(
     assert "each row's key tiles of 32 mixed with other weights than their softmax mass" in out.diagnosis.sentence
 
 
-@pytest.mark.slow
+@moved
 def test_alibi_distances_from_packed_positions_are_named_as_an_offset_of_alibi():
     def packed_alibi(q, k, v, *, causal, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                      alibi_slopes):

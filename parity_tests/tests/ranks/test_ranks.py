@@ -17,6 +17,7 @@ from parity_tests.kernels.ranks import check_ranks, shard_positions
 from examples import ring_attention
 import ring_twins
 from processes import children as _children
+from sampled import moved
 
 SMALL = dict(dtypes=["float32"], tokens=[67], timeout=60)
 
@@ -90,7 +91,7 @@ def test_a_target_without_the_rank_keywords_or_not_importable_is_refused():
         check_ranks(ring_twins.single_device)
 
 
-@pytest.mark.slow                      # one process per rank: 5 s
+@moved                      # one process per rank: 5 s
 def test_a_target_in_a_file_runs_on_every_rank(world, tmp_path):
     # no rank can import a file by name: each loads it again by its path
     path = tmp_path / "my_ring.py"
