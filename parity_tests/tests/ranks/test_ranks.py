@@ -91,16 +91,18 @@ def test_a_target_without_the_rank_keywords_or_not_importable_is_refused():
         check_ranks(ring_twins.single_device)
 
 
-@moved                      # one process per rank: 5 s
-def test_a_target_in_a_file_runs_on_every_rank(world, tmp_path):
+@moved                      # one process per rank, its own world (no live ranks left for the slow tests after it): 5 s
+def test_a_target_in_a_file_runs_on_every_rank(tmp_path):
     # no rank can import a file by name: each loads it again by its path
     path = tmp_path / "my_ring.py"
     root = os.path.dirname(os.path.dirname(ring_attention.__file__))
     path.write_text(f"import sys\nsys.path.insert(0, {root!r})\nfrom examples import ring_attention\n\n\n"
                     "def attention(q, k, v, **kw):          # defined here: a module no rank can import by name\n"
                     "    return ring_attention.attention(q, k, v, **kw)\n")
-    report = check_ranks(f"{path}:attention", causal="yes", sharding="head-tail", world=world, **SMALL)
+    with rank_world.World(2) as world:
+        report = check_ranks(f"{path}:attention", causal="yes", sharding="head-tail", world=world, **SMALL)
     assert report.passed and report.rows, str(report)
+    assert _children() == []
 
 
 def test_a_gradient_averaged_over_the_ranks_is_named_with_the_world_size(world):
