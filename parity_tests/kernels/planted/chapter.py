@@ -27,7 +27,7 @@ def attention(q, k, v, *, causal, scale, offset=0, axis=-1):
     return (_weights(q, k, causal=causal, scale=scale, offset=offset, axis=axis) @ v).to(dt)
 
 
-def _scores(q, k, *, causal, scale):
+def scores(q, k, *, causal, scale):
     """S = scale q kᵀ, causal (top-left) keys hidden with -inf when asked."""
     S = (q @ k.transpose(-1, -2)) * scale
     if causal:
@@ -42,7 +42,7 @@ def _online(q, k, v, *, causal, scale, block, acc_rescaled=True, l_rescaled=True
     taken as 1 only while m_new is -inf (a block the row does not see)."""
     dt = q.dtype
     q, k, v = (t.double() for t in (q, k, v))
-    S = _scores(q, k, causal=causal, scale=scale)
+    S = scores(q, k, causal=causal, scale=scale)
     m = torch.full(S.shape[:-1], -torch.inf, dtype=S.dtype)
     l = torch.full(S.shape[:-1], l_start, dtype=S.dtype)
     acc = torch.zeros(S.shape[:-1] + (v.shape[-1],), dtype=S.dtype)
@@ -161,7 +161,7 @@ def bf16_denominator(q, k, v, *, causal, scale, block=16):
     dt = q.dtype
     q, k, v = (t.double() for t in (q, k, v))
     P = _weights(q, k, causal=causal, scale=scale)          # right weights, normalised
-    S = _scores(q, k, causal=causal, scale=scale)
+    S = scores(q, k, causal=causal, scale=scale)
     e = torch.exp(S - S.amax(-1, keepdim=True))
     l = torch.zeros(S.shape[:-1], dtype=torch.bfloat16)
     for j0 in range(0, S.shape[-1], block):
@@ -185,7 +185,7 @@ def low_precision_accumulator(q, k, v, *, causal, scale, block=2):
     an error that grows with the number of blocks."""
     dt = q.dtype
     q, k, v = (t.double() for t in (q, k, v))
-    S = _scores(q, k, causal=causal, scale=scale)
+    S = scores(q, k, causal=causal, scale=scale)
     e = torch.exp(S - S.amax(-1, keepdim=True))
     acc = torch.zeros(S.shape[:-1] + (v.shape[-1],), dtype=dt)
     for e_blk, v_blk in zip(e.split(block, dim=-1), v.split(block, dim=-2)):
@@ -200,7 +200,7 @@ class _MaskedAsTold(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, causal, bwd_causal, scale):
-        S, masked = _scores(q, k, causal=False, scale=scale), _scores(q, k, causal=True, scale=scale)
+        S, masked = scores(q, k, causal=False, scale=scale), scores(q, k, causal=True, scale=scale)
         lse = torch.logsumexp(masked if causal else S, dim=-1, keepdim=True)
         out = torch.exp((masked if causal else S) - lse) @ v
         P_bwd = torch.exp((masked if bwd_causal else S) - lse)
@@ -247,7 +247,7 @@ def split_merge_no_rescale(q, k, v, *, causal, scale, width=64):
     m_s, merged as sum acc_s / sum l_s: the rescale exp(m_s - m) left out."""
     dt = q.dtype
     q, k, v = (t.double() for t in (q, k, v))
-    S = _scores(q, k, causal=causal, scale=scale)
+    S = scores(q, k, causal=causal, scale=scale)
     acc, l = 0.0, 0.0
     for Sb, vb in zip(S.split(width, dim=-1), v.split(width, dim=-2)):
         m_s = Sb.amax(-1, keepdim=True)

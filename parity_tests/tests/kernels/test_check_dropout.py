@@ -15,6 +15,7 @@ import parity_tests
 from parity_tests.kernels.cases import Case
 from parity_tests.kernels.features import REGISTRY
 from parity_tests.kernels.features import dropout as dropout_mod
+from parity_tests.kernels.planted.chapter import scores
 from parity_tests.kernels.planted.featured import attend, kernel, wrong_kernel
 from sampled import moved
 
@@ -129,10 +130,7 @@ class _DkPassUnmasked(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, scale, causal, p):
-        S = scale * q @ k.transpose(-1, -2)
-        if causal:
-            S = S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool).triu(1), -torch.inf)
-        P = torch.softmax(S, -1)
+        P = torch.softmax(scores(q, k, causal=causal, scale=scale), -1)
         kept = (torch.rand(P.shape, dtype=P.dtype) >= p) / (1 - p)
         out = (P * kept) @ v
         ctx.save_for_backward(q, k, v, P, kept, out)

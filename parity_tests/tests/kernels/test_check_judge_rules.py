@@ -15,7 +15,7 @@ from parity_tests.kernels.cases import Case, case_rng
 from parity_tests.kernels.features import REGISTRY
 from parity_tests.kernels.diagnosis.diagnose import Diagnosis
 from parity_tests.kernels.report import Row, find_growth, find_precision_refuted, find_strides
-from parity_tests.kernels.planted.chapter import GALLERY
+from parity_tests.kernels.planted.chapter import GALLERY, scores
 from crashing_kernels import sdpa
 from needs import needs_dtype
 from parity_tests.kernels.planted.featured import _OneHeadExpand, attend, kernel, one_unit_off_every_other_call, varlen
@@ -304,10 +304,7 @@ class _DqWritten(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, scale, causal, dq_of):
-        S = scale * q @ k.transpose(-1, -2)
-        if causal:
-            S = S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool).triu(1), -math.inf)
-        P = torch.softmax(S, -1)
+        P = torch.softmax(scores(q, k, causal=causal, scale=scale), -1)
         ctx.save_for_backward(q, k, v, P)
         ctx.scale, ctx.dq_of = scale, dq_of
         return P @ v
@@ -368,9 +365,7 @@ def test_keys_a_dq_pass_adds_twice_or_leaves_out_are_named_with_their_rows():
 
 def test_a_pipelined_loop_adding_each_tiles_product_after_the_rescale_is_named():
     def deferred(q, k, v, *, causal, scale):                 # key tiles of 16, P V of a tile added one step late
-        S = scale * q @ k.transpose(-1, -2)
-        if causal:
-            S = S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool).triu(1), -math.inf)
+        S = scores(q, k, causal=causal, scale=scale)
         m = torch.full(S.shape[:-1] + (1,), -math.inf, dtype=S.dtype)
         acc, l, late = torch.zeros_like(q), torch.zeros_like(m), None
         for t in range(0, S.shape[-1], 16):
@@ -403,9 +398,7 @@ def test_query_tiles_reading_their_partners_key_range_are_named_with_the_partner
 
 def test_nan_on_exactly_the_rows_holding_a_deep_weight_is_said_so():
     def exp_breaking_below_minus_5(q, k, v, *, causal, scale):      # an exponential with no lower clamp
-        S = scale * q @ k.transpose(-1, -2)
-        if causal:
-            S = S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool).triu(1), -math.inf)
+        S = scores(q, k, causal=causal, scale=scale)
         x = S - S.amax(-1, keepdim=True)
         e = torch.where(torch.isinf(x), 0.0, torch.where(x < -5, math.nan, torch.exp(x)))
         return (e @ v) / e.sum(-1, keepdim=True)
