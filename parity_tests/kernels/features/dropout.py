@@ -161,18 +161,20 @@ def recover(case, dropout, inputs, opts, caller):
         how, where = f"{differ} of {n} weights kept in one and dropped in the other (the backward's mask read " \
             "from dv with dO = the identity)", ("dq", "dk", "dv")
     else:                                  # dv read the forward's mask: dP's, seen through dq, then through dk
-        how, where = "", ()
-        read = {g: _softmax_backward_mask(caller, case, rounded, opts, kept_f, g) for g in ("dq", "dk")}
-        for grad, other, pass_, probe in (("dq", "dk", "backward's dP", "dq with k"),
-                                          ("dk", "dq", "dK/dV pass's dP", "dk with q")):
-            lost, gained, unmasked = read[grad] if grad == "dq" else (0, False, read[grad][2])   # dk: a sample
-            unmasked &= not read[other][2]     # the other pass masked: no mask here is this pass's alone
-            said = f"no weight dropped in the {pass_} (its mask left out, the 1/(1 - p) kept or not)" if unmasked \
-                else f"{lost} of the {k} weights the forward kept are dropped in the {pass_}" if lost else \
-                f"weights the forward dropped are kept in the {pass_}" if gained else ""
-            if said:
-                how, where = f"{said} (read from {probe} = the identity)", ("dq", "dk") if grad == "dq" else ("dk",)
-                break
+        lost, gained, dq_unmasked = _softmax_backward_mask(caller, case, rounded, opts, kept_f, "dq")
+        dk_unmasked = _softmax_backward_mask(caller, case, rounded, opts, kept_f, "dk")[2]   # a sample: no counts
+        unmasked = "no weight dropped in the {} (its mask left out, the 1/(1 - p) kept or not) (read from {} = " \
+            "the identity)"
+        how, where = "", ("dq", "dk")
+        if dq_unmasked and not dk_unmasked:                  # the other pass masked: this pass's alone
+            how = unmasked.format("backward's dP", "dq with k")
+        elif lost:
+            how = f"{lost} of the {k} weights the forward kept are dropped in the backward's dP (read from dq with " \
+                "k = the identity)"
+        elif gained:
+            how = "weights the forward dropped are kept in the backward's dP (read from dq with k = the identity)"
+        elif dk_unmasked and not dq_unmasked:
+            how, where = unmasked.format("dK/dV pass's dP", "dk with q"), ("dk",)
     if how:
         found.append(Finding(where, "dropout-backward-mask", f"the backward drops other weights than the forward: "
                              f"{how}", alike=True))
@@ -201,14 +203,12 @@ def _softmax_backward_mask(caller, case, rounded, opts, kept_f, grad="dq"):
     unit_v[..., 0], unit_o[..., 0] = 1.0, 1.0
     eye = np.broadcast_to(np.eye(tk), (b, hkv, tk, tk))
     lost, gained, gaps = 0, False, []
-    probes = [(s, None) for s in range(-(-tk // d))] if grad == "dq" else [(0, 0)]   # dk: its first rows alone
-    for s, r in probes:
+    for s in range(-(-tk // d)) if grad == "dq" else (0,):                        # dk: its first rows alone
         if grad == "dq":
-            k = _identity_columns(tk, s * d, d, (b, hkv))
-            inputs = {**rounded, "k": k, "v": unit_v, "dout": unit_o}
+            inputs = {**rounded, "k": _identity_columns(tk, s * d, d, (b, hkv)), "v": unit_v, "dout": unit_o}
         else:
             q = np.zeros((b, h, tq, d))
-            q[:, r::h // hkv] = _identity_columns(tq, s * d, d, (b, hkv))
+            q[:, ::h // hkv] = _identity_columns(tq, 0, d, (b, hkv))              # each group's first head
             inputs = {**rounded, "q": q, "v": unit_v, "dout": unit_o}
         got = _probe(caller, inputs)
         if not isinstance(got, dict) or not isinstance(got.get(grad), np.ndarray):
@@ -217,10 +217,10 @@ def _softmax_backward_mask(caller, case, rounded, opts, kept_f, grad="dq"):
         if grad == "dq":
             a0, a1 = s * d, min(tk, (s + 1) * d)
             P, kept, x_of = P[..., a0:a1], kept_f[..., a0:a1], got["dq"][..., : a1 - a0] / case.scale
-        else:                                   # rows a0 .. a1 of head r of each group; dk (b, hkv, tk, d)
-            a0, a1 = s * d, min(tq, (s + 1) * d)
-            P, kept = P[:, r::h // hkv, a0:a1], kept_f[:, r::h // hkv, a0:a1]
-            x_of = got["dk"][..., : a1 - a0].swapaxes(-1, -2) / case.scale         # (b, hkv, rows, tk)
+        else:                                   # rows 0 .. D - 1 of each group's first head; dk (b, hkv, tk, d)
+            rows = min(tq, d)
+            P, kept = P[:, ::h // hkv, :rows], kept_f[:, ::h // hkv, :rows]
+            x_of = got["dk"][..., :rows].swapaxes(-1, -2) / case.scale             # (b, hkv, rows, tk)
         seen = P > 0
         with np.errstate(divide="ignore", invalid="ignore"):
             x = np.where(seen, x_of / np.where(seen, P, 1.0), np.nan)
