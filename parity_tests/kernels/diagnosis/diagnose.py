@@ -810,9 +810,9 @@ def _nan_where_weights_underflow(ev):
     with np.errstate(divide="ignore"):
         spread = np.where(seen, np.log2(np.where(seen, P, 1.0)), np.inf).min(-1) - \
             np.log2(np.where(seen.any(-1), P.max(-1), 1.0))                        # ≤ 0; inf: no key
-    if not bad.any() or (~bad & seen.any(-1)).sum() == 0 or not np.isfinite(spread[bad]).all():
-        return ""
     right = ~bad & seen.any(-1)
+    if not bad.any() or not right.any() or not np.isfinite(spread[bad]).all():
+        return ""
     deepest_right, shallowest_bad = float(spread[right].min()), float(spread[bad].max())
     why = ": an exponential computed so that it breaks past some argument (a hand-written exp2 without its lower " \
         "clamp, a bit trick on the exponent field, or an underflow turned into NaN)"
@@ -823,8 +823,8 @@ def _nan_where_weights_underflow(ev):
     deep = int((right & (spread <= shallowest_bad)).sum())
     if shallowest_bad <= -DEEP_WEIGHT and deep <= right.sum() / 2:   # rows holding weights no sum can feel
         return (f"; every non-finite row has a weight below 2^{shallowest_bad:.0f} of its largest (a key more than "
-                f"{-shallowest_bad:.0f} log2 units under the row's maximum; {deep} of the {int(right.sum())} right rows "
-                f"have one too: on some lanes or tiles only){why}")
+                f"{-shallowest_bad:.0f} log2 units under the row's maximum; {deep} of the {int(right.sum())} right "
+                f"rows have one too: on some lanes or tiles only){why}")
     return ""
 
 
@@ -1358,6 +1358,15 @@ SINK_WEIGHT = 1e-3
 SINK_INTEGER = 0.05
 
 
+def _sink_extra(sub, extra):
+    """The prediction of a sink's weight counted ``extra``/(B, H, Tq) times as much in each row's
+    sum: out_i / extra_i, and lse_i + log extra_i where lse is judged."""
+    pred = {"out": sub.gold["out"] / extra[..., None]}
+    if "lse" in sub.gold:
+        pred["lse"] = _judged_lse(sub, sub.gold["lse"] + np.log(extra).reshape(sub.gold["lse"].shape))
+    return pred
+
+
 def _sink_counted(sub):
     """Each row's denominator holding the sink's weight another whole number of times than once:
     a sink folded into every split's or tile's partial (counted once per split), or into the first
@@ -1376,10 +1385,7 @@ def _sink_counted(sub):
     whole = np.round(k)
     if not told.any() or np.abs(k - whole)[told].max() > SINK_INTEGER or whole.min() < 0 or (whole == 1).all():
         return unshifted + _sink_weighed(sub, p, k, told)
-    extra = 1 + (whole - 1) * p
-    pred = {"out": sub.gold["out"] / extra[..., None]}
-    if "lse" in sub.gold:
-        pred["lse"] = _judged_lse(sub, sub.gold["lse"] + np.log(extra).reshape(sub.gold["lse"].shape))
+    pred = _sink_extra(sub, 1 + (whole - 1) * p)
     times = lambda n: "not at all" if n == 0 else "twice" if n == 2 else f"{n} times"
     counts = {n: sorted(set(np.nonzero(whole == n)[2].tolist())) for n in set(whole[whole != 1].astype(int).tolist())}
     if len(counts) == 1 and len(next(iter(counts.values()))) == sub.case.tq:
@@ -1412,14 +1418,11 @@ def _sink_weighed(sub, p, k, told):
               "is 8)")] if e else []
     tried += [(np.exp(c * np.tanh(sink / c) - sink), f"{', '.join(f'{f:.3g}' for f in x[shown])} by head: the sink's "
                f"logit capped as the scores are, c tanh(sink / c) with c the case's {n} = {c:g}")
-              for n, c in mistakes._positive_scalars(sub.opts).items()]
+              for n, c in mistakes.positive_scalars(sub.opts).items()]
     tried += [(x, f"{x[shown].min():.3g} .. {x[shown].max():.3g} by head")]
     for factor, said in tried:
-        extra = 1 + (factor[None, :, None] - 1) * p
-        pred = {"out": sub.gold["out"] / extra[..., None]}
+        pred = _sink_extra(sub, 1 + (factor[None, :, None] - 1) * p)
         if slice_errors(sub.arrays["out"], pred["out"], sub.den["out"]).max() <= sub.bounds["out"]:
-            if "lse" in sub.gold:
-                pred["lse"] = _judged_lse(sub, sub.gold["lse"] + np.log(extra).reshape(sub.gold["lse"].shape))
             return [mistakes.Hypothesis("sink-weighed", f"the sink's weight in each row's sum multiplied by a factor "
                                         f"of its head, {said}", lambda grads=True, pred=pred: {**sub.gold, **pred},
                                         tuple(pred), fitted=("out",))]
@@ -1434,10 +1437,7 @@ def _sink_unshifted(sub, p):
     m = _dense_forward(sub, changes={"sinks": None})[2]
     if not np.isfinite(m).any():
         return []
-    extra = 1 + np.expm1(np.where(np.isfinite(m), m, 0.0)) * p
-    pred = {"out": sub.gold["out"] / extra[..., None]}
-    if "lse" in sub.gold:
-        pred["lse"] = _judged_lse(sub, sub.gold["lse"] + np.log(extra).reshape(sub.gold["lse"].shape))
+    pred = _sink_extra(sub, 1 + np.expm1(np.where(np.isfinite(m), m, 0.0)) * p)
     return [mistakes.Hypothesis("sink-unshifted", "the sink's exp(sink) added to each row's sum without the row's "
                                 "running maximum m subtracted (exp(sink - m) is meant)",
                                 lambda grads=True: {**sub.gold, **pred}, tuple(pred))]
@@ -3028,12 +3028,14 @@ def _key_tile_ranges(sub):
     raised = top > before
     last_raise = raised.shape[-1] - 1 - np.argmax(raised[..., ::-1], -1)
     other = _other_tiles_ranges(groups, np.where(seen.any(-1), own_lo, Tk), np.where(seen.any(-1), own_hi, 0))
-    why = "each row's key tiles before the last one that raised its running maximum dropped: a rescale " \
-          "exp(m_old - m_new) that comes to 0 (its exponent in other units, or underflowing)" if \
-        (lo[changed] == last_raise[changed]).all() and (hi[changed] == own_hi[changed]).all() else \
-        f"each the key tiles another query tile of {other[0]} spans ({other[1]}): a key range computed for " \
-        "another tile's rows (a bound hoisted out of a loop over two query tiles, or a tile index mapped twice)" \
-        if other else "a tile loop's start or end off"
+    if (lo[changed] == last_raise[changed]).all() and (hi[changed] == own_hi[changed]).all():
+        why = "each row's key tiles before the last one that raised its running maximum dropped: a rescale " \
+              "exp(m_old - m_new) that comes to 0 (its exponent in other units, or underflowing)"
+    elif other:
+        why = f"each the key tiles another query tile of {other[0]} spans ({other[1]}): a key range computed for " \
+            "another tile's rows (a bound hoisted out of a loop over two query tiles, or a tile index mapped twice)"
+    else:
+        why = "a tile loop's start or end off"
 
     def predict(grads=True):
         return as_4d(dense.run(r["q"], r["k"], r["v"], r["dout"] if grads else None, opts, grads=grads,
@@ -3059,7 +3061,8 @@ def _other_tiles_ranges(groups, own_lo, own_hi):
             if len(tiles) != 1 or not others:
                 break
             u = others[0]
-            said.append(f"rows {ranges(sorted(rows))} read query tile {u}'s (rows {u * q} .. {min(tq, (u + 1) * q) - 1})")
+            last = min(tq, (u + 1) * q) - 1
+            said.append(f"rows {ranges(sorted(rows))} read query tile {u}'s (rows {u * q} .. {last})")
         else:
             return q, "; ".join(said)
     return None

@@ -248,7 +248,7 @@ OPTION_FACTORS = (("ln2", math.log(2), "ln 2 (in base 2 where e is meant)"),
                   ("doubled", 2.0, "2"), ("halved", 0.5, "1/2"), ("negated", -1.0, "-1 (its sign flipped)"))
 
 
-def _positive_scalars(opts):
+def positive_scalars(opts):
     """{name: value} of the case's positive real options (the scale, a softcap), a probability
     (dropout_p) left out: the numbers a formula may use on the wrong side."""
     return {n: v for n, v in opts.items() if isinstance(v, float) and v > 0 and n != "dropout_p"}
@@ -263,7 +263,7 @@ def _option_factors(ctx):
     scale = ctx.opts.get("scale")
     by_scale = (("scaled", scale, "the scale (applied before the scores are scaled)"),
                 ("unscaled", 1 / scale, "1/scale (divided by the scale)")) if scale else ()
-    scalars = _positive_scalars(ctx.opts)
+    scalars = positive_scalars(ctx.opts)
     for name, value in ctx.opts.items():
         array = isinstance(value, np.ndarray) and value.dtype.kind == "f" and np.any(value)
         scalar = name in scalars
@@ -285,7 +285,7 @@ def _hidden_scored(ctx):
             any(opts.get(n) is not None for n in dense.VISIBILITY if n not in ("causal", "align"))):
         return []
     values = [(f"minus-{n}", -v, f"-{n} (the {n} applied after the mask: c tanh(-inf) = -c)")
-              for n, v in _positive_scalars(opts).items() if n != "scale"]
+              for n, v in positive_scalars(opts).items() if n != "scale"]
     values += [("finite", -1e4, "-10000 (a finite mask constant)"), ("zero", 0.0, "0 (masked to zero, not to -inf)")]
     return [ctx.H(f"hidden-scored-{tag}", f"the hidden keys scored {words} instead of -inf: each row also weighs "
                   "the keys it must not see", ctx.fwd(finite_mask=value)) for tag, value, words in values]

@@ -33,6 +33,7 @@ only where it leaves at most ``diagnosis.CLOSEST_SHARE`` of the error, within
 """
 
 import os
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -264,10 +265,7 @@ def _read_as_one_kernel(names, failing, ev):
     back in global order, as if one kernel had computed them: what no sharding mistake names
     may still be a mask, a key range or a backward term read there.  Nothing that calls the
     kernel again (a world of ranks) is tried."""
-    class Judged:
-        def __init__(self, n):
-            self.passed = n not in failing
-    rows = {n: Judged(n) for n in ev.arrays}
+    rows = {n: SimpleNamespace(passed=n not in failing) for n in ev.arrays}     # all the catalogue asks of a row
     try:
         return _catalogue(names, rows, ev)
     except Exception:                     # the check's own defect: the sharding's reading stands
