@@ -8,6 +8,7 @@ import parity_tests
 from parity_tests.kernels import cases, runner, targets
 from parity_tests.kernels.diagnosis import diagnose
 import crashing_kernels as bad
+from sampled import moved
 
 pytestmark = pytest.mark.usefixtures("without_input_classes")   # (conftest.py)
 
@@ -133,6 +134,7 @@ def test_the_softcap_after_alibi_is_named_a_convention():
         assert "softcap applied after ALiBi" in d.sentence
 
 
+@moved
 def test_a_gap_a_float64_run_shows_again_is_not_a_precision(monkeypatch):
     from parity_tests.kernels.features import softcap
     monkeypatch.setattr(softcap, "after_bias", lambda ctx, cap: [])

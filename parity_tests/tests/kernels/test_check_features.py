@@ -253,6 +253,7 @@ def test_the_summaries_say_what_a_user_asks_first():
     assert outs and all(d.sentence.startswith("only sequence 3 of the batch") for d in outs)
 
 
+@moved
 def test_a_window_edge_is_named():
     report = _named_first("window-left-wider", causal="yes")
     assert "only the keys at the window's left edge differ" in report.diagnoses[0][1].sentence
@@ -355,6 +356,7 @@ def test_sequences_wrong_only_from_an_empty_one_on_are_said_so():
     assert all("none before the empty sequence" in s for s in said if s.startswith("only sequence"))
 
 
+@moved
 def test_one_sequence_wrong_after_an_empty_one_is_not_read_as_a_shift():
     def third_sequence_off(q, k, v, *, causal, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
         out = varlen(q, k, v, causal=causal, scale=scale, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,

@@ -8,6 +8,7 @@ import torch
 import parity_tests
 from parity_tests.kernels.diagnosis.location import locate
 from crashing_kernels import sdpa
+from sampled import moved
 
 
 def _where(n, bad, shape=(2, 3, 100, 8)):
@@ -57,6 +58,7 @@ def _last_tile_wrong(q, k, v, *, causal, scale):
     return torch.cat([out[..., :64, :], 1.5 * out[..., 64:, :]], dim=-2)   # rows past the last multiple of 64
 
 
+@moved
 def test_a_kernel_wrong_in_its_last_partial_tile_is_told_so():
     report = parity_tests.check(_last_tile_wrong, tokens=["100"], head_dims=[16], heads=[2], batch=[1],
                                 dtypes=["float32"], causal="yes")

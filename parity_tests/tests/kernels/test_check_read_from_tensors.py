@@ -678,9 +678,9 @@ def test_gradient_rows_read_back_from_other_places_are_named_with_the_shift():
            "rows, 4 earlier); 6 more left 0 (read from padding)" in said["dq"].sentence, said["dq"].sentence
 
 
-@pytest.mark.parametrize("tile, said", [(None, "dk = scale · dS Q instead of scale · dSᵀ Q: the transpose of dS "
-                                                "left out"),
-                                         (32, "dk = scale · dS Q on each 32 x 32 tile instead of scale · dSᵀ Q")])
+@pytest.mark.parametrize("tile, said", one_in(2, [
+    (None, "dk = scale · dS Q instead of scale · dSᵀ Q: the transpose of dS left out"),
+    (32, "dk = scale · dS Q on each 32 x 32 tile instead of scale · dSᵀ Q")]))
 def test_a_gradient_formed_with_a_transpose_left_out_is_named_with_the_product(tile, said):
     dk_untransposed = _by_hand(dk_tile=tile or 64)                     # 64: Tq, the whole product
     rows = runner.run_case(targets.resolve(dk_untransposed), Case(1, 2, 64, 64, 16, True), "float32", "cpu",
@@ -970,6 +970,7 @@ def _sink_logit_as(sink_logit):
     return kernel
 
 
+@moved
 def test_a_sinks_weight_off_by_a_factor_per_head_is_named_with_its_cause():
     offset_left_out = _sink_logit_as(lambda s, cap: s - 8 * math.log(2))     # FA3's max offset, in the keys' only
     report = parity_tests.check(offset_left_out, features=["sinks"], tokens=["45x77"], causal="yes", **ONE)

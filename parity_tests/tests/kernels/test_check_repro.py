@@ -18,6 +18,7 @@ from parity_tests.kernels.cases import Case
 from parity_tests.kernels.report import Report
 
 from parity_tests.kernels.planted import chapter
+from sampled import moved
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
@@ -273,6 +274,7 @@ def test_a_builtin_is_rebuilt_in_the_script(tmp_path):
     assert status == 1, output
 
 
+@moved
 def test_a_case_whose_call_the_script_cannot_rebuild_gets_no_script(tmp_path):
     # dropout's mask is seeded and read back from the kernel: a plain call in a script could
     # never pass, so no script is written, and the line says why (the features' declarations)
@@ -319,6 +321,7 @@ def test_a_gqa_case_shrinks_its_kv_heads_and_its_groups_as_the_feature_declares(
     assert repro._resized(case, {"gqa": 3}, heads=8) is None          # 8 query heads are no whole groups of 3
 
 
+@moved
 def test_a_cause_no_mistake_names_is_unnamed_in_its_folder_and_its_line(tmp_path):
     report = parity_tests.check(_noisy, tokens=["17"], head_dims=[16], dtypes=["float32"], causal="yes")
     assert not report.passed and {d.id for _, d in report.diagnoses} == {"none"}

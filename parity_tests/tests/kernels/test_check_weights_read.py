@@ -16,6 +16,7 @@ from parity_tests.kernels.planted import fp8 as fp8_gallery
 from parity_tests.kernels.report import Report
 from parity_tests.kernels.row import Row
 from crashing_kernels import sdpa
+from sampled import moved
 
 pytestmark = pytest.mark.usefixtures("without_input_classes")   # (conftest.py)
 
@@ -106,6 +107,7 @@ def test_a_row_constant_is_the_value_most_of_its_keys_share():
     assert weights._row_constant(np.full((1, 3), np.nan), 1e-6)[0, 0] == 0.0
 
 
+@moved
 def test_an_fp8_cache_is_probed_with_values_its_scale_stores_exactly():
     right = fp8_gallery.RIGHT_KV["fa3"]
 
