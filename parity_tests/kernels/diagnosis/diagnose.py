@@ -389,7 +389,7 @@ def _catalogue(rest, rows, ev):
                                                              sub.bounds["out"])]
     hyps += _axes_permuted(sub, rest)
     if "lse" in rest:
-        hyps += _lse_max_factor(sub)
+        hyps += _lse_max_factor(sub) + _lse_stale_max(sub)
     backward_only = [h for h in hyps if "out" not in h.tensors]
     out_fits = {} if out_right or "out" not in sub.arrays or not np.isfinite(sub.arrays["out"]).all() else \
         _out_fits(hyps, cache, sub.arrays, sub.gold["out"], sub.den["out"], sub.bounds["out"])
@@ -1524,6 +1524,78 @@ def _lse_max_factor(sub):
         return {**sub.gold, "lse": pred}
     return [mistakes.Hypothesis("lse-max-factor", f"lse = log sum_j exp(S_ij - m_i) + {k:.6g} m_i: each row's maximum "
                                 f"score m added back {named} instead of once", predict, ("lse",), fitted=("lse",))]
+
+
+# The thresholds (log2 units) of a conditional rescale `_lse_stale_max` tries: the reference maximum moved
+# only when the running one rises past it by more than this (FlashAttention-4: 8; inf: never after the first)
+RESCALE_THRESHOLDS = (1, 2, 4, 6, 8, 10, 12, 16, math.inf)
+
+
+def _lse_stale_max(sub):
+    """lse = m + log l formed with the row's running maximum m while l (and acc) were taken against an
+    older one, m_ref: an online softmax that moves its reference only when the maximum rises past it by
+    more than τ log2 units (FlashAttention-4's conditional rescale; τ = ∞: the first key tile's maximum
+    kept), its out right (acc / l: the reference cancels) and its lse too large by m − m_ref ≥ 0 on each
+    row whose maximum rose less than τ since the reference was last set.  The maxima from the reference's
+    scores (log P) in the key tiles of `mistakes.KEY_TILES`, visited from the first or from the last, τ
+    from `RESCALE_THRESHOLDS`: nothing continuous fitted; the backward recomputes P = exp(S − lse) from
+    that lse (each row's P too small by exp(m_ref − m)).  Held to the bound on lse; [] where lse is right
+    or out wrong."""
+    got, gold = sub.arrays.get("lse"), sub.gold.get("lse")
+    out = sub.arrays.get("out")
+    if got is None or gold is None or not np.isfinite(got).all() or out is None or \
+            slice_errors(out, sub.gold["out"], sub.den["out"]).max() > sub.bounds["out"]:
+        return []
+    error = slice_errors(got, gold, sub.den["lse"]).max()
+    P = _dense_weights(sub) if error > sub.bounds["lse"] else None
+    if P is None:
+        return []
+    fits = []
+    for tile in sorted(mistakes.KEY_TILES, reverse=True):
+        if -(-P.shape[-1] // tile) < 2:
+            continue
+        with np.errstate(divide="ignore"):
+            top = np.log(_in_tiles(P, -1, tile)).max(-1)                         # (B, H, Tq, n), -inf: unseen
+        for order, tops in (("first", top), ("last", top[..., ::-1])):
+            for tau in RESCALE_THRESHOLDS:
+                m = m_ref = np.full(top.shape[:-1], -np.inf)
+                for t in range(tops.shape[-1]):
+                    m = np.maximum(m, tops[..., t])
+                    with np.errstate(invalid="ignore"):
+                        moved = ~np.isfinite(m_ref) | (m - m_ref > tau * math.log(2))
+                    m_ref = np.where(moved, m, m_ref)
+                with np.errstate(invalid="ignore"):                               # -inf - -inf: a row seeing no key
+                    delta = np.where(np.isfinite(m), m - m_ref, 0.0)
+                if not delta.any():
+                    continue
+                pred = _judged_lse(sub, gold + delta.reshape(gold.shape))
+                residual = slice_errors(got, pred, sub.den["lse"]).max()
+                if residual <= sub.bounds["lse"]:
+                    fits.append((residual, tile, order, tau, delta))
+    if not fits:
+        return []
+    _, tile, order, tau, delta = min(fits, key=lambda f: f[0])
+    taus = [f[3] for f in fits if f[1:3] == (tile, order)]          # the thresholds this case cannot tell apart
+    shift = torch.as_tensor(delta)
+    r = sub.rounded
+
+    def predict(grads=True):
+        lse = {"lse": _judged_lse(sub, gold + delta.reshape(gold.shape))}
+        if not grads:
+            return {**sub.gold, **lse}
+        return {**as_4d(dense.run(r["q"], r["k"], r["v"], r["dout"], sub.opts, grads=True, dlse=r.get("dlse"),
+                                  backward_lse=lambda lse, first: lse + shift[..., first:first + lse.shape[-1]])),
+                **lse}
+    lo, hi = min(taus), max(taus)
+    when = "never after the first key tile" if lo == math.inf else \
+        f"only when the maximum rose past it by more than a threshold of {lo:g} log2 units or more (each from {lo:g} " \
+        "up gives this case; FlashAttention-4's is 8)" if hi == math.inf else \
+        f"only when the maximum rose by more than {lo:g} .. {hi:g} log2 units"
+    return [mistakes.Hypothesis(
+        "lse-stale-max", f"lse formed with the row's running maximum while the sum l was taken against an older "
+        f"one (key tiles of {tile}, visited from the {order}; the reference moved {when}: a conditional rescale): lse too large by m − m_ref, up to {float(delta.max()):.3g}, on the rows whose "
+        "maximum rose since; out right; a backward recomputing P = exp(S − lse) takes each such row's P too small "
+        "by exp(m_ref − m)", predict, ("lse", "dq", "dk", "dv"))]
 
 
 def _sequence_offsets(sub):

@@ -1012,6 +1012,42 @@ def test_key_tiles_weighed_against_another_maximum_are_named_with_their_factors(
     assert "each row's key tiles of 32 mixed with other weights than their softmax mass" in out.diagnosis.sentence
 
 
+def _lazy_lse(lse_max, offset=0.0, tile=32, threshold=8.0):
+    """An online softmax that moves its reference maximum only when the running one rises past it by
+    more than ``threshold`` log2 units (FlashAttention-4's conditional rescale), out right, returning
+    (out, lse) with lse formed against ``lse_max`` ("running" or "reference", the right one) + ``offset``."""
+    def attention(q, k, v, *, causal, scale):
+        S = (q.double() @ k.double().transpose(-1, -2)) * scale
+        if causal:
+            S = S.masked_fill(torch.ones_like(S, dtype=torch.bool).triu(1), -math.inf)
+        m_run = m_ref = torch.full(S.shape[:-1] + (1,), -math.inf, dtype=S.dtype)
+        acc, l = torch.zeros(S.shape[:-1] + (v.shape[-1],), dtype=S.dtype), torch.zeros_like(m_run)
+        for t in range(0, S.shape[-1], tile):
+            St = S[..., t:t + tile]
+            m_run = torch.maximum(m_run, St.amax(-1, keepdim=True))
+            moved = torch.isinf(m_ref) | (m_run - m_ref > threshold * math.log(2))
+            alpha = torch.where(moved, torch.exp(m_ref - m_run).nan_to_num(0.0), torch.ones_like(m_ref))
+            acc, l, m_ref = acc * alpha, l * alpha, torch.where(moved, m_run, m_ref)
+            p = torch.exp(St - m_ref)
+            acc, l = acc + p @ v.double()[..., t:t + tile, :], l + p.sum(-1, keepdim=True)
+        lse = (m_run if lse_max == "running" else m_ref) + torch.log(l) + offset
+        return (acc / l).to(q.dtype), lse[..., 0].float()
+    return attention
+
+
+def test_an_lse_formed_with_the_running_maximum_of_a_conditional_rescale_is_named_with_its_tiles():
+    report = parity_tests.check(_lazy_lse("running"), features=["lse"], tokens=["45x77"], causal="yes",
+                                forward_only=True, **ONE)
+    lse = [d.sentence for r, d in report.diagnoses if r.tensor == "lse"]
+    assert report.diagnosis == "lse-stale-max" and lse, [d.sentence for _, d in report.diagnoses]
+    assert all("lse formed with the row's running maximum while the sum l was taken against an older one (key tiles "
+               "of 32, visited from the first" in said for said in lse), lse
+    # the right lse off by one constant is not that: each row's amount is the rise of its own maximum
+    report = parity_tests.check(_lazy_lse("reference", offset=0.5), features=["lse"], tokens=["45x77"],
+                                causal="yes", forward_only=True, **ONE)
+    assert report.failures and report.diagnosis not in (None, "lse-stale-max"), str(report)
+
+
 @moved
 def test_alibi_distances_from_packed_positions_are_named_as_an_offset_of_alibi():
     def packed_alibi(q, k, v, *, causal, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
