@@ -54,6 +54,7 @@ found afterwards, over the rows of a whole run (``report``).
 """
 
 import copy
+import functools
 import itertools
 import math
 from dataclasses import dataclass, field, replace
@@ -1291,13 +1292,17 @@ def _dq_head_map(sub):
                                 fitted=("dq",))]
 
 
+PAST_THE_TABLE = "0 (a load past the table's end)"      # a per-head value read as 0 (`_values_from_other_slices`)
+
+
 def _values_from_other_slices(sub):
     """out right on some (batch, head) slices, and on each of the others as if a value given per
     slice were read from another slice: a per-head option (ALiBi's slopes, the sinks) taken from
     another head, an input's descale (FP8's, per batch entry and kv head) from another slice.  One
     dense forward per source slice, its value put on every slice; each failing slice matched to
     the nearest source (fewest indices apart: two slices' values may be alike) that reproduces it
-    within NAMED_WITHIN of the bound, or the reading is not made.  [] where out is not finite, on
+    within NAMED_WITHIN of the bound (a per-head value also as 0: a masked load past its table's end), or
+    the reading is not made.  [] where out is not finite, on
     a block of rows, or past UNSEEN_LIMIT."""
     case, got, r = sub.case, sub.arrays.get("out"), sub.rounded
     if got is None or not np.isfinite(got).all() or sub.rows is not None or \
@@ -1310,8 +1315,9 @@ def _values_from_other_slices(sub):
     for n in PER_HEAD:
         a = sub.opts.get(n)
         if a is not None and np.ndim(a) == 1 and len(a) > 1:
-            families.append((n, lambda b, h: (h,), lambda i: f"head {i[0]}",
-                             [((h,), {n: np.full_like(a, a[h])}, None) for h in range(len(a))]))
+            families.append((n, lambda b, h: (h,), lambda i: f"head {i[0]}'s" if i[0] is not None else PAST_THE_TABLE,
+                             [((h,), {n: np.full_like(a, a[h])}, None) for h in range(len(a))] +
+                             [((None,), {n: np.zeros_like(a)}, None)]))
     scaled = {n: r[i.scale] for n, i in stored_inputs(case).items() if i.scale and n in r and r.get(i.scale) is not None
               and r[i.scale].size > 1}
     # each descale alone, then each set of them together (one slice's read for another's: a schedule's
@@ -1321,7 +1327,7 @@ def _values_from_other_slices(sub):
         moved = lambda b, g: {n: r[n] * per_head(np.full_like(scaled[n], scaled[n][b, g]) / scaled[n], r[n].shape[1])
                               for n in names}
         families.append((" and ".join(stored_inputs(case)[n].scale for n in names), lambda b, h: (b, h // group),
-                         lambda i: f"(batch {i[0]}, kv head {i[1]})", [((b, g), None, moved(b, g))
+                         lambda i: f"(batch {i[0]}, kv head {i[1]})'s", [((b, g), None, moved(b, g))
                                                                        for b, g in np.ndindex(shape)]))
     out = []
     for name, index, words, sources in families:
@@ -1330,26 +1336,55 @@ def _values_from_other_slices(sub):
         apart = np.array([[[sum(a != b for a, b in zip(src, index(b, h))) for h in range(case.heads)]
                            for b in range(case.batch)] for src, _, _ in sources])
         best = np.where(residual <= NAMED_WITHIN, apart + residual, np.inf).argmin(0)
-        if not (np.take_along_axis(residual, best[None], 0)[0][failing] <= NAMED_WITHIN).all():
+        fit = np.take_along_axis(residual, best[None], 0)[0]
+        if not (fit[failing] <= NAMED_WITHIN).all():
             continue
-        def pick(k, ref):                    # each failing slice from its source's forward, the others ref's
+        # a passing slice its own value reproduces less clearly than another's is read as that one too
+        own = np.where(apart == 0, residual, np.inf).min(0)
+        changed = failing | ((own > NAMED_WITHIN) & (fit <= NAMED_WITHIN) & (apart.min(0) == 0))
+        def pick(k, ref):                    # each changed slice from its source's forward, the others ref's
             stacked = np.stack([f[k].reshape(ref.shape) for f in found])      # (sources, B, Hq, ...)
             ones = (1,) * (ref.ndim - 2)
             chosen = np.take_along_axis(stacked, best.reshape((1,) + best.shape + ones), 0)[0]
-            return np.where(failing.reshape(failing.shape + ones), chosen, ref)
+            return np.where(changed.reshape(changed.shape + ones), chosen, ref)
         pred = {"out": pick(0, sub.gold["out"])}
         if "lse" in sub.gold:
             pred["lse"] = _judged_lse(sub, pick(1, sub.gold["lse"]))
-        given = {(b, h): words(sources[best[b, h]][0]) for b, h in zip(*np.nonzero(failing))}
+        grads = tuple(n for n in ("dq", "dk", "dv") if n in sub.gold) if case.hkv == case.heads else ()
+        given = {(b, h): words(sources[best[b, h]][0]) for b, h in zip(*np.nonzero(changed))}
         by_unit = {}                         # by kv head or head; by (batch, head) where batch entries differ
         for (b, h), src in given.items():
             by_unit.setdefault(words(index(b, h)), set()).add(src)
         per_entry = any(len(v) > 1 for v in by_unit.values())
-        said = {(f"(batch {b}, head {h})" if per_entry else words(index(b, h))): src for (b, h), src in given.items()}
-        listed = "; ".join(f"{u} given {src}'s" for u, src in list(said.items())[:6]) + "; ..." * (len(said) > 6)
-        out.append(mistakes.Hypothesis("slice-values", f"{name} read from another slice: {listed} (the other slices "
-                                       "right)", lambda grads=True, pred=pred: {**sub.gold, **pred}, tuple(pred)))
+        said = {(f"(batch {b}, head {h})" if per_entry else words(index(b, h))[:-2]): src
+                for (b, h), src in given.items()}
+        listed = "; ".join(f"{u} given {src}" for u, src in list(said.items())[:6]) + "; ..." * (len(said) > 6)
+        says = f"{name} read from another slice: {listed} (the other slices right)"
+        if all(src == PAST_THE_TABLE for src in given.values()):          # no slice's value read for another's
+            says = f"{name} taken as 0 on {', '.join(said)} (the option absent there: not applied, or scaled down " \
+                   "past what this case shows; the other slices right)"
+        predict = functools.partial(_slice_values_predict, sub, pred, sources, best, changed, grads)
+        out.append(mistakes.Hypothesis("slice-values", says, predict, tuple(pred) + grads))
     return out
+
+
+def _slice_values_predict(sub, pred, sources, best, changed, names, grads=True):
+    """`_values_from_other_slices`' prediction: ``pred`` (out, lse), and with ``grads`` the gradients
+    ``names`` of each ``changed`` slice from the dense backward run with its source's value (a backward that
+    reads the same slice's value as its forward), the others the reference's; one run per source used.
+    Where each (batch, head) slice's dk and dv are its own (no GQA: ``names`` empty otherwise)."""
+    if not grads or not names:
+        return {**sub.gold, **pred}
+    r, found = sub.rounded, {**sub.gold, **pred}
+    for k in np.unique(best[changed]):
+        _, changes, inputs = sources[k]
+        x = {**r, **(inputs or {})}
+        run = as_4d(dense.run(x["q"], x["k"], x["v"], r["dout"], {**sub.opts, **(changes or {})}, grads=True,
+                              dlse=r.get("dlse")))
+        here = changed & (best == k)
+        for n in names:
+            found[n] = np.where(here.reshape(here.shape + (1, 1)), run[n].reshape(found[n].shape), found[n])
+    return found
 
 
 # A sink's weight counted k_i times in row i's denominator (`_sink_counted`): k_i read only where

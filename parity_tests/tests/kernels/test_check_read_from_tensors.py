@@ -730,8 +730,38 @@ def test_a_slope_read_from_another_head_is_named_with_the_heads():
                            "float32", "cpu", wanted=("alibi",))
     said = {r.tensor: r.diagnosis for r in rows if not r.passed}
     assert set(said) == {"out", "dq", "dk", "dv"}, {n: d.sentence for n, d in said.items()}
-    assert said["out"].id == "slice-values" and "alibi_slopes read from another slice: head 1 given head 3's; " \
-        "head 3 given head 1's (the other slices right)" in said["out"].sentence, said["out"].sentence
+    # the gradients too: a backward that reads the same slope as its forward
+    assert {d.id for d in said.values()} == {"slice-values"}, {n: d.sentence for n, d in said.items()}
+    assert "alibi_slopes read from another slice: head 1 given head 3's; head 3 given head 1's (the other slices " \
+        "right)" in said["out"].sentence, said["out"].sentence
+
+
+def test_slopes_read_with_a_batch_stride_of_one_are_named_with_the_load_past_the_table():
+    def batch_stride_one(q, k, v, *, causal, scale, alibi_slopes):     # (batch b, head h) reads slopes[b + h], 0 past
+        h = q.shape[1]
+        padded = torch.cat([alibi_slopes, torch.zeros(h, dtype=alibi_slopes.dtype)])
+        return torch.cat([attend(q[n:n + 1], k[n:n + 1], v[n:n + 1], causal=causal, scale=scale,
+                                 alibi_slopes=padded[n:n + h])[0] for n in range(q.shape[0])])
+    rows = runner.run_case(targets.resolve(batch_stride_one), Case(2, 4, 45, 77, 16, True, (("alibi", True),)),
+                           "float32", "cpu", wanted=("alibi",))
+    said = {r.tensor: r.diagnosis for r in rows if not r.passed}
+    assert set(said) == {"out", "dq", "dk", "dv"} and {d.id for d in said.values()} == {"slice-values"}, \
+        {n: d.sentence for n, d in said.items()}
+    assert "alibi_slopes read from another slice: head 0 given head 1's; head 1 given head 2's; head 2 given head " \
+        "3's; head 3 given 0 (a load past the table's end) (the other slices right)" in said["out"].sentence, \
+        said["out"].sentence
+    assert "only batch entries 1 of 2" in said["out"].sentence
+
+
+def test_slopes_all_but_absent_on_some_heads_are_not_said_read_from_another():
+    def shrunk(q, k, v, *, causal, scale, alibi_slopes):          # a factor meant for other units: 1e-3
+        return attend(q, k, v, causal=causal, scale=scale, alibi_slopes=alibi_slopes * 1e-3)[0]
+    rows = runner.run_case(targets.resolve(shrunk), Case(1, 4, 45, 77, 16, True, (("alibi", True),)), "bfloat16",
+                           "cpu", wanted=("alibi",))                 # (float32 tells 1e-3 from 0)
+    out = next(r for r in rows if r.tensor == "out")
+    assert not out.passed and out.diagnosis.id == "slice-values", out.diagnosis.sentence
+    assert "alibi_slopes taken as 0 on head 0, head 1" in out.diagnosis.sentence and \
+        "given" not in out.diagnosis.sentence, out.diagnosis.sentence
 
 
 def test_slopes_read_by_a_grid_decoded_the_wrong_way_are_named_per_batch_entry_and_head():
