@@ -49,7 +49,8 @@ GIVEN = 1e-3
 # (`_tolerance`).
 ROUNDOFFS = 4.0
 LISTED = 4             # rows or slices named one by one in a sentence
-MOVED_WORK = 2 ** 26   # `_keys_moved`: not tried past this many (rows x keys x keys) entries
+MOVED_WORK = 2 ** 26   # `_keys_moved`, `_keys_mixed`: not tried past this many (rows x keys x keys) entries
+MIXED = 3              # `_keys_mixed`: at most this many keys' weights on one value
 SIDE = 0.9             # `_which_side`: a share of a row's keys (or a key's rows) that is nearly all of them
 
 
@@ -95,7 +96,7 @@ def read(ev, P):
         return None
     tolerance = _tolerance(ev)
     said = _other_slices(mass, own, rows, G) or _keys_moved(W, P, top, rows, tolerance) or \
-        _keys(W, P, top, rows, tolerance)
+        _keys_mixed(W, P, top, rows, tolerance) or _keys(W, P, top, rows, tolerance)
     lead = ("out: its weights, read by calling the kernel on one-hot values (out = W v is linear in v: "
             "v one-hot on a slice, then on a key, gives W's column)")
     if said is not None:
@@ -327,6 +328,52 @@ def _keys_moved(W, P, top, rows, tolerance):
     return (f"{len(moved)} of {T} keys are weighed as other keys are (each key's column of weights, over every "
             f"row, the reference's of another key: {said}): each such key's value multiplied by another key's "
             "weight, v's rows or P's columns in another order")
+
+
+def _keys_mixed(W, P, top, rows, tolerance):
+    """Words for W's key columns being sums of the reference's columns of other keys, or None: W = P M
+    over every row read, M (Tk x Tk) of 0s and 1s (key k's weight put on value j where M[k, j] = 1),
+    each value's column taken apart greedily (the reference column nearest what is left, while it
+    brings it nearer, up to `MIXED` of them) and held to the score's tolerance (`_tolerance`) of each
+    row's largest weight -- a value tile's rows read at another offset (an index where an offset is
+    meant), some values taken twice and some never."""
+    w, p = (x[rows] / top[rows][:, None] for x in (W, P))               # (rows read, Tk), each row's largest 1
+    T, within = w.shape[1], tolerance[0]
+    if T < 2 or T * T * len(w) > MOVED_WORK:
+        return None
+    M = np.zeros((T, T))
+    for j in range(T):
+        left = w[:, j].copy()
+        for _ in range(MIXED):
+            if np.abs(left).max() <= within:
+                break
+            far = ((left[:, None] - p) ** 2).sum(0)                          # each reference column taken off
+            k = int(far.argmin())
+            if far[k] >= (left ** 2).sum() or M[k, j]:
+                return None
+            M[k, j], left = 1.0, left - p[:, k]
+        if np.abs(left).max() > within:
+            return None
+    seen = p.max(0) > 0                                                  # keys some row weighs
+    own = np.diag(M) == 1
+    if (own | ~seen).all() and (M[seen].sum(1) == 1).all():
+        return None                                                      # every key on its own value: the reference's
+    shifts = {}
+    for k, j in zip(*np.nonzero(M)):
+        if k != j:
+            shifts.setdefault(int(j) - int(k), []).append(int(k))
+    by_shift = sorted(shifts.items(), key=lambda x: -len(x[1]))
+    said = "; ".join(f"key k's weight on value k {'+' if d > 0 else '-'} {abs(d)} for keys {ranges(ks)}"
+                     for d, ks in by_shift[:3]) + ("; ..." if len(by_shift) > 3 else "")
+    unused = [int(j) for j in np.nonzero(seen & (M.sum(0) == 0))[0]]
+    lost = [int(k) for k in np.nonzero(seen & ~own)[0]]
+    twice = [int(j) for j in np.nonzero(M.sum(0) > 1)[0]]
+    parts = [said] + ([f"the values of keys {ranges(unused)} given no weight"] if unused else []) + \
+        ([f"keys {ranges(lost)} not weighing their own value"] if lost else []) + \
+        ([f"values of keys {ranges(twice)} given several keys' weights"] if twice else [])
+    return (f"each key's weight falls on other keys' values (W = P M over every row read, M of 0s and 1s: "
+            f"{'; '.join(parts)}): v's rows read at other keys' places where P's are meant (a value tile sliced "
+            "at an index where its offset is meant, or rows of v in another order)")
 
 
 def _row_constant(d, tol):

@@ -137,6 +137,31 @@ def test_values_read_in_swapped_pairs_are_named_with_the_keys_whose_weights_they
         "on keys 1, 3, 5, 7, ...)" in d.sentence, d.sentence
 
 
+def test_a_value_tile_sliced_at_its_k_steps_index_is_named_with_the_keys_whose_weights_move():
+    def kstep_index_for_offset(q, k, v, *, causal, scale, tile=64, step=32):
+        """P V as the k-steps of a tensor-core product, V's rows taken at the step's index ks where its
+        offset ks · step is meant (P's columns at the offset)."""
+        s = (q @ k.transpose(-1, -2)) * scale
+        if causal:
+            s = s.masked_fill(torch.ones_like(s, dtype=torch.bool).triu(1), float("-inf"))
+        p = torch.softmax(s, -1)
+        vp = torch.cat([v, v.new_zeros(v.shape[:2] + (tile, v.shape[-1]))], 2)      # masked loads past Tk read 0
+        out = torch.zeros_like(q)
+        for n0 in range(0, k.shape[2], tile):
+            for ks in range(tile // step):
+                cols = p[..., n0 + ks * step:n0 + (ks + 1) * step]
+                out += cols @ vp[:, :, n0 + ks:n0 + ks + cols.shape[-1]]
+        return out
+    d = _out(kstep_index_for_offset, Case(1, 2, 45, 77, 16, True, ()))
+    assert d.id == "weights-read", d.sentence
+    assert "each key's weight falls on other keys' values (W = P M over every row read, M of 0s and 1s: key k's " \
+        "weight on value k - 31 for keys 32 .. 44; the values of keys 32 .. 44 given no weight" in d.sentence, d.sentence
+    # a permutation is said by its pairs, not as a mix
+    assert "falls on other keys' values" not in _out(lambda q, k, v, *, causal, scale: sdpa(
+        q, k, v[:, :, torch.arange(v.shape[2]).view(-1, 2).flip(-1).reshape(-1)], causal=causal, scale=scale),
+        Case(1, 2, 64, 64, 16, False, ())).sentence
+
+
 def _failed(case, tensor, named):
     return Row("k", case, {}, "float32", "cpu", tensor, error=1.0, bound=1e-6, verdict="FAIL",
                diagnosis=Diagnosis(named, named))
