@@ -51,6 +51,7 @@ ROUNDOFFS = 4.0
 LISTED = 4             # rows or slices named one by one in a sentence
 MOVED_WORK = 2 ** 26   # `_keys_moved`, `_keys_mixed`: not tried past this many (rows x keys x keys) entries
 MIXED = 3              # `_keys_mixed`: at most this many keys' weights on one value
+AGREE = 0.7            # `_rows_masked_as`: the share of (row, key) pairs the shifted mask must account for
 SIDE = 0.9             # `_which_side`: a share of a row's keys (or a key's rows) that is nearly all of them
 
 
@@ -95,7 +96,8 @@ def read(ev, P):
     if not rows.any():
         return None
     tolerance = _tolerance(ev)
-    said = _other_slices(mass, own, rows, G) or _keys_moved(W, P, top, rows, tolerance) or \
+    said = _other_slices(mass, own, rows, G) or _rows_masked_as(W, P, top, rows) or \
+        _keys_moved(W, P, top, rows, tolerance) or \
         _keys_mixed(W, P, top, rows, tolerance) or _keys(W, P, top, rows, tolerance)
     lead = ("out: its weights, read by calling the kernel on one-hot values (out = W v is linear in v: "
             "v one-hot on a slice, then on a key, gives W's column)")
@@ -154,8 +156,8 @@ def read_backward(ev, P):
     lead = ("dk, dv: the weights the backward gives dv, read by calling it on one-hot dO (dv = Pᵀ dO is linear "
             "in dO: dO one-hot on a query slice, then on a query row, gives Pᵀ's column)")
     tolerance = _tolerance(ev)
-    said = _slices_taken(by_slice, took, Hq) or (_keys_moved(W, P, top, rows, tolerance) or
-                                                 _keys(W, P, top, rows, tolerance) if rows.any() else None)
+    said = _slices_taken(by_slice, took, Hq) or (_rows_masked_as(W, P, top, rows) or _keys_moved(W, P, top, rows, tolerance)
+                                                 or _keys(W, P, top, rows, tolerance) if rows.any() else None)
     if said is not None:
         return ID, f"{lead}: {said}"
     if not rows.any() or (rows != (top > 0)).any() or not np.isfinite(by_slice).all():
@@ -299,6 +301,37 @@ def _which_side(scored, both):
     if by_row.all():
         return ": on each such row nearly every key it weighs (the row's q, or its scale, read otherwise)"
     return ": each such key in nearly every row that weighs it (the key's k read otherwise)"
+
+
+def _rows_masked_as(W, P, top, rows):
+    """Words for each query row weighing the keys another row sees, row i + d's for one shift d ≠ 0, or
+    None: the keys each row weighs (past `GIVEN` of its largest reference weight) all among those row
+    i + d sees (none past the last row), and at least `AGREE` of the (row, key) pairs either weighs or
+    row i + d sees weighed and seen (a tiled pass may skip a few blocks too) -- a mask built from another
+    tile's rows (a row offset advanced before the mask is formed) -- the smallest |d| that holds, where
+    the weights differ somewhere."""
+    scale, live = top[..., None], rows[..., None]
+    given = live & (W > GIVEN * scale)
+    sees = P > 0
+    if not (given != sees)[rows].any():
+        return None
+    Tq = P.shape[2]
+    for d in sorted(range(1 - Tq, Tq), key=abs):
+        if d == 0:
+            continue
+        other = np.zeros_like(sees)
+        if d > 0:
+            other[:, :, :Tq - d] = sees[:, :, d:]
+        else:
+            other[:, :, -d:] = sees[:, :, :Tq + d]
+        if not (given & ~other).any() and (given & other).sum() >= AGREE * (given | other)[rows].sum():
+            empty = [int(i) for i in np.nonzero((rows & ~given.any(-1)).any((0, 1)))[0]]
+            past = f"; rows {ranges(empty)} weigh no key ({'past the last row' if d > 0 else 'before the first'})" \
+                if empty else ""
+            return (f"each query row i weighs the keys row i {'+' if d > 0 else '-'} {abs(d)} sees (every row read: "
+                    f"masked as the row {abs(d)} {'later' if d > 0 else 'earlier'}{past}): a mask built from another "
+                    "tile's rows, such as a row offset advanced (for the next tile's loads) before the mask is formed")
+    return None
 
 
 def _keys_moved(W, P, top, rows, tolerance):

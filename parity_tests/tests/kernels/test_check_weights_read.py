@@ -214,6 +214,23 @@ def test_keys_read_past_a_slices_end_from_the_next_slice_are_said_so():
         "keys read past its slice's end" in d.sentence, d.sentence
 
 
+def test_a_dkdv_pass_masking_each_row_as_the_next_tiles_is_named_with_the_shift():
+    def mask_of_the_next_tile(q, k, v, *, causal, scale):      # dv = P'ᵀ dO, P' = exp(S − lse) under row i + 16's mask
+        out = sdpa(q, k, v, causal=causal, scale=scale)
+        s = (q @ k.transpose(-1, -2)).detach() * scale
+        i, j = torch.arange(s.shape[-2])[:, None], torch.arange(s.shape[-1])[None, :]
+        lse = torch.logsumexp(s.masked_fill(j > i, float("-inf")), -1, keepdim=True)
+        shifted = torch.exp(s - lse).masked_fill((j > i + 16) | (i + 16 >= s.shape[-2]), 0.0)
+        extra = shifted @ v - torch.softmax(s.masked_fill(j > i, float("-inf")), -1) @ v
+        return out + extra - extra.detach()                    # out as it is; dv from the shifted mask's weights
+    rows = _grads(mask_of_the_next_tile, Case(1, 2, 45, 45, 16, True, ()))
+    assert rows["out"].passed and rows["dq"].passed and rows["dv"].failed
+    d = rows["dv"].diagnosis
+    assert d.id == "weights-read", d.sentence
+    assert "each query row i weighs the keys row i + 16 sees (every row read: masked as the row 16 later; rows " \
+        "29 .. 44 weigh no key (past the last row))" in d.sentence, d.sentence
+
+
 def test_a_dkdv_pass_recomputing_some_keys_scores_otherwise_is_located_on_those_keys():
     def dv_of_keys_rolled(q, k, v, *, causal, scale):          # dv = P'ᵀ dO, P' from k's channels rolled past key 15
         out = sdpa(q, k, v, causal=causal, scale=scale)
