@@ -35,9 +35,13 @@ import torch
 from parity_tests.kernels.diagnosis.location import ranges
 from parity_tests.kernels.features import per_head, stored_inputs
 
-__all__ = ["read", "read_backward", "ID", "CALLS", "SECONDS"]
+__all__ = ["read", "read_backward", "ID", "MASKED_AS", "MIXED_ID", "SCORED_WITH", "CALLS", "SECONDS"]
 
 ID = "weights-read"     # the diagnosis id of what this reading finds: it locates, it names no mistake
+# ... but where the weights show one mechanism exactly, these ids name it (a cause, as a fitted reading's)
+MASKED_AS = "rows-masked-as"          # `_rows_masked_as`: every row under another row's mask
+MIXED_ID = "keys-mixed"               # `_keys_mixed`: values taking other keys' weights, W = P M
+SCORED_WITH = "rows-scored-with"      # `_rows_scored_with`: rows scored with another vector for their q
 
 CALLS = 17             # at most this many forward calls: v = 0, then ceil(slices / Dv) + ceil(Tk / Dv) one-hot
 SECONDS = 10.0         # ... and at most this long in all, at the case's own forward time
@@ -96,13 +100,16 @@ def read(ev, P):
     if not rows.any():
         return None
     tolerance = _tolerance(ev)
-    said = _other_slices(mass, own, rows, G) or _rows_masked_as(W, P, top, rows) or \
-        _keys_moved(W, P, top, rows, tolerance) or \
-        _keys_mixed(W, P, top, rows, tolerance) or _keys(W, P, top, rows, tolerance)
+    named, said = _first((ID, lambda: _other_slices(mass, own, rows, G)),
+                         (MASKED_AS, lambda: _rows_masked_as(W, P, top, rows)),
+                         (ID, lambda: _keys_moved(W, P, top, rows, tolerance)),
+                         (MIXED_ID, lambda: _keys_mixed(W, P, top, rows, tolerance)),
+                         (SCORED_WITH, lambda: _rows_scored_with(W, P, top, rows, tolerance, ev)),
+                         (ID, lambda: _keys(W, P, top, rows, tolerance)))
     lead = ("out: its weights, read by calling the kernel on one-hot values (out = W v is linear in v: "
             "v one-hot on a slice, then on a key, gives W's column)")
     if said is not None:
-        return ID, f"{lead}: {said}"
+        return named, f"{lead}: {said}"
     failing = np.abs(ev.arrays["out"] - ev.gold["out"]).max(-1) / ev.den["out"] > ev.bounds["out"]
     if (failing & ~rows).any():                   # failing rows it could not read (rows that see no key)
         return None
@@ -156,14 +163,26 @@ def read_backward(ev, P):
     lead = ("dk, dv: the weights the backward gives dv, read by calling it on one-hot dO (dv = Pᵀ dO is linear "
             "in dO: dO one-hot on a query slice, then on a query row, gives Pᵀ's column)")
     tolerance = _tolerance(ev)
-    said = _slices_taken(by_slice, took, Hq) or (_rows_masked_as(W, P, top, rows) or _keys_moved(W, P, top, rows, tolerance)
-                                                 or _keys(W, P, top, rows, tolerance) if rows.any() else None)
+    named, said = _first((ID, lambda: _slices_taken(by_slice, took, Hq)),
+                         (MASKED_AS, lambda: _rows_masked_as(W, P, top, rows) if rows.any() else None),
+                         (ID, lambda: _keys_moved(W, P, top, rows, tolerance) if rows.any() else None),
+                         (ID, lambda: _keys(W, P, top, rows, tolerance) if rows.any() else None))
     if said is not None:
-        return ID, f"{lead}: {said}"
+        return named, f"{lead}: {said}"
     if not rows.any() or (rows != (top > 0)).any() or not np.isfinite(by_slice).all():
         return None                               # rows it could not read
     return ID, (f"{lead}, are the reference's: the dK/dV pass weighs the right rows, the error lies in what it does "
                 "with them (dO, D, q or the scale)")
+
+
+def _first(*readings):
+    """(id, words) of the first of ``readings`` ((id, a call giving words or None)) that says something,
+    or (None, None)."""
+    for named, reading in readings:
+        said = reading()
+        if said is not None:
+            return named, said
+    return None, None
 
 
 def _dv_on(ev, dout):
@@ -407,6 +426,53 @@ def _keys_mixed(W, P, top, rows, tolerance):
     return (f"each key's weight falls on other keys' values (W = P M over every row read, M of 0s and 1s: "
             f"{'; '.join(parts)}): v's rows read at other keys' places where P's are meant (a value tile sliced "
             "at an index where its offset is meant, or rows of v in another order)")
+
+
+def _rows_scored_with(W, P, top, rows, tolerance, ev):
+    """Words for rows scored with another vector in place of their own q, or None: where a row's scores
+    differ (`_keys`), log W − log P = scale (x − q_i) · k_j + one constant per row, x a row of q, k or v
+    of the same (batch, head) slice (a q tile loaded at other rows, or from a buffer that holds keys or
+    values by then); every such row matched within the score's tolerance, each by its nearest vector,
+    said by the vector's index relative to the row's.  Not with a softcap (scores not linear in q) or
+    with q or k stored with a scale (FP8)."""
+    r, opts = ev.rounded, ev.opts
+    if opts.get("softcap") or {"q", "k"} & set(stored_inputs(ev.case)) or r["q"].ndim != 4:
+        return None
+    tol, small = tolerance
+    scale, live = top[..., None], rows[..., None]
+    both = live & (W > small * scale) & (P > small * scale)
+    d = np.where(both, np.log(np.where(both, W, 1.0)) - np.log(np.where(both, P, 1.0)), np.nan)
+    off = both & (np.abs(d - _row_constant(d, tol)) > tol)
+    if not off.any():
+        return None
+    group = r["q"].shape[1] // r["k"].shape[1]
+    k = np.repeat(r["k"], group, 1)
+    pools = {"q": r["q"], "k": k}
+    if r["v"].shape[-1] == r["q"].shape[-1]:
+        pools["v"] = np.repeat(r["v"], group, 1)
+    taken = {}
+    for b, h, i in zip(*np.nonzero(off.any(-1))):
+        seen = both[b, h, i]
+        K, di, qi = k[b, h][seen], d[b, h, i, seen], r["q"][b, h, i]
+        best = (np.inf, None)
+        for name, pool in pools.items():
+            res = opts["scale"] * (pool[b, h] - qi) @ K.T - di                 # (rows of the pool, keys seen)
+            res = np.abs(res - res.mean(-1, keepdims=True)).max(-1)
+            if name == "q":
+                res[i] = np.inf
+            j = int(res.argmin())
+            if res[j] < best[0]:
+                best = (res[j], (name, j - int(i)))
+        if best[0] > tol:
+            return None
+        taken.setdefault(best[1], []).append(int(i))
+    groups = sorted(taken.items(), key=lambda x: -len(x[1]))
+    said = "; ".join(f"{'rows' if len(set(rows_)) > 1 else 'row'} {ranges(sorted(set(rows_)))} with {name}'s row "
+                     + ("i" if shift == 0 else f"i {'+' if shift > 0 else '-'} {abs(shift)}")
+                     for (name, shift), rows_ in groups[:3]) + ("; ..." if len(groups) > 3 else "")
+    return (f"{_rows(off)} are scored with another vector in place of their own q (log W − log P = scale (x − q_i) · "
+            f"k_j up to a constant per row: {said}): a q tile loaded at other rows, or from a buffer that holds k or v "
+            "by then (shared memory reused before q is copied out)")
 
 
 def _row_constant(d, tol):

@@ -153,13 +153,28 @@ def test_a_value_tile_sliced_at_its_k_steps_index_is_named_with_the_keys_whose_w
                 out += cols @ vp[:, :, n0 + ks:n0 + ks + cols.shape[-1]]
         return out
     d = _out(kstep_index_for_offset, Case(1, 2, 45, 77, 16, True, ()))
-    assert d.id == "weights-read", d.sentence
+    assert d.id == "keys-mixed", d.sentence
     assert "each key's weight falls on other keys' values (W = P M over every row read, M of 0s and 1s: key k's " \
         "weight on value k - 31 for keys 32 .. 44; the values of keys 32 .. 44 given no weight" in d.sentence, d.sentence
     # a permutation is said by its pairs, not as a mix
     assert "falls on other keys' values" not in _out(lambda q, k, v, *, causal, scale: sdpa(
         q, k, v[:, :, torch.arange(v.shape[2]).view(-1, 2).flip(-1).reshape(-1)], causal=causal, scale=scale),
         Case(1, 2, 64, 64, 16, False, ())).sentence
+
+
+def test_query_rows_scored_with_keys_from_a_reused_buffer_are_named_with_the_rows_they_took():
+    def q_copied_after_the_first_k_tile(q, k, v, *, causal, scale, tile=32, shared=16):
+        """Each query tile's rows 0 .. 15 read from a buffer the first key tile has overwritten."""
+        q2 = q.clone()
+        for m0 in range(0, q.shape[2], tile):
+            n = min(shared, q.shape[2] - m0, k.shape[2])
+            q2[:, :, m0:m0 + n] = k[:, :, :n]
+        return sdpa(q2, k, v, causal=causal, scale=scale)
+    d = _out(q_copied_after_the_first_k_tile, Case(1, 2, 45, 77, 16, True, ()))
+    assert d.id == "rows-scored-with", d.sentence
+    assert "query rows 1 .. 15, 32 .. 44 of 45 in every (batch, head) are scored with another vector in place of " \
+        "their own q (log W − log P = scale (x − q_i) · k_j up to a constant per row: rows 1 .. 15 with k's row i; " \
+        "rows 32 .. 44 with k's row i - 32)" in d.sentence, d.sentence
 
 
 def _failed(case, tensor, named):
@@ -226,7 +241,7 @@ def test_a_dkdv_pass_masking_each_row_as_the_next_tiles_is_named_with_the_shift(
     rows = _grads(mask_of_the_next_tile, Case(1, 2, 45, 45, 16, True, ()))
     assert rows["out"].passed and rows["dq"].passed and rows["dv"].failed
     d = rows["dv"].diagnosis
-    assert d.id == "weights-read", d.sentence
+    assert d.id == "rows-masked-as", d.sentence
     assert "each query row i weighs the keys row i + 16 sees (every row read: masked as the row 16 later; rows " \
         "29 .. 44 weigh no key (past the last row))" in d.sentence, d.sentence
 
