@@ -93,7 +93,7 @@ FITTED = ("constant-factor", "lse-offset", "lse-max-factor", "axes-permuted", "s
           "broadcast-sum", "backward-blocks", "backward-counts", "tile-factors", "rows-weighted", "rows-rescaled",
           "key-tile-ranges", "tile-masks", "key-spans", "sink-counted", "sink-weighed", "rows-moved", "scores-scaled",
           "denominator", "deferred-rescale", "tiles-weighted", "tiles-left-out", "tiles-scaled", "values-read-as-zero",
-          "wrong-delta", "dp-scaled", "backward-p-scaled", "out-channels-moved")
+          "wrong-delta", "dp-scaled", "backward-p-scaled", "out-channels-moved", "blocks-unmasked")
 
 # A catalogued mistake that leaves at most this share of the error against the
 # reference explains the tensor, even where its own rounding exceeds the bound
@@ -370,6 +370,7 @@ def _catalogue(rest, rows, ev):
         entry = _backward_by_entry(sub, rest)           # one dense forward, shared by the readings of entries
         blocks = _backward_blocks(sub, rest, entry)
         hyps += _last_tile_only(sub, rest, entry) + blocks + _backward_counts(sub, rest, entry, blocks) + \
+            _blocks_unmasked(sub, rest, entry) + \
             _delta_unweighted(sub, rest, entry) + _delta_pointer_advanced(sub, rest, entry) + \
             _tile_factors(sub, rest, entry) + (_rows_weighted(sub, rest, entry) or _rows_rescaled(sub, rest, entry))
         hyps += mistakes.option_twins(_mistakes_context(sub), hyps) + _backward_products(sub, rest, entry) + \
@@ -2229,6 +2230,59 @@ def _rows_read_as_zero(sub, failing, found):
 
 # (query tile, key tile) blocks a backward leaves out (`_backward_blocks`): at most this many blocks
 BLOCKS = 1024
+
+
+def _blocks_unmasked(sub, failing, found):
+    """One gradient of a tiled backward that takes P = exp(S − lse) without its mask inside the blocks
+    that need one (a block partly seen: the causal diagonal, a window's edge), the mask applied to P
+    after that gradient's product (a dV update moved above the masking line): for dv, dVᵀ's weights
+    P + P̃ ∘ hidden, P̃ = exp(S − lse) on the pairs the mask hides within the (query tile, key tile)
+    blocks that hold a visible pair; for dq or dk, dS = (P + P̃ ∘ hidden) ∘ (dP − D).  Each failing
+    gradient on its own, the tiles of `mistakes.KEY_TILES` that explain with the fewest blocks; the
+    others the reference's.  [] without a mask, or where the backward's entries cannot be read
+    (`_backward_by_entry`)."""
+    if found is None or (found[0] > 0).all():                            # no pair masked
+        return []
+    P, _, _, f = found
+    _, lse, _ = _dense_forward(sub)
+    eye = np.ascontiguousarray(np.broadcast_to(np.eye(sub.case.tk), sub.rounded["k"].shape[:2] + (sub.case.tk,) * 2))
+    free, free_lse, _ = _dense_forward(sub, v=eye, unmasked=True)
+    with np.errstate(over="ignore", invalid="ignore"):
+        raw = free * np.exp(free_lse - lse)[..., None]                     # exp(S − lse) on every pair
+    raw = np.where(np.isfinite(lse)[..., None] & np.isfinite(raw), raw, 0.0)
+    seen = P > 0
+    case, scale = sub.case, sub.opts["scale"]
+    dP_D = f["dO"] @ np.swapaxes(f["V"], -1, -2) - f["D"][..., None]
+    out = []
+    for n in ("dv", "dk", "dq"):
+        if n not in failing or not np.isfinite(sub.arrays.get(n, np.nan)).all():
+            continue
+        fits = []                                                        # (blocks, bm, bn, hidden, prediction)
+        for bm, bn in itertools.product(sorted(mistakes.KEY_TILES, reverse=True), repeat=2):
+            visited = np.kron(_in_tiles(_in_tiles(seen.any((0, 1)), 0, bm), 2, bn).any((1, 3)),
+                              np.ones((bm, bn)))[:case.tq, :case.tk].astype(bool)
+            hidden = visited & ~seen
+            if not hidden.any():
+                continue
+            W = P + raw * hidden
+            pred = _per_kv(case, np.swapaxes(W, -1, -2) @ f["dO"]) if n == "dv" else \
+                _per_kv(case, scale * np.swapaxes(W * dP_D, -1, -2) @ f["Q"]) if n == "dk" else \
+                scale * (W * dP_D) @ f["K"]
+            worst = slice_errors(sub.arrays[n], pred, _own_scale(pred, sub.den[n])).max() / sub.bounds[n]
+            blocks = -(-case.tq // bm) * -(-case.tk // bn)
+            if worst <= 1:
+                fits.append((blocks, bm, bn, hidden, pred))
+        if fits:
+            _, bm, bn, hidden, pred = min(fits, key=lambda x: x[0])             # the fewest blocks that explain
+            alike = [f"{m} x {n_}" for _, m, n_, h, _ in sorted(fits, key=lambda x: x[0])
+                     if (m, n_) != (bm, bn) and (h == hidden).all()]
+            also = f"; {', '.join(alike)} give the same blocks here" if alike else ""
+            out.append(mistakes.Hypothesis(
+                "blocks-unmasked", f"{n} formed from P = exp(S − lse) without its mask inside the blocks that need one "
+                f"(query tiles of {bm}, key tiles of {bn}{also}: the causal diagonal, a window's edge), every other "
+                f"gradient right: the mask applied to P after {n}'s product (a line moved above the masking)",
+                lambda grads=True, n=n, pred=pred: {**sub.gold, n: pred}, (n,)))
+    return out
 
 
 def _backward_blocks(sub, failing, found):

@@ -1078,6 +1078,27 @@ def test_an_lse_formed_with_the_running_maximum_of_a_conditional_rescale_is_name
     assert report.failures and report.diagnosis not in (None, "lse-stale-max"), str(report)
 
 
+def test_dv_taken_before_the_mask_inside_the_diagonal_blocks_is_named_with_its_tiles():
+    def dv_update_above_the_masking(q, k, v, *, causal, scale, bm=16, bn=32):
+        """dV += Pᵀ dO with P = exp(S − lse) before the causal mask is applied, in each (query tile,
+        key tile) block the pass visits (those holding a visible pair); dk and dq from the masked P."""
+        out = sdpa(q, k, v, causal=causal, scale=scale)
+        s = (q @ k.transpose(-1, -2)).detach() * scale
+        i, j = torch.arange(s.shape[-2])[:, None], torch.arange(s.shape[-1])[None, :]
+        lse = torch.logsumexp(s.masked_fill(j > i, float("-inf")), -1, keepdim=True)
+        visited = (j // bn * bn) <= (i // bm * bm + bm - 1)                   # the block holds a key some row sees
+        extra = torch.exp(s - lse).masked_fill(~visited | (j <= i), 0.0) @ v
+        return out + extra - extra.detach()                    # out as it is; dv takes the hidden pairs too
+    rows = runner.run_case(targets.resolve(dv_update_above_the_masking), Case(1, 2, 45, 77, 16, True, ()), "float32",
+                           "cpu")
+    said = {r.tensor: r.diagnosis for r in rows if not r.passed}
+    assert set(said) == {"dv"} and said["dv"].id == "blocks-unmasked", {n: d.sentence for n, d in said.items()}
+    assert "dv formed from P = exp(S − lse) without its mask inside the blocks that need one (query tiles of 32, " \
+        "key tiles of 32; 16 x 32 give the same blocks here: the causal diagonal, a window's edge), every other " \
+        "gradient right" in said["dv"].sentence, said["dv"].sentence
+    assert "16 x 16" not in said["dv"].sentence                      # key tiles of 16 hide other pairs
+
+
 @moved
 def test_alibi_distances_from_packed_positions_are_named_as_an_offset_of_alibi():
     def packed_alibi(q, k, v, *, causal, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
