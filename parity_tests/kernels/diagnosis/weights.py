@@ -386,9 +386,9 @@ def _keys_mixed(W, P, top, rows, tolerance):
     """Words for W's key columns being sums of the reference's columns of other keys, or None: W = P M
     over every row read, M (Tk x Tk) of 0s and 1s (key k's weight put on value j where M[k, j] = 1),
     each value's column taken apart greedily (the reference column nearest what is left, while it
-    brings it nearer, up to `MIXED` of them) and held to the score's tolerance (`_tolerance`) of each
-    row's largest weight -- a value tile's rows read at another offset (an index where an offset is
-    meant), some values taken twice and some never."""
+    brings it nearer, up to `MIXED` of them) and held to half the score's tolerance (`_tolerance`) of
+    each row's largest weight, the reference's own weights past twice it -- a value tile's rows read
+    at another offset (an index where an offset is meant), some values taken twice and some never."""
     w, p = (x[rows] / top[rows][:, None] for x in (W, P))               # (rows read, Tk), each row's largest 1
     T, within = w.shape[1], tolerance[0]
     if T < 2 or T * T * len(w) > MOVED_WORK:
@@ -406,14 +406,16 @@ def _keys_mixed(W, P, top, rows, tolerance):
             M[k, j], left = 1.0, left - p[:, k]
         if np.abs(left).max() > within:
             return None
-    seen = p.max(0) > 0                                                  # keys some row weighs
+    seen = p.max(0) > within                                             # keys some row weighs past the tolerance
     own = np.diag(M) == 1
-    if (own | ~seen).all() and (M[seen].sum(1) == 1).all():
-        return None                                                      # every key on its own value: the reference's
     shifts = {}
     for k, j in zip(*np.nonzero(M)):
-        if k != j:
+        if k != j and seen[k]:
             shifts.setdefault(int(j) - int(k), []).append(int(k))
+    if not shifts:
+        return None                     # every key on its own value or on none: `_keys` says which it weighs
+    if np.abs(p @ M - w).max() > within / 2 or np.abs(p - w).max() <= 2 * within:
+        return None                     # a clear margin: well inside the tolerance, the reference's weights well out
     by_shift = sorted(shifts.items(), key=lambda x: -len(x[1]))
     said = "; ".join(f"key k's weight on value k {'+' if d > 0 else '-'} {abs(d)} for keys {ranges(ks)}"
                      for d, ks in by_shift[:3]) + ("; ..." if len(by_shift) > 3 else "")
