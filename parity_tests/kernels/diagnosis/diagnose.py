@@ -1629,9 +1629,10 @@ def _lse_stale_max(sub):
         f"only when the maximum rose by more than {lo:g} .. {hi:g} log2 units"
     return [mistakes.Hypothesis(
         "lse-stale-max", f"lse formed with the row's running maximum while the sum l was taken against an older "
-        f"one (key tiles of {tile}, visited from the {order}; the reference moved {when}: a conditional rescale): lse too large by m − m_ref, up to {float(delta.max()):.3g}, on the rows whose "
-        "maximum rose since; out right; a backward recomputing P = exp(S − lse) takes each such row's P too small "
-        "by exp(m_ref − m)", predict, ("lse", "dq", "dk", "dv"))]
+        f"one (key tiles of {tile}, visited from the {order}; the reference moved {when}: a conditional rescale): "
+        f"lse too large by m − m_ref, up to {float(delta.max()):.3g}, on the rows whose maximum rose since; out "
+        "right; a backward recomputing P = exp(S − lse) takes each such row's P too small by exp(m_ref − m)",
+        predict, ("lse", "dq", "dk", "dv"))]
 
 
 def _sequence_offsets(sub):

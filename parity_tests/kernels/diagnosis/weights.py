@@ -391,20 +391,20 @@ def _keys_mixed(W, P, top, rows, tolerance):
     at another offset (an index where an offset is meant), some values taken twice and some never."""
     w, p = (x[rows] / top[rows][:, None] for x in (W, P))               # (rows read, Tk), each row's largest 1
     T, within = w.shape[1], tolerance[0]
-    if T < 2 or T * T * len(w) > MOVED_WORK:
-        return None
+    if T < 2 or T * T * len(w) > MOVED_WORK or np.abs(p - w).max() <= 2 * within:
+        return None                     # (a clear margin: the reference's own weights well outside the tolerance)
     M = np.zeros((T, T))
     for j in range(T):
         left = w[:, j].copy()
         for _ in range(MIXED):
-            if np.abs(left).max() <= within:
+            if np.abs(left).max() <= within / 2:
                 break
             far = ((left[:, None] - p) ** 2).sum(0)                          # each reference column taken off
             k = int(far.argmin())
             if far[k] >= (left ** 2).sum() or M[k, j]:
                 return None
             M[k, j], left = 1.0, left - p[:, k]
-        if np.abs(left).max() > within:
+        if np.abs(left).max() > within / 2:
             return None
     seen = p.max(0) > within                                             # keys some row weighs past the tolerance
     own = np.diag(M) == 1
@@ -414,8 +414,6 @@ def _keys_mixed(W, P, top, rows, tolerance):
             shifts.setdefault(int(j) - int(k), []).append(int(k))
     if not shifts:
         return None                     # every key on its own value or on none: `_keys` says which it weighs
-    if np.abs(p @ M - w).max() > within / 2 or np.abs(p - w).max() <= 2 * within:
-        return None                     # a clear margin: well inside the tolerance, the reference's weights well out
     by_shift = sorted(shifts.items(), key=lambda x: -len(x[1]))
     said = "; ".join(f"key k's weight on value k {'+' if d > 0 else '-'} {abs(d)} for keys {ranges(ks)}"
                      for d, ks in by_shift[:3]) + ("; ..." if len(by_shift) > 3 else "")

@@ -46,7 +46,8 @@ def _long_rows(report, t=256):
 
 
 @pytest.mark.parametrize("kernel, expected", one_in(3, [
-    pytest.param(no_scale, "no-scale", id="no-scale"), pytest.param(mask_one_future, "mask-one-future", id="mask-one-future"),
+    pytest.param(no_scale, "no-scale", id="no-scale"),
+    pytest.param(mask_one_future, "mask-one-future", id="mask-one-future"),
     pytest.param(GALLERY["stale_max"][0], "stale-max", id="stale-max")]))
 def test_a_case_too_large_for_one_slice_is_named_on_a_block_of_query_rows(rows_only, kernel, expected):
     rows = _long_rows(parity_tests.check(kernel, **ONE))

@@ -155,7 +155,8 @@ def test_a_value_tile_sliced_at_its_k_steps_index_is_named_with_the_keys_whose_w
     d = _out(kstep_index_for_offset, Case(1, 2, 45, 77, 16, True, ()))
     assert d.id == "keys-mixed", d.sentence
     assert "each key's weight falls on other keys' values (W = P M over every row read, M of 0s and 1s: key k's " \
-        "weight on value k - 31 for keys 32 .. 44; the values of keys 32 .. 44 given no weight" in d.sentence, d.sentence
+        "weight on value k - 31 for keys 32 .. 44; the values of keys 32 .. 44 given no weight" in d.sentence, \
+        d.sentence
     # a permutation is said by its pairs, not as a mix
     assert "falls on other keys' values" not in _out(lambda q, k, v, *, causal, scale: sdpa(
         q, k, v[:, :, torch.arange(v.shape[2]).view(-1, 2).flip(-1).reshape(-1)], causal=causal, scale=scale),
