@@ -178,6 +178,19 @@ def test_query_rows_scored_with_keys_from_a_reused_buffer_are_named_with_the_row
         "rows 32 .. 44 with k's row i - 32)" in d.sentence, d.sentence
 
 
+def test_keys_mixed_by_four_shifts_say_the_three_that_move_the_most_keys():
+    rng = np.random.default_rng(0)
+    s = 3.0 * rng.standard_normal((1, 1, 40, 24))
+    P = np.exp(s) / np.exp(s).sum(-1, keepdims=True)                    # peaked rows, as softmax weights are
+    M = np.eye(24)
+    moves = {8: 1, 9: 2, 16: 3, 17: 4, 18: 5, 20: 6, 23: 7, 22: 9}   # key -> the value its weight lands on
+    for key, value in moves.items():
+        M[key, key], M[key, value] = 0.0, 1.0
+    said = weights._keys_mixed(P @ M, P, P.max(-1), np.ones((1, 1, 40), dtype=bool), (1e-3, 1e-6))
+    assert said is not None and said.count("key k's weight on value") == 3 and "; ...; " in said, said
+    assert "key k's weight on value k - 13 for keys 16 .. 18" in said, said
+
+
 def _failed(case, tensor, named):
     return Row("k", case, {}, "float32", "cpu", tensor, error=1.0, bound=1e-6, verdict="FAIL",
                diagnosis=Diagnosis(named, named))
