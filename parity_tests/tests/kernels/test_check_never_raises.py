@@ -98,7 +98,7 @@ def test_the_default_share_runs_every_mistake_and_each_feature_meets_several():
     assert all(len(s) >= 2 for s in shares.values()), shares
 
 
-@pytest.mark.parametrize("feature", one_in(2, FEATURES))
+@pytest.mark.parametrize("feature", one_in(3, FEATURES))
 def test_no_planted_mistake_makes_the_check_raise_on_a_feature(feature, monkeypatch):
     as_if("screened", monkeypatch)            # the whole case's diagnosis, and a block's before it
     rows = check_mistakes(sampled(feature), [feature])
