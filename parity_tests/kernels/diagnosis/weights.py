@@ -163,10 +163,10 @@ def read_backward(ev, P):
     lead = ("dk, dv: the weights the backward gives dv, read by calling it on one-hot dO (dv = Pᵀ dO is linear "
             "in dO: dO one-hot on a query slice, then on a query row, gives Pᵀ's column)")
     tolerance = _tolerance(ev)
-    named, said = _first((ID, lambda: _slices_taken(by_slice, took, Hq)),
-                         (MASKED_AS, lambda: _rows_masked_as(W, P, top, rows) if rows.any() else None),
-                         (ID, lambda: _keys_moved(W, P, top, rows, tolerance) if rows.any() else None),
-                         (ID, lambda: _keys(W, P, top, rows, tolerance) if rows.any() else None))
+    by_rows = ((MASKED_AS, lambda: _rows_masked_as(W, P, top, rows)),
+               (ID, lambda: _keys_moved(W, P, top, rows, tolerance)),
+               (ID, lambda: _keys(W, P, top, rows, tolerance))) if rows.any() else ()
+    named, said = _first((ID, lambda: _slices_taken(by_slice, took, Hq)), *by_rows)
     if said is not None:
         return named, f"{lead}: {said}"
     if not rows.any() or (rows != (top > 0)).any() or not np.isfinite(by_slice).all():
