@@ -81,6 +81,7 @@ def test_dk_and_dv_summed_over_another_head_map_are_named_with_the_map():
     assert all("kv head 0 from query heads 0, 2, 4 (read by 0, 1, 2)" in d.sentence for d in said), said
 
 
+@moved
 def test_a_broadcast_gradient_kept_from_one_slice_is_named_with_the_slice():
     def last_entry_only(q, k, v, *, causal, scale, bias):  # "=" where "+=" is meant, over the batch
         b = bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape)).expand(q.shape[0], -1, -1, -1)

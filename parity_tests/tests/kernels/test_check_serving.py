@@ -16,7 +16,7 @@ from parity_tests.kernels.diagnosis import row_block
 from parity_tests.kernels.features import REGISTRY, Plan
 from parity_tests.kernels.planted import serving as ex
 from needs import needs
-from sampled import one_in
+from sampled import moved, one_in
 
 pytestmark = pytest.mark.usefixtures("without_input_classes")   # (conftest.py)
 
@@ -182,6 +182,7 @@ def test_the_split_example_passes_every_count_of_splits():
     assert counts == {1, 2, 3, 7, 133}
 
 
+@moved
 def test_keys_lost_as_whole_splits_are_said_as_those_splits():
     fn = ex.split_decode_last_dropped
     rows = [r for c in _own_cases("splits", fn) if c.tk == 300 for r in _run(fn, c, "splits")]
