@@ -1360,10 +1360,11 @@ def _values_from_other_slices(sub):
         said = {(f"(batch {b}, head {h})" if per_entry else words(index(b, h))[:-2]): src
                 for (b, h), src in given.items()}
         listed = "; ".join(f"{u} given {src}" for u, src in list(said.items())[:6]) + "; ..." * (len(said) > 6)
-        says = f"{name} read from another slice: {listed} (the other slices right)"
+        others = "" if changed.all() else "; the other slices right"
+        says = f"{name} read from another slice: {listed} ({others[2:] or 'every slice'})"
         if all(src == PAST_THE_TABLE for src in given.values()):          # no slice's value read for another's
             says = f"{name} taken as 0 on {', '.join(said)} (the option absent there: not applied, or scaled down " \
-                   "past what this case shows; the other slices right)"
+                   f"past what this case shows{others})"
         predict = functools.partial(_slice_values_predict, sub, pred, sources, best, changed, grads)
         out.append(mistakes.Hypothesis("slice-values", says, predict, tuple(pred) + grads))
     return out
