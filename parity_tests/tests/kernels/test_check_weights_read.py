@@ -126,11 +126,13 @@ def test_an_fp8_cache_is_probed_with_values_its_scale_stores_exactly():
     assert "hides" not in d.sentence, d.sentence         # (keys scored far down: no weight left in e4m3)
 
 
+def _pairs_swapped(q, k, v, *, causal, scale):        # P packed two keys a word, the word's halves swapped
+    swap = torch.arange(v.shape[2]).view(-1, 2).flip(-1).reshape(-1)
+    return sdpa(q, k, v[:, :, swap], causal=causal, scale=scale)
+
+
 def test_values_read_in_swapped_pairs_are_named_with_the_keys_whose_weights_they_take():
-    def pairs_swapped(q, k, v, *, causal, scale):     # P packed two keys a word, the word's halves swapped
-        swap = torch.arange(v.shape[2]).view(-1, 2).flip(-1).reshape(-1)
-        return sdpa(q, k, v[:, :, swap], causal=causal, scale=scale)
-    d = _out(pairs_swapped, Case(1, 2, 64, 64, 16, False, ()))
+    d = _out(_pairs_swapped, Case(1, 2, 64, 64, 16, False, ()))
     assert d.id == "weights-read", d.sentence
     assert "64 of 64 keys are weighed as other keys are (each key's column of weights, over every row, the " \
         "reference's of another key: key j given key j + 1's on keys 0, 2, 4, 6, ...; key j given key j - 1's " \
@@ -158,9 +160,7 @@ def test_a_value_tile_sliced_at_its_k_steps_index_is_named_with_the_keys_whose_w
         "weight on value k - 31 for keys 32 .. 44; the values of keys 32 .. 44 given no weight" in d.sentence, \
         d.sentence
     # a permutation is said by its pairs, not as a mix
-    assert "falls on other keys' values" not in _out(lambda q, k, v, *, causal, scale: sdpa(
-        q, k, v[:, :, torch.arange(v.shape[2]).view(-1, 2).flip(-1).reshape(-1)], causal=causal, scale=scale),
-        Case(1, 2, 64, 64, 16, False, ())).sentence
+    assert "falls on other keys' values" not in _out(_pairs_swapped, Case(1, 2, 64, 64, 16, False, ())).sentence
 
 
 def test_query_rows_scored_with_keys_from_a_reused_buffer_are_named_with_the_rows_they_took():
